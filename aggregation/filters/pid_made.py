@@ -1,0 +1,332 @@
+"""PID-MADE: history-aware anomaly detection and exclusion of clients (a filter).
+
+"Boosting Federated Model Convergence with Anomaly Detection and Exclusion" (PID-MADE),
+anonymous ICLR 2026 submission (../shared/papers/pid-made.txt), Sec. 4 and Algorithm 1.
+
+Definition, per round ``t`` and submitted client ``i`` (rows of ``updates``):
+
+- ``D_t^i = ‖Δ_t^i − μ_t‖``, with ``μ_t`` the mean (or geometric median) of the round's
+  submitted rows. The paper measures models ``w_t^i``; all clients start from the same
+  global model, so ``w_t^i − w_t^j = Δ_t^i − Δ_t^j`` and distances on updates are equal.
+- ``u_t^i = Kp·D_t^i + Ki·Σ_{x<t} D_x^i + Kd·(D_t^i − D_{t−1}^i)`` (P, I and D terms).
+- ``τ_t = mean(u_t) + k·std(u_t)`` over the round's scored clients (population std, the
+  paper's ``σ_t``); ``k`` given (``threshold="k"``), or from the alarm rate α:
+  Chebyshev's one-sided bound ``k = √(1/α − 1)`` (Theorem 5) or the Gaussian quantile
+  ``k = z_{1−α}`` (Theorem 6). Client ``i`` is excluded when ``u_t^i > τ_t``.
+- ``exclusion="round"``: excluded for this round only; ``"permanent"``: its id joins the
+  banned set (Algorithm 1's ``Q ← Q \\ {…}``) and it is excluded in every later round.
+
+Choices where the paper is silent (all per client id, never per row):
+
+- History lives in the state keyed by client id: the sum of the client's past ``D``
+  (integral), its last observed ``D`` and how many rounds it was observed. A client not
+  sampled in a round keeps its history untouched; when it comes back, ``D_{t−1}`` is its
+  own last observed ``D`` and the integral sums the rounds it took part in.
+- A client's first observed round: the integral is the empty sum (0) and ``D_{t−1} :=
+  D_t`` (derivative 0: no previous observation, no change). In the first round of a run
+  the score is therefore ``Kp·D``, the plain one-round distance rule.
+- An excluded client's ``D`` still enters its history (the integral records behaviour,
+  not admission).
+- Rows with a non-finite entry are never kept, not scored (``nan``) and leave the
+  centroid, the threshold statistics and their history untouched (the server's own
+  non-finite guard normally drops them earlier, with its own reason).
+- Banned clients (``exclusion="permanent"``) that submit anyway are scored against the
+  centroid of the others for the trail, but take no part in the centroid or in
+  ``mean/std(u)``; the ``banned`` column marks them.
+- Client ``weights`` (sample counts) are ignored: the paper's centroid is unweighted,
+  which also denies a client any leverage from claiming a large sample count.
+- ``u > τ`` is compared with a relative tolerance of 1e-12 so that identical scores are
+  never split by rounding.
+- With ``m`` scored clients no score can exceed ``mean + k·std`` unless ``√(m−1) > k``
+  (Samuelson's inequality). Chebyshev at α = 0.05 gives ``k = √19 ≈ 4.36``: it cannot
+  exclude anyone with 20 clients or fewer. A ``UserWarning`` says so when it happens.
+
+Parameters (defaults, the paper's expert values): ``kp=1.0``, ``ki=0.5``, ``kd=0.05``
+(all ≥ 0), ``alpha=0.05`` in (0, 1), ``threshold="chebyshev"`` (``chebyshev`` |
+``gaussian`` | ``k``), ``k=None`` (required, ≥ 0, exactly when ``threshold="k"``),
+``centroid="mean"`` (``mean`` | ``geometric_median``), ``exclusion="round"`` (``round`` |
+``permanent``), ``gm_max_iter=100`` and ``gm_tol=1e-6`` (Weiszfeld iterations and relative
+objective tolerance for the geometric median).
+
+Shapes: ``updates (n, d)``, ``client_ids`` n distinct ints -> ``keep`` bool ``(n,)`` on the
+updates' device; ``scores`` (= u) and ``columns`` (``distance``, ``p_term``, ``i_term``,
+``d_term`` float64, ``banned`` bool) ``(n,)`` on the CPU; ``threshold`` = τ. Cost O(n·d)
+per round (O(T·n·d) with the geometric median); memory O(d) beyond the input, plus a copy
+of the scored rows in rounds where some rows are banned or non-finite.
+
+Example (``threshold="k", k=1``, default gains, 4 clients, 1-D updates):
+
+- round 1, Δ = [0, 0, 0, 4]: μ = 1, D = [1, 1, 1, 3], u = D (first round),
+  τ = 1.5 + 0.8660 = 2.3660 -> client 3 excluded;
+- round 2, Δ = [0, 0, 2, 2]: μ = 1, D = [1, 1, 1, 1], I = 0.5·[1, 1, 1, 3],
+  D-term = 0.05·[0, 0, 0, −2], u = [1.5, 1.5, 1.5, 2.4], τ = 1.725 + 0.3897 = 2.1147
+  -> client 3 still excluded, by its history alone;
+- round 3, Δ = [4, 0, 0, 0]: μ = 1, D = [3, 1, 1, 1], I = 0.5·[2, 2, 2, 4],
+  D-term = 0.05·[2, 0, 0, 0], u = [4.1, 2, 2, 3], τ = 2.775 + 0.8671 = 3.6421
+  -> client 0 excluded (a sudden jump), client 3 kept.
+
+Note: :func:`_weiszfeld` duplicates ``aggregation/geometric_median.py`` (written at the
+same time); fold it into that module once both have landed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aggregation.base import Filter, FilterDecision, check_updates
+from aggregation.registry import register_filter
+
+__all__ = ["PIDMADE", "chebyshev_k", "gaussian_k"]
+
+State = dict[str, Any]
+
+_THRESHOLDS = ("chebyshev", "gaussian", "k")
+_CENTROIDS = ("mean", "geometric_median")
+_EXCLUSIONS = ("round", "permanent")
+_BLOCK_ELEMENTS = 1 << 20  # row blocks of <= 1M entries (4 MB fp32): O(d) extra memory
+_TIE_RTOL = 1e-12
+
+
+def chebyshev_k(alpha: float) -> float:
+    """One-sided Chebyshev (Cantelli) multiplier: ``P(U − ū ≥ kσ) ≤ α`` for ``k = √(1/α − 1)``."""
+    return math.sqrt(1.0 / alpha - 1.0)
+
+
+def gaussian_k(alpha: float) -> float:
+    """Gaussian multiplier ``z_{1−α}``: ``P(U − ū > kσ) = α`` for normal scores."""
+    return NormalDist().inv_cdf(1.0 - alpha)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"pid_made {name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+@register_filter("pid_made")
+@dataclass(frozen=True, kw_only=True)
+class PIDMADE(Filter):
+    """PID score per client id, excluded above ``mean + k·std`` of the round's scores."""
+
+    kp: float = 1.0
+    ki: float = 0.5
+    kd: float = 0.05
+    alpha: float = 0.05
+    threshold: str = "chebyshev"
+    k: float | None = None
+    centroid: str = "mean"
+    exclusion: str = "round"
+    gm_max_iter: int = 100
+    gm_tol: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("kp", "ki", "kd"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"pid_made {name} must be finite and >= 0, got {value}")
+        if not (math.isfinite(self.alpha) and 0.0 < self.alpha < 1.0):
+            raise ValueError(
+                f"pid_made alpha must be in the open interval (0, 1), got {self.alpha}"
+            )
+        _choice("threshold", self.threshold, _THRESHOLDS)
+        _choice("centroid", self.centroid, _CENTROIDS)
+        _choice("exclusion", self.exclusion, _EXCLUSIONS)
+        if self.threshold == "k":
+            if self.k is None or not (math.isfinite(self.k) and self.k >= 0):
+                raise ValueError(f"pid_made threshold='k' needs k finite and >= 0, got k={self.k}")
+        elif self.k is not None:
+            raise ValueError(
+                f"pid_made k={self.k} is only used with threshold='k' "
+                f"(threshold={self.threshold!r} derives k from alpha)"
+            )
+        if self.gm_max_iter < 1:
+            raise ValueError(f"pid_made gm_max_iter must be >= 1, got {self.gm_max_iter}")
+        if not (math.isfinite(self.gm_tol) and self.gm_tol > 0):
+            raise ValueError(f"pid_made gm_tol must be finite and > 0, got {self.gm_tol}")
+
+    @property
+    def k_value(self) -> float:
+        """The multiplier ``k`` of ``τ = mean + k·std`` in use."""
+        if self.threshold == "chebyshev":
+            return chebyshev_k(self.alpha)
+        if self.threshold == "gaussian":
+            return gaussian_k(self.alpha)
+        assert self.k is not None
+        return float(self.k)
+
+    def init_state(self) -> State:
+        """``round``: rounds seen; ``history``: ``{id: {"integral", "last", "rounds"}}``;
+        ``banned``: sorted ids excluded for good. Plain values only (checkpointable)."""
+        return {"round": 0, "history": {}, "banned": []}
+
+    @staticmethod
+    def banned_ids(state: State) -> frozenset[int]:
+        """Ids excluded permanently so far (the server may stop sampling them)."""
+        return frozenset(state["banned"])
+
+    def step(
+        self,
+        state: State,
+        updates: Tensor,
+        client_ids: Sequence[int],
+        weights: Tensor | None = None,
+    ) -> tuple[FilterDecision, State]:
+        check_updates(updates, weights)
+        ids = [int(i) for i in client_ids]
+        n = updates.shape[0]
+        if len(ids) != n:
+            raise ValueError(f"client_ids has {len(ids)} ids for {n} update rows")
+        if len(set(ids)) != n:
+            raise ValueError(f"client_ids must be distinct, got {ids}")
+        history: dict[int, dict[str, Any]] = state["history"]
+        banned_set = set(state["banned"])
+        f64 = torch.float64
+
+        # A non-finite entry anywhere makes the column mean non-finite: one O(d) check on
+        # the mean spares the O(n·d) row scan in the common, all-finite case.
+        mean_all = _mean_rows(updates)
+        if bool(torch.isfinite(mean_all).all()):
+            finite = torch.ones(n, dtype=torch.bool)
+        else:
+            finite = _row_finite(updates).cpu()
+        banned = torch.tensor([i in banned_set for i in ids], dtype=torch.bool)
+        active = finite & ~banned
+
+        distance = torch.full((n,), math.nan, dtype=f64)
+        if bool(active.any()):
+            center = self._centroid(updates, active, mean_all if bool(active.all()) else None)
+            distance = _row_distances(updates, center).to("cpu", f64)
+            distance[~finite] = math.nan
+
+        seen = torch.tensor([i in history for i in ids], dtype=torch.bool)
+        integral = torch.tensor(
+            [history[i]["integral"] if i in history else 0.0 for i in ids], dtype=f64
+        )
+        last = torch.tensor(
+            [history[i]["last"] if i in history else math.nan for i in ids], dtype=f64
+        )
+        last = torch.where(seen, last, distance)  # first observation: D_{t-1} := D_t
+
+        p_term = self.kp * distance
+        i_term = self.ki * integral
+        d_term = self.kd * (distance - last)
+        scores = p_term + i_term + d_term
+
+        tau: float | None = None
+        exclude = torch.zeros(n, dtype=torch.bool)
+        m = int(active.sum())
+        if m > 0:
+            k = self.k_value
+            u = scores[active]
+            tau = float(u.mean() + k * u.std(correction=0))
+            if m >= 2 and math.sqrt(m - 1) <= k:
+                warnings.warn(
+                    f"pid_made: with {m} scored clients no score can exceed mean + {k:.4g}·std "
+                    f"(max z-score is √{m - 1} = {math.sqrt(m - 1):.4g}); nobody will be "
+                    "excluded. Use threshold='gaussian', a larger alpha or threshold='k'.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            exclude = active & (scores > tau + _TIE_RTOL * abs(tau))
+        keep = active & ~exclude
+
+        new_history = dict(history)
+        for row, i in enumerate(ids):
+            if bool(finite[row]):
+                old = history.get(i, {"integral": 0.0, "rounds": 0})
+                d = float(distance[row])
+                new_history[i] = {
+                    "integral": float(old["integral"]) + d,
+                    "last": d,
+                    "rounds": int(old["rounds"]) + 1,
+                }
+        new_banned = set(banned_set)
+        if self.exclusion == "permanent":
+            new_banned.update(i for i, x in zip(ids, exclude.tolist(), strict=True) if x)
+        new_state: State = {
+            "round": int(state["round"]) + 1,
+            "history": new_history,
+            "banned": sorted(new_banned),
+        }
+        decision = FilterDecision(
+            keep=keep.to(updates.device),
+            reason="pid_made",
+            scores=scores,
+            threshold=tau,
+            columns={
+                "distance": distance,
+                "p_term": p_term,
+                "i_term": i_term,
+                "d_term": d_term,
+                "banned": banned,
+            },
+        )
+        return decision, new_state
+
+    def _centroid(self, updates: Tensor, active: Tensor, mean: Tensor | None) -> Tensor:
+        """Centroid of the active rows; ``mean`` is given when every row is active."""
+        rows = updates if mean is not None else updates[active.to(updates.device)]
+        if mean is None:
+            mean = _mean_rows(rows)
+        if self.centroid == "mean":
+            return mean
+        return _weiszfeld(rows, max_iter=self.gm_max_iter, tol=self.gm_tol, init=mean)
+
+
+def _mean_rows(points: Tensor) -> Tensor:
+    """Mean of the rows as one matrix-vector product (a single pass over the rows, much
+    faster on CPU than the strided ``points.mean(dim=0)``)."""
+    n = points.shape[0]
+    return torch.full((n,), 1.0 / n, device=points.device, dtype=points.dtype) @ points
+
+
+def _row_distances(points: Tensor, center: Tensor) -> Tensor:
+    """``‖points[i] − center‖`` for every row, through one reused block buffer (no
+    ``(n, d)`` temporary). A row with ``nan``/``inf`` gets a non-finite distance."""
+    n, d = points.shape
+    block = min(n, max(1, _BLOCK_ELEMENTS // max(d, 1)))
+    out = torch.empty(n, device=points.device, dtype=points.dtype)
+    buffer = torch.empty((block, d), device=points.device, dtype=points.dtype)
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        diff = buffer[: stop - start]
+        torch.sub(points[start:stop], center, out=diff)
+        out[start:stop] = torch.linalg.vector_norm(diff, dim=1)
+    return out
+
+
+def _row_finite(points: Tensor) -> Tensor:
+    """Bool ``(n,)``: rows without ``nan``/``inf``, in row blocks (no ``(n, d)`` temporary)."""
+    n, d = points.shape
+    block = max(1, _BLOCK_ELEMENTS // max(d, 1))
+    out = torch.empty(n, device=points.device, dtype=torch.bool)
+    for start in range(0, n, block):
+        out[start : start + block] = torch.isfinite(points[start : start + block]).all(dim=1)
+    return out
+
+
+def _weiszfeld(points: Tensor, *, max_iter: int, tol: float, init: Tensor | None = None) -> Tensor:
+    """Geometric median ``argmin_y Σ ‖x_i − y‖`` by smoothed Weiszfeld iterations (as in
+    RFA, Pillutla et al. 2022), from the mean, until the objective improves by less than
+    ``tol`` relative. O(n·d) per iteration."""
+    center = _mean_rows(points) if init is None else init
+    dist = _row_distances(points, center)
+    objective = float(dist.sum())
+    for _ in range(max_iter):
+        nu = 1e-12 + 1e-9 * objective / points.shape[0]
+        w = 1.0 / dist.clamp_min(nu)
+        center = (w / w.sum()) @ points
+        dist = _row_distances(points, center)
+        new_objective = float(dist.sum())
+        done = objective - new_objective <= tol * new_objective
+        objective = new_objective
+        if done:
+            break
+    return center

@@ -1,0 +1,113 @@
+"""Local training of one client: start from the global model, run SGD on the client's own
+data, return the update Δ = w_local − w_global and the sample count.
+
+FedProx (Li et al. 2020, https://arxiv.org/abs/1812.06127) is the option ``prox_mu``: the
+local objective gains μ/2·‖w − w_global‖² over the trainable parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from federated.seeding import derive_seed, torch_generator
+from federated.vectors import model_to_vector, vector_to_model_
+
+__all__ = ["ClientData", "ClientUpdate", "LocalTraining", "train_client"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTraining:
+    """Hyperparameters of one client's local SGD."""
+
+    epochs: int = 1  # passes over the client's data per round
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    prox_mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg local training
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("epochs and batch_size must be >= 1")
+        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or self.prox_mu < 0:
+            raise ValueError("lr must be > 0; momentum, weight_decay and prox_mu >= 0")
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's training data, already on the training device."""
+
+    client_id: int
+    images: Tensor  # (N, C, H, W) float32
+    targets: Tensor  # (N,) int64, or (N, L) float32 for multi-label tasks
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    client_id: int
+    delta: Tensor  # (d,) float32, w_local - w_global over the model's floating state
+    num_samples: int
+    train_loss: float  # mean loss over the last local epoch
+
+
+def batch_order(num_samples: int, seed: int) -> Tensor:
+    """The epoch's sample order, drawn on the CPU so every device sees the same batches."""
+    return torch.randperm(num_samples, generator=torch_generator(seed))
+
+
+def batches(order: Tensor, batch_size: int) -> list[Tensor]:
+    """Consecutive batches of ``order``; a trailing batch of one sample joins the previous
+    one (BatchNorm cannot train on a single sample)."""
+    chunks = list(order.split(batch_size))
+    if len(chunks) > 1 and len(chunks[-1]) == 1:
+        chunks[-2:] = [torch.cat(chunks[-2:])]
+    return chunks
+
+
+def train_client(
+    model: nn.Module,
+    global_vector: Tensor,
+    data: ClientData,
+    config: LocalTraining,
+    loss_fn: nn.Module,
+    *,
+    seed: int,
+) -> ClientUpdate:
+    """Train ``model`` (used as a workspace: its state is overwritten with
+    ``global_vector`` first) on ``data`` and return the client's update. ``seed`` drives
+    the batch order of every epoch."""
+    vector_to_model_(model, global_vector)
+    model.train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    anchors = [p.detach().clone() for p in model.parameters()] if config.prox_mu > 0 else []
+    device = data.images.device
+    epoch_loss = float("nan")
+    for epoch in range(config.epochs):
+        order = batch_order(len(data), derive_seed(seed, epoch)).to(device)
+        total, count = 0.0, 0
+        for index in batches(order, config.batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(data.images[index]), data.targets[index])
+            objective = loss
+            if anchors:
+                proximal = sum(
+                    (p - a).pow(2).sum() for p, a in zip(model.parameters(), anchors, strict=True)
+                )
+                objective = loss + 0.5 * config.prox_mu * proximal
+            objective.backward()
+            optimizer.step()
+            total += loss.item() * len(index)
+            count += len(index)
+        epoch_loss = total / count
+    delta = model_to_vector(model) - global_vector
+    return ClientUpdate(
+        client_id=data.client_id, delta=delta, num_samples=len(data), train_loss=epoch_loss
+    )

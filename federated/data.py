@@ -1,0 +1,225 @@
+"""MedMNIST data: metadata, verified local files, download, and tensors for training.
+
+Files are the official ``<root>/<flag>.npz`` releases. A present file is checked against
+the md5 in ``medmnist.INFO`` before it is used (a truncated download must never train
+silently); a missing one is fetched from the URL in ``medmnist.INFO`` when allowed
+(medmnist's own downloader needs torchvision, which this project does not install).
+Loading then goes through medmnist itself with ``download=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DataError",
+    "DatasetInfo",
+    "MedMNISTData",
+    "Split",
+    "dataset_info",
+    "download_medmnist",
+    "ensure_medmnist",
+    "file_md5",
+    "list_datasets",
+    "load_medmnist",
+    "to_tensors",
+]
+
+SPLITS = ("train", "val", "test")
+
+
+class DataError(RuntimeError):
+    """A dataset that cannot be used: missing, corrupt, or of the wrong shape."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the engine needs to know of a MedMNIST flag (from ``medmnist.INFO``)."""
+
+    flag: str
+    task: str  # "binary-class" | "multi-class" | "ordinal-regression" | "multi-label, binary-class"
+    n_channels: int
+    n_classes: int  # classes, or labels for multi-label tasks
+    labels: tuple[str, ...]
+    url: str
+    md5: str
+    n_samples: dict[str, int]
+
+    @property
+    def multi_label(self) -> bool:
+        return self.task.startswith("multi-label")
+
+
+def _info_table() -> dict[str, dict]:
+    from medmnist import INFO  # imported lazily: only data loading needs it
+
+    return INFO
+
+
+def list_datasets() -> list[str]:
+    """The 2-D 28x28 MedMNIST flags this project can train on."""
+    return sorted(flag for flag in _info_table() if not flag.endswith("3d"))
+
+
+def dataset_info(flag: str) -> DatasetInfo:
+    table = _info_table()
+    if flag not in table or flag.endswith("3d"):
+        raise DataError(f"unknown dataset {flag!r}; available: {', '.join(list_datasets())}")
+    info = table[flag]
+    labels = tuple(info["label"][key] for key in sorted(info["label"], key=int))
+    return DatasetInfo(
+        flag=flag,
+        task=info["task"],
+        n_channels=int(info["n_channels"]),
+        n_classes=len(labels),
+        labels=labels,
+        url=info["url"],
+        md5=info["MD5"],
+        n_samples={split: int(info["n_samples"][split]) for split in SPLITS},
+    )
+
+
+def file_md5(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -> Path:
+    """Fetch ``<root>/<flag>.npz`` from its official URL, checking the md5 before the file
+    is moved into place (so a broken download never lands as the real file)."""
+    from tqdm import tqdm
+
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{info.flag}.npz"
+    with tempfile.NamedTemporaryFile(dir=root, suffix=".part", delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+        try:
+            with urllib.request.urlopen(info.url, timeout=60) as response:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    desc=f"{info.flag}.npz",
+                    disable=not progress,
+                ) as bar:
+                    while chunk := response.read(1 << 20):
+                        tmp.write(chunk)
+                        bar.update(len(chunk))
+        except BaseException:
+            tmp_path.unlink(missing_ok=True)
+            raise
+    actual = file_md5(tmp_path)
+    if actual != info.md5:
+        tmp_path.unlink(missing_ok=True)
+        raise DataError(
+            f"downloaded {target.name} has md5 {actual}, expected {info.md5}; try again"
+        )
+    shutil.move(str(tmp_path), target)
+    return target
+
+
+def ensure_medmnist(flag: str, root: Path, *, download: bool = True, progress: bool = True) -> Path:
+    """Return the verified path of ``<root>/<flag>.npz``, downloading it when missing and
+    allowed. Raises :class:`DataError` naming the file, its md5 and how to obtain it."""
+    info = dataset_info(flag)
+    path = Path(root) / f"{flag}.npz"
+    if path.exists():
+        actual = file_md5(path)
+        if actual != info.md5:
+            raise DataError(
+                f"{path} has md5 {actual} but the official file has {info.md5} "
+                f"(truncated or altered?); delete it and download it again from {info.url}"
+            )
+        return path
+    how = f"download it from {info.url} (md5 {info.md5}) into {path.parent} or set MEDMNIST_ROOT"
+    if not download:
+        raise DataError(f"{path} not found and downloads are off; {how}")
+    try:
+        return download_medmnist(info, Path(root), progress=progress)
+    except DataError:
+        raise
+    except OSError as error:
+        raise DataError(f"{path} not found and the download failed ({error}); {how}") from error
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split as uint8 images ``(N, 28, 28[, 3])`` and integer labels ``(N, L)``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Class index ``(N,)`` for single-label tasks; the 0/1 matrix ``(N, L)`` otherwise."""
+        return self.labels[:, 0] if self.labels.shape[1] == 1 else self.labels
+
+
+@dataclass(frozen=True)
+class MedMNISTData:
+    info: DatasetInfo
+    train: Split
+    val: Split
+    test: Split
+
+
+def load_medmnist(flag: str, root: Path) -> MedMNISTData:
+    """Load a verified local file through medmnist (``download=False``) and check its
+    arrays have the shapes ``medmnist.INFO`` promises."""
+    import medmnist
+
+    info = dataset_info(flag)
+    path = Path(root) / f"{flag}.npz"
+    dataset_class = getattr(medmnist, _info_table()[flag]["python_class"])
+    splits: dict[str, Split] = {}
+    for split in SPLITS:
+        try:
+            dataset = dataset_class(split=split, root=os.fspath(root), download=False)
+            images, labels = np.asarray(dataset.imgs), np.asarray(dataset.labels)
+        except Exception as error:  # medmnist raises KeyError/ValueError/BadZipFile/...
+            raise DataError(
+                f"{path} is not a readable MedMNIST file ({type(error).__name__}: {error})"
+            ) from error
+        expected = (info.n_samples[split], 28, 28) + ((3,) if info.n_channels == 3 else ())
+        if images.shape != expected or images.dtype != np.uint8:
+            raise DataError(
+                f"{path}: {split}_images has shape {images.shape} {images.dtype}, expected {expected} uint8"
+            )
+        labels = labels.reshape(len(labels), -1)
+        if labels.shape[0] != expected[0] or (labels.shape[1] != 1 and not info.multi_label):
+            raise DataError(
+                f"{path}: {split}_labels has shape {labels.shape}, expected ({expected[0]}, 1)"
+            )
+        splits[split] = Split(images=images, labels=labels.astype(np.int64))
+    return MedMNISTData(info=info, **splits)
+
+
+def to_tensors(
+    split: Split, info: DatasetInfo, *, device: torch.device | str = "cpu"
+) -> tuple[Tensor, Tensor]:
+    """Images as float32 ``(N, C, 28, 28)`` normalised to [-1, 1] (MedMNIST's
+    ``Normalize(mean=.5, std=.5)``); targets as int64 ``(N,)`` or float32 ``(N, L)``."""
+    images = torch.from_numpy(split.images).to(device=device, dtype=torch.float32)
+    # (N, 28, 28) -> (N, 1, 28, 28); (N, 28, 28, 3) -> (N, 3, 28, 28)
+    images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
+    images = (images / 255.0 - 0.5) / 0.5
+    targets = torch.from_numpy(split.targets).to(device=device)
+    targets = targets.float() if info.multi_label else targets.long()
+    return images, targets

@@ -1,0 +1,216 @@
+"""params.yaml, read once at the entry point into validated pydantic models.
+
+A bad value fails here, before anything runs, with one line naming the key, the value
+and what is allowed (:class:`ConfigError`; the CLI turns it into exit code 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import aggregation  # noqa: F401  (fills the registries)
+from aggregation.registry import AGGREGATORS, FILTERS
+from federated.registry import Registry, RegistryError
+
+__all__ = ["ConfigError", "Params", "load_params", "params_hash"]
+
+
+class ConfigError(ValueError):
+    """A params.yaml value that is not allowed; the message is one line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(_Section):
+    dataset: str = "breastmnist"  # any 2-D 28x28 MedMNIST flag
+    root: str = "data/medmnist"  # overridden by the MEDMNIST_ROOT environment variable
+    download: bool = True
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        from federated.data import list_datasets
+
+        if value not in list_datasets():
+            raise ValueError(f"unknown dataset; allowed: {', '.join(list_datasets())}")
+        return value
+
+
+class PartitionParams(_Section):
+    scheme: str = "iid"  # iid | dirichlet | shards | quantity
+    num_clients: int = Field(10, ge=1)
+    alpha: float = Field(0.5, gt=0)  # dirichlet concentration
+    classes_per_client: int = Field(2, ge=1)  # shards
+    sigma: float = Field(1.0, gt=0)  # quantity: log-normal spread of client sizes
+    min_samples: int = Field(8, ge=1)
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        from federated.partition import list_partitioners
+
+        if value not in list_partitioners():
+            raise ValueError(f"unknown partition scheme; allowed: {', '.join(list_partitioners())}")
+        return value
+
+    def partitioner_params(self) -> dict[str, Any]:
+        """The keys the chosen scheme takes."""
+        from federated.partition import PARTITIONERS
+
+        return {
+            k: v for k, v in self.model_dump().items() if k in PARTITIONERS.parameters(self.scheme)
+        }
+
+
+class ModelParams(_Section):
+    name: str = "small_cnn"
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from models import list_models
+
+        if value not in list_models():
+            raise ValueError(f"unknown model; allowed: {', '.join(list_models())}")
+        return value
+
+
+class TrainParams(_Section):
+    rounds: int = Field(20, ge=1)
+    client_fraction: float = Field(1.0, gt=0, le=1)
+    local_epochs: int = Field(1, ge=1)
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(32, ge=1)
+    prox_mu: float = Field(0.0, ge=0)  # FedProx proximal weight
+    server_lr: float = Field(1.0, gt=0)
+    min_clients: int = Field(1, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class _RegistryEntry(BaseModel):
+    """``{name: <registered name>, <param>: <value>, ...}``; parameters are checked by
+    building the component."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def _check(self, registry: Registry) -> None:
+        try:
+            registry.build(self.name, **self.params())
+        except RegistryError as error:
+            raise ValueError(str(error)) from None
+
+
+class AggregateParams(_RegistryEntry):
+    name: str = "fedavg"
+
+    @model_validator(mode="after")
+    def _buildable(self) -> AggregateParams:
+        self._check(AGGREGATORS)
+        return self
+
+
+class FilterParams(_RegistryEntry):
+    @model_validator(mode="after")
+    def _buildable(self) -> FilterParams:
+        self._check(FILTERS)
+        return self
+
+
+class EvalParams(_Section):
+    batch_size: int = Field(512, ge=1)
+    target_acc: float = Field(0.8, ge=0, le=1)
+
+
+class TrackingParams(_Section):
+    experiment: str = "fedsieve"
+    register_model: bool = True
+
+
+class Params(_Section):
+    seed: int = 0
+    data: DataParams = DataParams()
+    partition: PartitionParams = PartitionParams()
+    model: ModelParams = ModelParams()
+    train: TrainParams = TrainParams()
+    aggregate: AggregateParams = AggregateParams()
+    filters: list[FilterParams] = []
+    eval: EvalParams = EvalParams()
+    tracking: TrackingParams = TrackingParams()
+
+
+def _format_error(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        section = ".".join(str(p) for p in first["loc"][:-1]) or "the top level"
+        allowed = ", ".join(_section_keys(first["loc"][:-1]))
+        return f"{source}: unknown key {key!r}; keys allowed in {section}: {allowed}"
+    value = first.get("input")
+    shown = json.dumps(value, default=str)
+    extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{source}: {key} = {shown}: {message}{extra}"
+
+
+def _section_keys(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the section at ``loc`` (e.g. ``("train",)`` -> TrainParams' keys)."""
+    model: type[BaseModel] = Params
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        model = annotation.__args__[0] if hasattr(annotation, "__args__") else annotation
+    return list(model.model_fields)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_params(path: Path | str = "params.yaml", overrides: list[str] | None = None) -> Params:
+    """Read and validate ``path`` with ``key.sub=value`` overrides (values parsed as YAML)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    for override in overrides or []:
+        key, sep, text = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {override!r}: expected key=value, e.g. train.rounds=3")
+        _set_dotted(raw, key.strip(), yaml.safe_load(text))
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(_format_error(error, str(path))) from None
+
+
+def params_hash(params: Params) -> str:
+    """A short stable hash of everything that changes results (tracking settings excluded)."""
+    payload = params.model_dump(mode="json", exclude={"tracking"})
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,27 @@
+"""Process environment the project sets before Prefect/MLflow/DVC are imported.
+
+Telemetry off (each tool otherwise makes a network attempt) and PREFECT_HOME inside the
+project, unless the user has set them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["configure_environment"]
+
+TELEMETRY_OFF = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",  # MLflow honours "true", not "1"
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+}
+
+
+def configure_environment(project: Path | None = None) -> None:
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
+    # A flow's temporary server may take a while on a cold, busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")

@@ -1,0 +1,122 @@
+"""Files the pipeline writes (reports/, artifacts/): one place, plain formats."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ProjectPaths", "read_partition", "write_csv", "write_json", "write_partition"]
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """Where every stage reads and writes, relative to the project directory."""
+
+    root: Path
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def partition(self) -> Path:
+        return self.artifacts / "partition" / "clients.npz"
+
+    @property
+    def partition_report(self) -> Path:
+        return self.reports / "partition.json"
+
+    @property
+    def partition_plot(self) -> Path:
+        return self.reports / "partition.png"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.artifacts / "checkpoints" / "train.pt"
+
+    @property
+    def model(self) -> Path:
+        return self.artifacts / "model" / "model.pt"
+
+    @property
+    def run_info(self) -> Path:
+        return self.artifacts / "model" / "run.json"
+
+    @property
+    def rounds(self) -> Path:
+        return self.reports / "rounds.csv"
+
+    @property
+    def exclusions(self) -> Path:
+        return self.reports / "exclusions.csv"
+
+    @property
+    def curves(self) -> Path:
+        return self.reports / "curves.png"
+
+    @property
+    def metrics(self) -> Path:
+        return self.reports / "metrics.json"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
+    """Write atomically (a kill mid-write never leaves half a report)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_csv(
+    path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None
+) -> Path:
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in columns})
+    tmp.replace(path)
+    return path
+
+
+def write_partition(path: Path, parts: Sequence[np.ndarray]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        np.savez(handle, **{f"client_{i}": part for i, part in enumerate(parts)})
+    return path
+
+
+def read_partition(path: Path) -> list[np.ndarray]:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: run the partition stage first (fedsieve partition)"
+        )
+    with np.load(path, allow_pickle=False) as archive:
+        return [archive[f"client_{i}"] for i in range(len(archive.files))]

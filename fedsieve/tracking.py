@@ -1,0 +1,176 @@
+"""MLflow at the edge: one :class:`Tracker` per pipeline run, and nothing else logs.
+
+Tracking must never stop training: every call is guarded, and the first failure (server
+unreachable, store broken) is stated once, clearly, after which the tracker goes quiet.
+Local reports (``reports/``) and checkpoints do not depend on it, so nothing the run
+produced is lost when tracking is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "flatten_params", "tracking_uri"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+log = logging.getLogger("fedsieve.tracking")
+T = TypeVar("T")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
+    SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}``; lists become indexed keys."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, f"{name}."))
+        elif isinstance(value, list):
+            if not value:
+                flat[name] = "[]"
+            for index, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    flat.update(flatten_params(item, f"{name}.{index}."))
+                else:
+                    flat[f"{name}.{index}"] = item
+        else:
+            flat[name] = value
+    return flat
+
+
+class Tracker:
+    """A guarded MLflow run: ``start`` creates or resumes it, the rest log into it."""
+
+    def __init__(self, experiment: str, uri: str | None = None) -> None:
+        self.uri = uri or tracking_uri()
+        self.experiment = experiment
+        self.run_id: str | None = None
+        self.failed: str | None = None
+        self._client: Any = None
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None and self.failed is None
+
+    def _guard(self, what: str, action: Callable[[], T]) -> T | None:
+        if self.failed is not None:
+            return None
+        try:
+            return action()
+        except Exception as error:  # tracking must never stop training
+            self.failed = (
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            )
+            log.warning(
+                "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
+                "checkpoints are still written, and further tracking calls are skipped",
+                self.uri,
+                what,
+                self.failed,
+            )
+            return None
+
+    def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str | None:
+        """Resume ``run_id`` when it exists in the store, else create a run."""
+
+        def _start() -> str:
+            import mlflow
+            from mlflow import MlflowClient
+
+            mlflow.set_tracking_uri(self.uri)
+            self._client = MlflowClient(self.uri)
+            if run_id is not None:
+                try:
+                    self._client.get_run(run_id)
+                    self._client.update_run(run_id, status="RUNNING")
+                    return run_id
+                except Exception:  # not in this store (e.g. another URI): start afresh
+                    pass
+            experiment = self._client.get_experiment_by_name(self.experiment)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self._client.create_experiment(self.experiment)
+            )
+            run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+            return run.info.run_id
+
+        self.run_id = self._guard("starting the run", _start)
+        return self.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        if not self.active:
+            return
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+
+        def _log() -> None:
+            for start in range(0, len(items), 100):
+                self._client.log_batch(self.run_id, params=items[start : start + 100])
+
+        self._guard("logging parameters", _log)
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
+        from mlflow.entities import Metric
+        from mlflow.utils.time import get_current_time_millis
+
+        if not self.active:
+            return
+        now = get_current_time_millis()
+        items = [
+            Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v == v
+        ]  # NaN (e.g. AUC of a one-class split) is not logged
+        self._guard("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        if not self.active:
+            return
+        self._guard(
+            "setting tags",
+            lambda: [self._client.set_tag(self.run_id, k, str(v)) for k, v in tags.items()],
+        )
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if not self.active or not Path(path).exists():
+            return
+        self._guard(
+            f"logging {path}",
+            lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+        )
+
+    def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
+        """Log the torch model as ``model`` and register it (when a name is given)."""
+
+        def _log() -> None:
+            import mlflow
+            import mlflow.pytorch
+            import torch
+
+            with mlflow.start_run(run_id=self.run_id):
+                mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    input_example=input_example,
+                    registered_model_name=registered_name,
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                    await_registration_for=0,
+                )
+
+        if self.active:
+            self._guard("logging the model", _log)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.active:
+            self._guard(
+                "closing the run", lambda: self._client.set_terminated(self.run_id, status=status)
+            )

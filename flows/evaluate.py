@@ -1,0 +1,95 @@
+"""Evaluate stage: the final global model on the test and validation splits; final
+metrics to reports/metrics.json and MLflow, and the model logged and registered."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect import flow, get_run_logger
+
+from federated.data import to_tensors
+from federated.metrics import evaluate
+from federated.seeding import seeded_init
+from fedsieve.config import Params
+from fedsieve.reports import ProjectPaths, write_json
+from fedsieve.tracking import Tracker
+from flows.common import stage_main
+from models import build_model
+from tasks.data import data_root, ensure_dataset, load_dataset
+from tasks.training import resolve_device
+
+__all__ = ["evaluate_flow", "rounds_to_target"]
+
+
+def rounds_to_target(rounds_csv: Path, target_acc: float) -> int:
+    """First round whose test accuracy reaches ``target_acc``; -1 if none did."""
+    with rounds_csv.open() as handle:
+        for row in csv.DictReader(handle):
+            if float(row["test_acc"]) >= target_acc:
+                return int(float(row["round"]))
+    return -1
+
+
+@flow(name="evaluate")
+def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
+    logger = get_run_logger()
+    paths = ProjectPaths(workdir)
+    root = data_root(params.data.root, workdir)
+    ensure_dataset(params.data.dataset, root, params.data.download)
+    data = load_dataset(params.data.dataset, root)
+    device = resolve_device(params.train.device)
+    model = seeded_init(
+        params.seed,
+        lambda: build_model(
+            params.model.name, in_channels=data.info.n_channels, num_classes=data.info.n_classes
+        ),
+    )
+    model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
+    model.to(device)
+    results: dict[str, Any] = {}
+    for split_name in ("test", "val"):
+        images, targets = to_tensors(getattr(data, split_name), data.info, device=device)
+        scores = evaluate(
+            model,
+            images,
+            targets,
+            multi_label=data.info.multi_label,
+            batch_size=params.eval.batch_size,
+        )
+        results.update({f"{split_name}_{k}": v for k, v in scores.items()})
+    run_info = json.loads(paths.run_info.read_text())
+    results["rounds"] = run_info["rounds"]
+    results["rounds_to_target"] = rounds_to_target(paths.rounds, params.eval.target_acc)
+    write_json(paths.metrics, results)
+    logger.info(
+        "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
+        results["test_acc"],
+        results["test_auc"],
+        results["test_loss"],
+        results["val_acc"],
+        results["val_auc"],
+    )
+
+    tracker = Tracker(params.tracking.experiment)
+    tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
+    tracker.log_metrics({f"final_{k}": v for k, v in results.items()})
+    tracker.log_artifact(paths.metrics, "reports")
+    example = images[:1].cpu().numpy()
+    registered = f"fedsieve-{params.data.dataset}" if params.tracking.register_model else None
+    tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)
+    tracker.end()
+    if tracker.failed:
+        logger.warning(
+            "MLflow tracking failed (%s); %s holds the final metrics", tracker.failed, paths.metrics
+        )
+    return results
+
+
+main = stage_main("evaluate")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The whole pipeline as one Prefect flow: partition -> train -> evaluate (the same
+stages, files and reports as ``dvc repro``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from fedsieve.config import Params
+from flows.common import stage_main
+from flows.evaluate import evaluate_flow
+from flows.partition import partition_flow
+from flows.train import train_flow
+
+__all__ = ["pipeline_flow"]
+
+
+@flow(name="pipeline")
+def pipeline_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str, Any]:
+    partition_flow(params, workdir)
+    train_flow(params, workdir, resume=resume)
+    return evaluate_flow(params, workdir)
+
+
+main = stage_main("run")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Train stage: federated rounds with a checkpoint after each, tracked in MLflow.
+
+With ``resume=True`` a checkpoint written under the same params hash is picked up where
+it stopped (the DVC stage always passes it, so ``dvc repro`` after a kill continues);
+otherwise training starts from round 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect import flow, get_run_logger
+from tqdm import tqdm
+
+from federated.server import ServerState
+from fedsieve.config import Params, params_hash
+from fedsieve.plots import plot_curves
+from fedsieve.reports import ProjectPaths, read_partition, write_csv, write_json
+from fedsieve.tracking import Tracker, flatten_params
+from flows.common import run_tags, stage_main
+from tasks.data import data_root, ensure_dataset, load_dataset
+from tasks.training import build_federation, train_round
+
+__all__ = ["load_checkpoint", "train_flow"]
+
+
+def save_checkpoint(path: Path, *, state: ServerState, digest: str, run_id: str | None) -> None:
+    """Atomic: a kill during the write leaves the previous round's checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "params_hash": digest,
+            "run_id": run_id,
+            "state": state.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@flow(name="train")
+def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str, Any]:
+    logger = get_run_logger()
+    paths = ProjectPaths(workdir)
+    digest = params_hash(params)
+    root = data_root(params.data.root, workdir)
+    ensure_dataset(params.data.dataset, root, params.data.download)
+    data = load_dataset(params.data.dataset, root)
+    federation = build_federation(params, data, read_partition(paths.partition))
+
+    state = federation.initial_state()
+    run_id = None
+    checkpoint = load_checkpoint(paths.checkpoint) if resume else None
+    if checkpoint is not None and checkpoint["params_hash"] == digest:
+        state = ServerState.from_dict(checkpoint["state"], device=federation.device)
+        run_id = checkpoint["run_id"]
+        torch.set_rng_state(checkpoint["torch_rng"])
+        logger.info("resuming from the checkpoint after round %d", state.round)
+    elif checkpoint is not None:
+        logger.info(
+            "checkpoint is for other params (hash %s); starting afresh", checkpoint["params_hash"]
+        )
+
+    tracker = Tracker(params.tracking.experiment)
+    tags = run_tags(params, workdir)
+    new_run = run_id is None
+    tracker.start(
+        run_id=run_id, run_name=f"{params.data.dataset}-{params.aggregate.name}", tags=tags
+    )
+    if new_run:
+        tracker.log_params(flatten_params(params.model_dump(mode="json")))
+    for path in (paths.partition_report, paths.partition_plot):
+        tracker.log_artifact(path, "partition")
+
+    rounds = params.train.rounds
+    with tqdm(
+        total=rounds,
+        initial=state.round,
+        desc="rounds",
+        unit="round",
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        while state.round < rounds:
+            state, report = train_round(federation, state)
+            save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
+            client_losses = {
+                f"client_loss/{row['client']}": row["train_loss"]
+                for row in report.clients
+                if "train_loss" in row
+            }
+            tracker.log_metrics({**report.metrics, **client_losses}, step=report.round)
+            bar.update(1)
+            bar.set_postfix(
+                acc=f"{report.metrics['test_acc']:.3f}", auc=f"{report.metrics['test_auc']:.3f}"
+            )
+            logger.info(
+                "round %d/%d: test loss %.4f acc %.4f auc %.4f",
+                report.round,
+                rounds,
+                report.metrics["test_loss"],
+                report.metrics["test_acc"],
+                report.metrics["test_auc"],
+            )
+
+    model = federation.global_model(state)
+    paths.model.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, paths.model)
+    write_csv(paths.rounds, state.history)
+    write_csv(
+        paths.exclusions,
+        state.trail,
+        columns=[
+            "round", "client", "num_samples", "malicious", "excluded", "reason", "score",
+            "threshold", "train_loss", "selected", "message",
+        ],
+    )  # fmt: skip
+    plot_curves(state.history, paths.curves)
+    for path in (paths.rounds, paths.exclusions, paths.curves):
+        tracker.log_artifact(path, "reports")
+    info = {"run_id": tracker.run_id, "params_hash": digest, "rounds": state.round, "tags": tags}
+    write_json(paths.run_info, info)
+    if tracker.failed:
+        logger.warning(
+            "MLflow tracking failed during this run (%s); reports/ holds everything", tracker.failed
+        )
+    return info
+
+
+main = stage_main("train")
+
+if __name__ == "__main__":
+    main()

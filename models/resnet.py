@@ -1,0 +1,164 @@
+"""ResNet-18/34/50 adapted to 28x28 inputs, as in the MedMNIST v2 benchmark.
+
+He et al. 2016, "Deep Residual Learning for Image Recognition"; the 28x28 adaptation of
+Yang et al. 2023, "MedMNIST v2" (https://arxiv.org/abs/2110.14795): a 3x3 stride-1 stem
+and no max-pool, so the four stages see 28, 14, 7 and 4 pixels. Written here compactly
+(torchvision is not a dependency).
+
+``norm``: ``batch`` (BatchNorm, the benchmark's choice) or ``group`` (GroupNorm with
+``groups`` groups: no running statistics, so per-client models are pure functions of
+their weights — the batched-client backend's choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from models.registry import register_model
+
+__all__ = ["ResNet"]
+
+
+def _norm_factory(norm: str, groups: int) -> Callable[[int], nn.Module]:
+    if norm == "batch":
+        return nn.BatchNorm2d
+    if norm == "group":
+        return lambda channels: nn.GroupNorm(min(groups, channels), channels)
+    raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}")
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(
+        self, in_planes: int, planes: int, stride: int, norm: Callable[[int], nn.Module]
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = norm(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = _shortcut(in_planes, planes * self.expansion, stride, norm)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(
+        self, in_planes: int, planes: int, stride: int, norm: Callable[[int], nn.Module]
+    ) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = norm(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = norm(planes)
+        self.conv3 = nn.Conv2d(planes, planes * self.expansion, 1, bias=False)
+        self.bn3 = norm(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = _shortcut(in_planes, planes * self.expansion, stride, norm)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + self.shortcut(x))
+
+
+def _shortcut(
+    in_planes: int, out_planes: int, stride: int, norm: Callable[[int], nn.Module]
+) -> nn.Module:
+    if stride == 1 and in_planes == out_planes:
+        return nn.Identity()
+    return nn.Sequential(
+        nn.Conv2d(in_planes, out_planes, 1, stride=stride, bias=False), norm(out_planes)
+    )
+
+
+class ResNet(nn.Module):
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        blocks_per_stage: tuple[int, int, int, int],
+        *,
+        in_channels: int,
+        num_classes: int,
+        norm: str = "batch",
+        groups: int = 32,
+    ) -> None:
+        super().__init__()
+        if in_channels < 1 or num_classes < 1:
+            raise ValueError("in_channels and num_classes must be >= 1")
+        make_norm = _norm_factory(norm, groups)
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),  # 3x3 stem
+            make_norm(64),
+            nn.ReLU(inplace=True),
+        )
+        stages: list[nn.Module] = []
+        in_planes = 64
+        for index, (planes, count) in enumerate(
+            zip((64, 128, 256, 512), blocks_per_stage, strict=True)
+        ):
+            layers: list[nn.Module] = []
+            for block_index in range(count):
+                stride = 2 if index > 0 and block_index == 0 else 1
+                layers.append(block(in_planes, planes, stride, make_norm))
+                in_planes = planes * block.expansion
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)  # (B, 512*expansion, 4, 4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_planes, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, 28, 28) -> (B, num_classes)
+        out = self.stages(self.stem(x))
+        return self.fc(self.pool(out).flatten(1))
+
+
+@register_model("resnet18")
+def resnet18(
+    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+) -> ResNet:
+    return ResNet(
+        BasicBlock,
+        (2, 2, 2, 2),
+        in_channels=in_channels,
+        num_classes=num_classes,
+        norm=norm,
+        groups=groups,
+    )
+
+
+@register_model("resnet34")
+def resnet34(
+    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+) -> ResNet:
+    return ResNet(
+        BasicBlock,
+        (3, 4, 6, 3),
+        in_channels=in_channels,
+        num_classes=num_classes,
+        norm=norm,
+        groups=groups,
+    )
+
+
+@register_model("resnet50")
+def resnet50(
+    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+) -> ResNet:
+    return ResNet(
+        Bottleneck,
+        (3, 4, 6, 3),
+        in_channels=in_channels,
+        num_classes=num_classes,
+        norm=norm,
+        groups=groups,
+    )

@@ -1,0 +1,312 @@
+"""PID-MADE: the docstring example, history by client id, exclusion modes, checkpoints,
+planted attackers, thresholds and bad parameters."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import warnings
+
+import pytest
+import torch
+
+from aggregation import build_filter, list_filters
+from aggregation.filters import PIDMADE, chebyshev_k, gaussian_k
+from federated.attacks import build_attack, malicious_mask
+
+ROUNDS = ([0.0, 0.0, 0.0, 4.0], [0.0, 0.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0])
+IDS = [0, 1, 2, 3]
+
+
+def column(values: list[float]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)[:, None]  # (n, 1)
+
+
+def run(filt: PIDMADE, rounds, ids=IDS, state=None):
+    state = filt.init_state() if state is None else state
+    decisions = []
+    for values in rounds:
+        decision, state = filt.step(state, column(values), ids)
+        decisions.append(decision)
+    return decisions, state
+
+
+def test_registered_as_pid_made_with_the_paper_defaults() -> None:
+    filt = build_filter("pid_made")
+
+    assert "pid_made" in list_filters()
+    assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
+    assert (filt.threshold, filt.centroid, filt.exclusion) == ("chebyshev", "mean", "round")
+
+
+def test_docstring_example_over_three_rounds() -> None:
+    filt = PIDMADE(threshold="k", k=1.0)
+
+    (r1, r2, r3), state = run(filt, ROUNDS)
+
+    assert r1.scores.tolist() == pytest.approx([1, 1, 1, 3])
+    assert r1.threshold == pytest.approx(1.5 + math.sqrt(0.75))
+    assert r1.keep.tolist() == [True, True, True, False]
+    assert r1.columns["d_term"].tolist() == [0, 0, 0, 0]  # first round: no derivative
+
+    assert r2.columns["distance"].tolist() == pytest.approx([1, 1, 1, 1])
+    assert r2.columns["i_term"].tolist() == pytest.approx([0.5, 0.5, 0.5, 1.5])
+    assert r2.columns["d_term"].tolist() == pytest.approx([0, 0, 0, -0.1])
+    assert r2.scores.tolist() == pytest.approx([1.5, 1.5, 1.5, 2.4])
+    assert r2.threshold == pytest.approx(1.725 + math.sqrt(0.151875))  # 2.1147
+    assert r2.keep.tolist() == [True, True, True, False]  # history alone
+
+    assert r3.columns["p_term"].tolist() == pytest.approx([3, 1, 1, 1])
+    assert r3.columns["i_term"].tolist() == pytest.approx([1, 1, 1, 2])
+    assert r3.columns["d_term"].tolist() == pytest.approx([0.1, 0, 0, 0])
+    assert r3.scores.tolist() == pytest.approx([4.1, 2, 2, 3])
+    assert r3.threshold == pytest.approx(2.775 + math.sqrt(0.751875))  # 3.6421
+    assert r3.keep.tolist() == [False, True, True, True]
+    assert r3.reason == "pid_made"
+
+    assert state["round"] == 3
+    assert state["history"][3] == {"integral": 5.0, "last": 1.0, "rounds": 3}
+    assert state["banned"] == []
+
+
+def test_permuting_rows_and_ids_permutes_the_decisions() -> None:
+    gen = torch.Generator().manual_seed(0)
+    filt = PIDMADE(threshold="gaussian")
+    ids = list(range(10, 18))
+    perm = torch.randperm(8, generator=gen)
+    state_a, state_b = filt.init_state(), filt.init_state()
+    excluded = 0
+
+    for _ in range(4):
+        updates = torch.randn(8, 50, generator=gen, dtype=torch.float64)
+        updates[3] *= 3.0
+        a, state_a = filt.step(state_a, updates, ids)
+        b, state_b = filt.step(state_b, updates[perm], [ids[i] for i in perm])
+
+        assert torch.equal(b.keep, a.keep[perm])
+        torch.testing.assert_close(b.scores, a.scores[perm])
+        assert b.threshold == pytest.approx(a.threshold)
+        excluded += int((~a.keep).sum())
+    assert excluded > 0
+    assert state_a["history"].keys() == state_b["history"].keys()
+    for i in ids:
+        assert state_b["history"][i] == pytest.approx(state_a["history"][i])
+
+
+def test_unsampled_client_keeps_its_history_and_resumes_from_its_last_distance() -> None:
+    filt = PIDMADE(threshold="k", k=1.0)
+    (_,), state = run(filt, [ROUNDS[0]])  # client 3: D = 3
+
+    (_,), state = run(filt, [[0.0, 3.0, 0.0]], ids=[0, 1, 2], state=state)
+    assert state["history"][3] == {"integral": 3.0, "last": 3.0, "rounds": 1}
+
+    (back,), state = run(filt, [[0.0, 0.0, 0.0, 2.0]], state=state)  # mean 0.5, D3 = 1.5
+    assert back.columns["i_term"][3] == pytest.approx(0.5 * 3.0)
+    assert back.columns["d_term"][3] == pytest.approx(0.05 * (1.5 - 3.0))
+    assert state["history"][3] == {"integral": 4.5, "last": 1.5, "rounds": 2}
+
+
+@pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
+def test_new_client_mid_run_starts_with_empty_integral_and_no_derivative() -> None:
+    filt = PIDMADE(threshold="k", k=1.0)
+    (_,), state = run(filt, [[0.0, 2.0]], ids=[0, 1])
+
+    (d,), _ = run(filt, [[0.0, 2.0, 7.0]], ids=[0, 1, 9], state=state)
+
+    assert d.columns["i_term"][2] == 0.0
+    assert d.columns["d_term"][2] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
+def test_permanent_exclusion_bans_and_leaves_the_banned_out_of_the_statistics() -> None:
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="permanent")
+
+    (r1, r2, r3), state = run(filt, ROUNDS)
+
+    assert r1.keep.tolist() == [True, True, True, False]
+    assert r2.columns["banned"].tolist() == [False, False, False, True]
+    assert not r2.keep[3] and not r3.keep[3]
+    # round 2: centroid of clients 0-2 only, [0, 0, 2] -> 2/3; client 3 (Δ = 2) scored for the trail
+    assert r2.columns["distance"].tolist() == pytest.approx([2 / 3, 2 / 3, 4 / 3, 4 / 3])
+    u = r2.scores[:3]
+    assert r2.threshold == pytest.approx(float(u.mean() + u.std(correction=0)))
+    assert state["banned"] == sorted(state["banned"]) and 3 in state["banned"]
+    assert filt.banned_ids(state) == frozenset(state["banned"])
+
+
+def test_round_exclusion_readmits_a_client_once_it_behaves() -> None:
+    (_, _, r3), state = run(PIDMADE(threshold="k", k=1.0), ROUNDS)
+
+    assert r3.keep[3]
+    assert state["banned"] == []
+
+
+@pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
+def test_state_survives_torch_save_and_weights_only_load() -> None:
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="permanent", centroid="geometric_median")
+    _, state = run(filt, ROUNDS[:2])
+    buffer = io.BytesIO()
+
+    torch.save(state, buffer)
+    buffer.seek(0)
+    restored = torch.load(buffer, weights_only=True)
+
+    assert restored == state
+    (a,), state_a = run(filt, ROUNDS[2:], state=state)
+    (b,), state_b = run(filt, ROUNDS[2:], state=restored)
+    assert torch.equal(a.keep, b.keep) and torch.equal(a.scores, b.scores)
+    assert state_a == state_b
+
+
+def test_step_leaves_the_input_state_untouched() -> None:
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="permanent")
+    _, state = run(filt, ROUNDS[:1])
+    before = copy.deepcopy(state)
+
+    filt.step(state, column(ROUNDS[1]), IDS)
+
+    assert state == before
+
+
+def honest_round(gen: torch.Generator, n: int = 20, d: int = 1_000) -> torch.Tensor:
+    direction = torch.ones(d) / math.sqrt(d)
+    return 3.0 * direction + torch.randn(n, d, generator=gen) / math.sqrt(d)  # (n, d)
+
+
+@pytest.mark.parametrize(
+    ("attack", "params"),
+    [("scaling", {"factor": 10.0}), ("sign_flip", {}), ("ipm", {"epsilon": 2.0})],
+)
+def test_planted_attacker_is_excluded_and_honest_clients_kept(attack: str, params: dict) -> None:
+    gen = torch.Generator().manual_seed(1)
+    filt = PIDMADE(threshold="gaussian")
+    ids = list(range(20))
+    mask = malicious_mask(ids, {4})
+    state = filt.init_state()
+
+    for _ in range(5):
+        updates = build_attack(attack, **params).apply(honest_round(gen), mask)
+        decision, state = filt.step(state, updates, ids)
+
+        assert decision.keep.tolist() == (~mask).tolist()
+
+
+def test_nan_client_is_dropped_and_the_others_are_scored() -> None:
+    gen = torch.Generator().manual_seed(1)
+    filt = PIDMADE(threshold="gaussian")
+    ids = list(range(20))
+    mask = malicious_mask(ids, {4})
+
+    updates = build_attack("nan").apply(honest_round(gen), mask)
+    decision, state = filt.step(filt.init_state(), updates, ids)
+
+    assert not decision.keep[4] and math.isnan(decision.scores[4])
+    assert bool(torch.isfinite(decision.scores[~mask]).all())
+    assert 4 not in state["history"]
+    # without an outlier among the rest, up to ~alpha of honest clients are flagged
+    assert int(decision.keep.sum()) >= 17
+
+
+def test_chebyshev_excludes_a_gross_outlier_among_fifty() -> None:
+    gen = torch.Generator().manual_seed(2)
+    ids = list(range(50))
+    mask = malicious_mask(ids, {7})
+    updates = build_attack("scaling", factor=20.0).apply(honest_round(gen, n=50), mask)
+
+    decision, _ = PIDMADE().step(PIDMADE().init_state(), updates, ids)
+
+    assert decision.keep.tolist() == (~mask).tolist()
+
+
+def test_chebyshev_warns_when_no_client_can_exceed_the_threshold() -> None:
+    updates = honest_round(torch.Generator().manual_seed(3))
+    filt = PIDMADE()  # k = sqrt(19) = 4.36 >= sqrt(20 - 1)
+
+    with pytest.warns(UserWarning, match="nobody will be excluded"):
+        decision, _ = filt.step(filt.init_state(), updates, list(range(20)))
+    assert bool(decision.keep.all())
+
+
+def test_threshold_multipliers() -> None:
+    assert chebyshev_k(0.05) == pytest.approx(math.sqrt(19))
+    assert chebyshev_k(0.1) == pytest.approx(3.0)
+    assert gaussian_k(0.05) == pytest.approx(1.6448536269514722)
+    assert gaussian_k(0.5) == pytest.approx(0.0, abs=1e-12)
+    assert PIDMADE(alpha=0.2).k_value == pytest.approx(2.0)
+    assert PIDMADE(threshold="gaussian", alpha=0.025).k_value == pytest.approx(1.959964, abs=1e-6)
+    assert PIDMADE(threshold="k", k=2.5).k_value == 2.5
+
+
+def test_identical_updates_are_all_kept() -> None:
+    filt = PIDMADE(threshold="k", k=0.1)
+    updates = torch.full((6, 3), 0.1, dtype=torch.float32)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decision, _ = filt.step(filt.init_state(), updates, list(range(6)))
+
+    assert bool(decision.keep.all())
+
+
+def test_non_finite_row_is_dropped_and_leaves_everything_else_alone() -> None:
+    filt = PIDMADE(threshold="k", k=1.0)
+    finite, _ = run(filt, [ROUNDS[0]])
+    updates = torch.cat([column(ROUNDS[0]), column([math.inf])])
+
+    decision, state = filt.step(filt.init_state(), updates, [*IDS, 8])
+
+    assert decision.keep.tolist() == [*finite[0].keep.tolist(), False]
+    torch.testing.assert_close(decision.scores[:4], finite[0].scores)
+    assert math.isnan(decision.scores[4])
+    assert 8 not in state["history"]
+
+
+def test_geometric_median_centroid_resists_the_outlier() -> None:
+    filt = PIDMADE(threshold="k", k=1.0, centroid="geometric_median", gm_tol=1e-10)
+
+    decision, _ = filt.step(filt.init_state(), column([0.0, 1.0, 2.0, 100.0]), IDS)
+
+    # the median of 1-D points is any point in [1, 2]; the sum of distances is 101 there
+    assert float(decision.columns["distance"].sum()) == pytest.approx(101.0, rel=1e-4)
+    assert decision.keep.tolist() == [True, True, True, False]
+
+
+def test_float32_updates_keep_their_device() -> None:
+    updates = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
+    filt = PIDMADE(threshold="gaussian")
+
+    decision, _ = filt.step(filt.init_state(), updates, range(5))
+
+    assert decision.keep.device == updates.device and decision.keep.dtype == torch.bool
+    assert decision.scores.dtype == torch.float64
+
+
+def test_client_ids_must_match_rows_and_be_distinct() -> None:
+    filt = PIDMADE(threshold="gaussian")
+    with pytest.raises(ValueError, match="3 ids for 4"):
+        filt.step(filt.init_state(), column(ROUNDS[0]), [0, 1, 2])
+    with pytest.raises(ValueError, match="distinct"):
+        filt.step(filt.init_state(), column(ROUNDS[0]), [0, 1, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"ki": -0.1}, "ki must be finite and >= 0"),
+        ({"kd": -1.0}, "kd must be finite and >= 0"),
+        ({"kp": math.nan}, "kp"),
+        ({"alpha": 0.0}, r"alpha must be in the open interval \(0, 1\)"),
+        ({"alpha": 1.0}, "alpha"),
+        ({"threshold": "student"}, "threshold must be one of chebyshev, gaussian, k"),
+        ({"centroid": "median"}, "centroid must be one of mean, geometric_median"),
+        ({"exclusion": "forever"}, "exclusion must be one of round, permanent"),
+        ({"threshold": "k"}, "threshold='k' needs k"),
+        ({"k": 2.0}, "only used with threshold='k'"),
+    ],
+)
+def test_bad_parameters_fail_with_the_parameter_and_what_is_allowed(
+    params: dict, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_filter("pid_made", **params)

@@ -1,0 +1,107 @@
+"""The malicious set, per-client seeds, masks and the attack registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from federated.attacks import (
+    build_attack,
+    choose_malicious,
+    client_seed,
+    list_attacks,
+    malicious_mask,
+)
+from federated.registry import RegistryError
+
+
+@pytest.mark.parametrize(("n", "fraction", "size"), [(20, 0.2, 4), (10, 0.25, 3), (7, 0.0, 0)])
+def test_fraction_gives_a_seeded_set_of_the_right_size(n: int, fraction: float, size: int) -> None:
+    first = choose_malicious(n, fraction=fraction, seed=3)
+    again = choose_malicious(n, fraction=fraction, seed=3)
+
+    assert isinstance(first, frozenset)
+    assert len(first) == size
+    assert first == again
+    assert all(0 <= i < n for i in first)
+
+
+def test_different_seeds_give_different_sets() -> None:
+    sets = {choose_malicious(100, fraction=0.2, seed=s) for s in range(5)}
+
+    assert len(sets) == 5
+
+
+def test_explicit_ids_are_taken_as_given() -> None:
+    assert choose_malicious(10, ids=[7, 3], seed=0) == frozenset({3, 7})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"fraction": 0.2, "ids": [1]}, "exactly one"),
+        ({}, "exactly one"),
+        ({"fraction": 1.5}, "fraction"),
+        ({"ids": [1, 1]}, "duplicates"),
+        ({"ids": [10]}, "outside"),
+    ],
+)
+def test_bad_malicious_sets_are_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        choose_malicious(10, seed=0, **kwargs)
+
+
+def test_client_seed_is_stable_and_distinct_per_client() -> None:
+    seeds = [client_seed(42, i) for i in range(50)]
+
+    assert seeds == [client_seed(42, i) for i in range(50)]
+    assert len(set(seeds)) == 50
+    assert client_seed(43, 0) != seeds[0]
+
+
+def test_malicious_mask_follows_client_ids_not_positions() -> None:
+    mask = malicious_mask([5, 2, 9], frozenset({9, 5}))
+
+    assert mask.tolist() == [True, False, True]
+    assert mask.dtype == torch.bool
+
+
+def test_registry_lists_every_attack_with_its_kind() -> None:
+    kinds = {name: build_attack(name).kind for name in list_attacks()}
+
+    assert kinds == {
+        "alie": "model",
+        "gaussian": "model",
+        "ipm": "model",
+        "label_flip": "data",
+        "nan": "model",
+        "none": "none",
+        "scaling": "model",
+        "sign_flip": "model",
+    }
+
+
+def test_unknown_attack_and_unknown_parameter_list_what_exists() -> None:
+    with pytest.raises(RegistryError, match=r"available: .*label_flip"):
+        build_attack("flip")
+    with pytest.raises(RegistryError, match="accepted: scale"):
+        build_attack("sign_flip", factor=2.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "match"),
+    [
+        ("label_flip", {"rate": 1.5}, "rate"),
+        ("label_flip", {"mapping": "shift"}, "mapping must be one of reverse, random"),
+        ("sign_flip", {"scale": 0.0}, "scale"),
+        ("scaling", {"factor": -1.0}, "factor"),
+        ("gaussian", {"sigma": 0.0}, "sigma"),
+        ("gaussian", {"mode": "mul"}, "mode must be one of replace, add"),
+        ("alie", {"z": float("inf")}, "z must be finite"),
+        ("alie", {"reference": "mine"}, "reference must be one of benign, all"),
+        ("ipm", {"epsilon": -0.1}, "epsilon"),
+    ],
+)
+def test_bad_attack_parameters_name_the_parameter(name: str, params: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_attack(name, **params)

@@ -1,0 +1,121 @@
+"""Experiment data generators, metrics and tiny end-to-end runs of each runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from federated.fedstnn.experiments import (
+    EXPERIMENTS,
+    ImageConfig,
+    function_2d,
+    partition_grouped,
+    partition_iid,
+    regression_metrics,
+    render_letters,
+    run_experiment,
+    segmentation_metrics,
+    top_k_binary,
+)
+
+FAST = {"rounds": 1, "epochs": 2, "eval_paths": 8, "train_paths": 4, "track_rounds": True}
+
+
+def test_partition_iid_sizes():
+    parts = partition_iid(1000, 5, 100, np.random.default_rng(0))
+
+    assert [p.size for p in parts] == [100] * 5
+    assert all(np.unique(p).size == 100 for p in parts)
+
+
+def test_partition_grouped_is_mostly_own_group():
+    point_groups = np.arange(1000) * 10 // 1000  # 10 consecutive intervals of 100
+    parts, groups = partition_grouped(point_groups, 20, 50, 10, np.random.default_rng(0))
+
+    assert groups.tolist() == [c // 2 for c in range(20)]  # clients 0-1 group 0, ...
+    for idx, group in zip(parts, groups, strict=True):
+        assert idx.size == 60
+        assert np.sum(point_groups[idx] == group) == 50
+
+
+def test_partition_grouped_rejects_too_many_points():
+    with pytest.raises(ValueError, match="main_points"):
+        partition_grouped(np.array([0, 0, 1, 1]), 2, 3, 0, np.random.default_rng(0))
+
+
+def test_function_2d_jumps_across_the_axes():
+    assert function_2d(np.array([0.5]), np.array([0.5]))[0] == pytest.approx(1.0)
+    assert function_2d(np.array([-0.5]), np.array([0.5]))[0] == pytest.approx(0.5)
+    assert function_2d(np.array([-0.5]), np.array([-0.5]))[0] == pytest.approx(-0.5)
+    assert function_2d(np.array([0.5]), np.array([-0.5]))[0] == pytest.approx(-0.25)
+
+
+def test_render_letters_one_letter_per_section():
+    image = render_letters("FSU", 32, 96, 30)
+
+    assert image.shape == (32, 96)
+    assert set(np.unique(image)) == {0.0, 1.0}
+    for s in range(3):
+        section = image[:, 32 * s : 32 * (s + 1)]
+        assert section.sum() > 40  # a visible letter
+        assert section[:, [0, -1]].sum() == 0  # not crossing into the neighbours
+
+
+def test_top_k_and_segmentation_hand_computed():
+    binary = top_k_binary(np.array([0.1, 0.9, 0.5, 0.7]), 2)
+
+    assert binary.tolist() == [0, 1, 0, 1]
+    assert segmentation_metrics(binary, np.array([0, 1, 1, 0])) == {"accuracy": 0.5, "iou": 1 / 3}
+
+
+def test_regression_metrics_of_a_perfect_model():
+    rng = np.random.default_rng(0)
+    truth = np.zeros(20000)
+    observed = truth + 0.5 * rng.standard_normal(truth.size)
+
+    m = regression_metrics(truth, np.full(truth.size, 0.5), truth, observed, 0.5)
+
+    assert m["mse"] == 0 and m["sigma_rel_error"] == 0
+    assert m["coverage_2sigma"] == pytest.approx(0.954, abs=0.01)
+
+
+def test_presets_cover_the_issue():
+    assert set(EXPERIMENTS) == {"1d_iid", "1d_noniid_110", "1d_noniid_60", "2d", "image"}
+
+
+def test_run_1d_noniid_tiny_with_figures():
+    result = run_experiment(
+        "1d_noniid_60", n_points=500, n_clients=10, n_groups=5, main_points=20, other_points=5, **FAST
+    )
+
+    assert result.name == "1d_noniid_60"
+    assert {"mse", "sigma_rel_error", "coverage_2sigma", "local_mse"} <= result.metrics.keys()
+    assert all(np.isfinite(v) for v in result.metrics.values())
+    assert set(result.figures) == {"data", "fit"}
+    assert all(isinstance(f, Figure) for f in result.figures.values())
+    assert len(result.history) == 1 and "global_mse" in result.history[0]
+
+
+def test_run_2d_tiny():
+    result = run_experiment(
+        "2d", grid=20, n_clients=4, main_points=20, other_points=6, figures=False, **FAST
+    )
+
+    assert {"mse", "mse_quadrant_1", "local_mse_quadrant_4"} <= result.metrics.keys()
+    assert result.figures == {}
+
+
+def test_run_image_tiny():
+    result = run_experiment(
+        "image", n_clients=3, main_points=30, other_points=6, height=16, width=48, font_size=14, **FAST
+    )
+
+    assert {"global_iou", "group_0_F_iou", "group_2_U_accuracy"} <= result.metrics.keys()
+    assert set(result.local_models) == {"group_0_F", "group_1_S", "group_2_U"}
+    assert set(result.figures) == {"reconstruction", "data"}
+
+
+def test_image_config_validates_sections():
+    with pytest.raises(ValueError, match="divisible"):
+        ImageConfig(width=100)
