@@ -1,0 +1,56 @@
+# fedsieve: `make setup`, then `make run` (the default pipeline on real data) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+# Telemetry off (each tool otherwise makes a network attempt); Prefect's home in the project.
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+
+# The official MedMNIST files beside the checkout (../shared) when present; otherwise
+# params.yaml's data.root, downloaded on first use.
+SHARED_DATA := $(abspath ../shared/data/medmnist)
+ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
+export MEDMNIST_ROOT ?= $(SHARED_DATA)
+endif
+
+.PHONY: setup run test lint bench bench-aggregation bench-pretest bench-pid clean
+
+# The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
+# these machines), the pinned stack with the project (pyproject.toml holds the same pins),
+# then medmnist without its torchvision dependency.
+setup:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[dev]"
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
+	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
+
+run:
+	$(BIN)/dvc repro
+
+test:
+	$(BIN)/python -m pytest -q
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: bench-aggregation bench-pretest bench-pid
+
+bench-aggregation:
+	$(BIN)/python -m benchmarks.aggregation
+
+bench-pretest:
+	$(BIN)/python -m benchmarks.pretest
+
+bench-pid:
+	$(BIN)/python -m benchmarks.pid_cost
+
+clean:
+	rm -rf artifacts reports .prefect mlflow.db mlartifacts mlruns
