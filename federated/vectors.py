@@ -59,13 +59,11 @@ def model_to_vector(model: nn.Module) -> Tensor:
 def vector_to_model_(model: nn.Module, vector: Tensor) -> None:
     """Write ``vector`` into the model's floating state in place (the inverse of
     :func:`model_to_vector`)."""
-    state = model.state_dict()
+    targets = [v for v in model.state_dict().values() if v.is_floating_point()]
+    expected = sum(v.numel() for v in targets)
+    if expected != vector.numel():
+        raise ValueError(f"vector has {vector.numel()} entries, the model's state has {expected}")
     offset = 0
-    for value in state.values():
-        if not value.is_floating_point():
-            continue
-        numel = value.numel()
-        value.copy_(vector[offset : offset + numel].view_as(value))
-        offset += numel
-    if offset != vector.numel():
-        raise ValueError(f"vector has {vector.numel()} entries, the model's state has {offset}")
+    for value in targets:
+        value.copy_(vector[offset : offset + value.numel()].view_as(value))
+        offset += value.numel()

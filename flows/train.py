@@ -93,13 +93,15 @@ def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str,
     ) as bar:
         while state.round < rounds:
             state, report = train_round(federation, state)
-            save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
             client_losses = {
                 f"client_loss/{row['client']}": row["train_loss"]
                 for row in report.clients
                 if "train_loss" in row
             }
+            # Log before the checkpoint: a kill in between re-runs (and re-logs) this round
+            # identically on resume, so no round's metrics can go missing.
             tracker.log_metrics({**report.metrics, **client_losses}, step=report.round)
+            save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
             bar.update(1)
             bar.set_postfix(
                 acc=f"{report.metrics['test_acc']:.3f}", auc=f"{report.metrics['test_auc']:.3f}"

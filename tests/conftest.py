@@ -1,0 +1,49 @@
+"""Session-wide fixtures: the official MedMNIST files, isolated tracking and Prefect."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def medmnist_root() -> Path:
+    """The official files of ../shared/data/medmnist (or MEDMNIST_ROOT)."""
+    root = Path(os.environ.get("MEDMNIST_ROOT") or REPO.parent / "shared" / "data" / "medmnist")
+    if not (root / "breastmnist.npz").exists():
+        raise FileNotFoundError(
+            f"{root}/breastmnist.npz not found: tests need ../shared/data/medmnist or MEDMNIST_ROOT"
+        )
+    return root
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect test server for the session; its API URL is handed to subprocesses too."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def project(tmp_path: Path, medmnist_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A throw-away project directory with the repository's params and pipeline files,
+    its own MLflow store, and the shared data."""
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEDMNIST_ROOT", str(medmnist_root))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path

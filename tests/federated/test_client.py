@@ -1,0 +1,66 @@
+import torch
+
+from federated.client import ClientData, LocalTraining, batches, train_client
+from federated.metrics import loss_function
+from federated.seeding import seeded_init
+from federated.vectors import model_to_vector
+from models import build_model
+
+
+def tiny_setup(n=40):
+    generator = torch.Generator().manual_seed(0)
+    data = ClientData(
+        0,
+        torch.randn(n, 1, 28, 28, generator=generator),
+        torch.randint(0, 2, (n,), generator=generator),
+    )
+    model = seeded_init(
+        0, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=4, hidden=8)
+    )
+    return model, data
+
+
+def test_update_is_local_minus_global_and_counts_samples():
+    model, data = tiny_setup()
+    start = model_to_vector(model)
+
+    update = train_client(model, start, data, LocalTraining(lr=0.1), loss_function(False), seed=1)
+
+    assert update.num_samples == 40
+    torch.testing.assert_close(start + update.delta, model_to_vector(model))
+    assert update.delta.abs().sum() > 0
+
+
+def test_same_seed_same_update_other_seed_other_batches():
+    model, data = tiny_setup()
+    start = model_to_vector(model)
+    run = lambda seed: train_client(
+        model, start, data, LocalTraining(lr=0.1, batch_size=8), loss_function(False), seed=seed
+    )  # noqa: E731
+
+    assert torch.equal(run(1).delta, run(1).delta)
+    assert not torch.equal(run(1).delta, run(2).delta)
+
+
+def test_fedprox_term_keeps_the_client_closer_to_the_global_model():
+    model, data = tiny_setup()
+    start = model_to_vector(model)
+    settings = {"lr": 0.2, "epochs": 3, "batch_size": 8}
+
+    plain = train_client(
+        model, start, data, LocalTraining(**settings), loss_function(False), seed=1
+    )
+    prox = train_client(
+        model, start, data, LocalTraining(prox_mu=5.0, **settings), loss_function(False), seed=1
+    )
+
+    assert prox.delta.norm() < 0.8 * plain.delta.norm()
+
+
+def test_a_trailing_single_sample_batch_joins_the_previous_one():
+    order = torch.arange(9)
+
+    chunks = batches(order, 4)
+
+    assert [len(c) for c in chunks] == [4, 5]
+    assert torch.equal(torch.cat(chunks), order)

@@ -1,0 +1,137 @@
+import dataclasses
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from federated.data import (
+    DataError,
+    dataset_info,
+    download_medmnist,
+    ensure_medmnist,
+    file_md5,
+    list_datasets,
+    load_medmnist,
+    to_tensors,
+)
+
+
+def test_only_2d_flags_are_offered():
+    flags = list_datasets()
+    assert {"breastmnist", "retinamnist", "bloodmnist", "pneumoniamnist"} <= set(flags)
+    assert not any(flag.endswith("3d") for flag in flags)
+    with pytest.raises(DataError, match="available: bloodmnist"):
+        dataset_info("organmnist3d")
+
+
+def test_official_files_load_with_the_promised_shapes(medmnist_root):
+    breast = load_medmnist(
+        "breastmnist", ensure_medmnist("breastmnist", medmnist_root, download=False).parent
+    )
+    retina = load_medmnist("retinamnist", medmnist_root)
+
+    assert (len(breast.train), len(breast.val), len(breast.test)) == (546, 78, 156)
+    assert breast.info.n_channels == 1 and breast.info.n_classes == 2
+    assert retina.train.images.shape == (1080, 28, 28, 3) and retina.info.n_classes == 5
+    assert set(np.unique(retina.train.targets)) == {0, 1, 2, 3, 4}
+
+
+def test_tensors_are_channels_first_and_normalised(medmnist_root):
+    data = load_medmnist("retinamnist", medmnist_root)
+
+    images, targets = to_tensors(data.test, data.info)
+
+    assert images.shape == (400, 3, 28, 28) and images.dtype == torch.float32
+    assert images.min() >= -1 and images.max() <= 1
+    expected = (data.test.images[7, 3, 5, 2] / 255.0 - 0.5) / 0.5
+    assert images[7, 2, 3, 5].item() == pytest.approx(expected)
+    assert targets.dtype == torch.int64 and targets.shape == (400,)
+
+
+def test_a_corrupt_file_is_refused_with_both_md5s(tmp_path, medmnist_root):
+    data = (medmnist_root / "breastmnist.npz").read_bytes()
+    (tmp_path / "breastmnist.npz").write_bytes(data[: len(data) // 2])  # a truncated download
+
+    with pytest.raises(DataError, match="750601b1f35ba3300ea97c75c52ff8f6") as error:
+        ensure_medmnist("breastmnist", tmp_path, download=False)
+    assert "truncated" in str(error.value)
+
+
+def test_a_missing_file_without_download_names_file_md5_and_url(tmp_path):
+    with pytest.raises(DataError) as error:
+        ensure_medmnist("breastmnist", tmp_path, download=False)
+
+    message = str(error.value)
+    assert "breastmnist.npz" in message and "750601b1f35ba3300ea97c75c52ff8f6" in message
+    assert "zenodo.org" in message and "MEDMNIST_ROOT" in message
+
+
+def test_a_wrong_shape_npz_is_a_clear_error(tmp_path):
+    arrays = {f"{s}_images": np.zeros((3, 28, 28), np.uint8) for s in ("train", "val", "test")}
+    arrays |= {f"{s}_labels": np.zeros((3, 1), np.uint8) for s in ("train", "val", "test")}
+    np.savez(tmp_path / "breastmnist.npz", **arrays)
+
+    with pytest.raises(
+        DataError, match=r"train_images has shape \(3, 28, 28\).*expected \(546, 28, 28\)"
+    ):
+        load_medmnist("breastmnist", tmp_path)
+
+
+def test_an_unreadable_npz_is_a_clear_error(tmp_path):
+    (tmp_path / "breastmnist.npz").write_bytes(b"not a zip file")
+
+    with pytest.raises(DataError, match="not a readable MedMNIST file"):
+        load_medmnist("breastmnist", tmp_path)
+
+
+@pytest.fixture
+def file_server(medmnist_root, tmp_path):
+    """A real HTTP server on loopback serving a copy of the official files."""
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(medmnist_root / "breastmnist.npz", served / "breastmnist.npz")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_fetches_and_verifies_the_file(file_server, tmp_path):
+    info = dataclasses.replace(dataset_info("breastmnist"), url=f"{file_server}/breastmnist.npz")
+    root = tmp_path / "root"
+
+    path = download_medmnist(info, root, progress=False)
+
+    assert path == root / "breastmnist.npz"
+    assert file_md5(path) == info.md5
+    assert len(load_medmnist("breastmnist", root).train) == 546
+
+
+def test_a_download_with_the_wrong_md5_never_lands(file_server, tmp_path):
+    info = dataclasses.replace(
+        dataset_info("breastmnist"), url=f"{file_server}/breastmnist.npz", md5="0" * 32
+    )
+    root = tmp_path / "root"
+
+    with pytest.raises(DataError, match="expected 0000"):
+        download_medmnist(info, root, progress=False)
+    assert list(Path(root).iterdir()) == []
+
+
+def test_an_unreachable_download_is_one_clear_error(tmp_path, monkeypatch):
+    import federated.data as data_module
+
+    def refuse(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(data_module.urllib.request, "urlopen", refuse)
+    with pytest.raises(DataError, match="download failed.*750601b1f35ba3300ea97c75c52ff8f6"):
+        ensure_medmnist("breastmnist", tmp_path, download=True, progress=False)

@@ -1,0 +1,176 @@
+import io
+
+import pytest
+import torch
+
+from aggregation import build_aggregator
+from federated.client import ClientData, LocalTraining
+from federated.data import load_medmnist, to_tensors
+from federated.partition import build_partitioner
+from federated.seeding import seeded_init
+from federated.server import Federation, FederationConfig, ServerState
+from models import build_model
+
+
+class BrokenClient(ClientData):
+    """Client data whose access fails, as a corrupt local dataset would."""
+
+    @property
+    def images(self):
+        raise OSError("disk read error")
+
+    @images.setter
+    def images(self, value):
+        pass
+
+
+def make_federation(medmnist_root, *, rounds=2, num_clients=4, seed=0, **overrides):
+    data = load_medmnist("breastmnist", medmnist_root)
+    images, targets = to_tensors(data.train, data.info)
+    parts = build_partitioner("iid")(data.train.targets, num_clients, seed=seed)
+    clients = [ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)]
+    model = seeded_init(
+        seed, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=8, hidden=16)
+    )
+    settings = {
+        "model": model,
+        "clients": clients,
+        "test": to_tensors(data.test, data.info),
+        "rule": build_aggregator("fedavg"),
+        "local": LocalTraining(lr=0.05, batch_size=64),
+        "config": FederationConfig(rounds=rounds, seed=seed),
+    }
+    settings.update(overrides)
+    return Federation(**settings)
+
+
+def run(federation, rounds):
+    state = federation.initial_state()
+    for _ in range(rounds):
+        state, _ = federation.run_round(state)
+    return state
+
+
+def test_same_seed_gives_identical_metrics_and_weights(medmnist_root):
+    first = run(make_federation(medmnist_root), 2)
+    second = run(make_federation(medmnist_root), 2)
+
+    assert first.history == second.history
+    assert torch.equal(first.global_vector, second.global_vector)
+
+
+def test_a_round_moves_the_global_model_by_the_weighted_mean_update(medmnist_root):
+    federation = make_federation(medmnist_root, num_clients=3)
+    state = federation.initial_state()
+    from federated.client import train_client
+    from federated.seeding import SHUFFLE, derive_seed
+
+    updates = [
+        train_client(
+            federation.model, state.global_vector, c, federation.local, federation.loss_fn,
+            seed=derive_seed(0, 1, c.client_id, SHUFFLE),
+        )
+        for c in federation.clients
+    ]  # fmt: skip
+    sizes = torch.tensor([float(u.num_samples) for u in updates])
+    expected = state.global_vector + (sizes / sizes.sum()) @ torch.stack([u.delta for u in updates])
+
+    new_state, report = federation.run_round(state)
+
+    torch.testing.assert_close(new_state.global_vector, expected)
+    assert report.metrics["clients_kept"] == 3
+
+
+def test_client_sampling_is_seeded_and_takes_the_fraction(medmnist_root):
+    federation = make_federation(
+        medmnist_root,
+        num_clients=10,
+        config=FederationConfig(rounds=3, client_fraction=0.3, seed=5),
+    )
+
+    picks = [federation.sample_clients(r) for r in (1, 2, 1)]
+
+    assert all(len(p) == 3 for p in picks)
+    assert picks[0] == picks[2] and picks[0] != picks[1]
+
+
+def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root):
+    federation = make_federation(medmnist_root)
+    good = federation.clients[0]
+    federation.clients[1] = BrokenClient(1, good.images, good.targets)
+
+    state, report = federation.run_round(federation.initial_state())
+
+    row = next(r for r in report.clients if r["client"] == 1)
+    assert row["excluded"] and row["reason"] == "client_error"
+    assert "disk read error" in row["message"]
+    assert report.metrics["clients_kept"] == 3
+    assert torch.isfinite(state.global_vector).all()
+
+
+def test_non_finite_updates_never_reach_the_global_model(medmnist_root):
+    def send_nan(round_number, updates, mask, seed):
+        out = updates.clone()
+        out[mask] = float("nan")
+        return out
+
+    federation = make_federation(medmnist_root, malicious=frozenset({2}), update_attack=send_nan)
+
+    state, report = federation.run_round(federation.initial_state())
+
+    row = next(r for r in report.clients if r["client"] == 2)
+    assert row["excluded"] and row["reason"] == "non_finite" and row["malicious"]
+    assert torch.isfinite(state.global_vector).all()
+    assert report.metrics["clients_kept"] == 3
+
+
+def test_too_few_survivors_skip_the_round_and_keep_the_model(medmnist_root):
+    def send_inf(round_number, updates, mask, seed):
+        return torch.where(mask[:, None], torch.full_like(updates, float("inf")), updates)
+
+    federation = make_federation(
+        medmnist_root,
+        malicious=frozenset({0, 1, 2}),
+        update_attack=send_inf,
+        config=FederationConfig(rounds=1, min_clients=2),
+    )
+    start = federation.initial_state()
+
+    state, report = federation.run_round(start)
+
+    assert report.metrics["round_skipped"] == 1.0
+    assert torch.equal(state.global_vector, start.global_vector)
+
+
+def test_state_survives_a_weights_only_checkpoint(medmnist_root):
+    federation = make_federation(medmnist_root)
+    state = run(federation, 1)
+    buffer = io.BytesIO()
+
+    torch.save(state.to_dict(), buffer)
+    buffer.seek(0)
+    restored = ServerState.from_dict(torch.load(buffer, weights_only=True))
+
+    assert (
+        restored.round == 1 and restored.history == state.history and restored.trail == state.trail
+    )
+    assert torch.equal(restored.global_vector, state.global_vector)
+
+
+def test_resumed_rounds_equal_uninterrupted_rounds(medmnist_root):
+    uninterrupted = run(make_federation(medmnist_root), 3)
+    first_part = run(make_federation(medmnist_root), 1)
+    resumed_federation = make_federation(medmnist_root)  # a fresh process would rebuild it
+    state = ServerState.from_dict(first_part.to_dict())
+    for _ in range(2):
+        state, _ = resumed_federation.run_round(state)
+
+    assert state.history == uninterrupted.history
+    assert torch.equal(state.global_vector, uninterrupted.global_vector)
+
+
+def test_config_values_are_validated():
+    with pytest.raises(ValueError, match="client_fraction"):
+        FederationConfig(rounds=1, client_fraction=0)
+    with pytest.raises(ValueError, match="rounds"):
+        FederationConfig(rounds=0)

@@ -1,0 +1,111 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsieve.config import ConfigError, load_params, params_hash
+
+REPO = Path(__file__).resolve().parents[2]
+PARAMS = REPO / "params.yaml"
+
+
+def test_the_default_params_are_valid_and_hash_stably():
+    params = load_params(PARAMS)
+
+    assert params.data.dataset == "breastmnist"
+    assert params.aggregate.name == "fedavg" and params.filters == []
+    assert params_hash(params) == params_hash(load_params(PARAMS))
+    assert params_hash(params) != params_hash(load_params(PARAMS, ["train.rounds=3"]))
+
+
+def test_overrides_are_parsed_as_yaml_and_validated():
+    params = load_params(
+        PARAMS, ["train.rounds=3", "aggregate={name: fedavg}", "partition.alpha=0.1"]
+    )
+
+    assert params.train.rounds == 3 and params.partition.alpha == 0.1
+
+
+BAD = [
+    ("data.dataset=cifar10", "data.dataset", "allowed: bloodmnist"),
+    ("data.dataset=organmnist3d", "data.dataset", "allowed: bloodmnist"),
+    ("model.name=vgg16", "model.name", "allowed: resnet18"),
+    ("aggregate.name=average", "aggregate", "available: "),
+    ("aggregate.f=2", "aggregate", "no parameter f"),
+    ("partition.scheme=pathological", "partition.scheme", "allowed: dirichlet, iid"),
+    ("train.rounds=-1", "train.rounds", "greater than or equal to 1"),
+    ("train.rounds=2.5", "train.rounds", "integer"),
+    ("train.client_fraction=0", "train.client_fraction", "greater than 0"),
+    ("train.client_fraction=1.5", "train.client_fraction", "less than or equal to 1"),
+    ("partition.alpha=0", "partition.alpha", "greater than 0"),
+    ("partition.num_clients=0", "partition.num_clients", "greater than or equal to 1"),
+    ("train.lr=fast", "train.lr", "valid number"),
+    ("train.device=tpu", "train.device", "'auto', 'cpu' or 'cuda'"),
+    ("train.roundz=3", "train.roundz", "keys allowed in train: rounds"),
+    ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "allowed"), BAD)
+def test_each_bad_value_is_one_line_naming_key_and_what_is_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, [override])
+
+    message = str(error.value)
+    assert "\n" not in message
+    assert key in message and allowed in message
+
+
+def test_unreadable_params_files_are_clear(tmp_path):
+    (tmp_path / "bad.yaml").write_text("train: [rounds\n")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_params(tmp_path / "list.yaml")
+    with pytest.raises(ConfigError, match="file not found"):
+        load_params(tmp_path / "missing.yaml")
+
+
+def _cli(*args, cwd=REPO, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "fedsieve.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "--set", "train.rounds=-1"], "train.rounds = -1"),
+        (["run", "--set", "partition.num_clients=600"], "fewer clients"),
+        (["train", "--params", "nope.yaml"], "nope.yaml: file not found"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(
+    args, expected, medmnist_root, tmp_path
+):
+    import os
+
+    env = {**os.environ, "MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(tmp_path)}
+    result = _cli(*args, env=env)
+
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "prefect.db").exists()  # nothing started
+
+
+def test_cli_list_names_every_registry():
+    result = _cli("list")
+
+    assert result.returncode == 0
+    for line in ("datasets:", "models:", "partition schemes:", "aggregators:", "filters:"):
+        assert line in result.stdout

@@ -1,0 +1,178 @@
+"""End to end: the real flows on BreastMNIST under one Prefect test server, tracked in a
+throw-away MLflow store; a killed run resumed; `dvc repro` in a temporary repository."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from fedsieve.config import load_params
+from flows.evaluate import evaluate_flow
+from flows.partition import partition_flow
+from flows.pipeline import pipeline_flow
+from flows.train import load_checkpoint, train_flow
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["partition.num_clients=3", "train.local_epochs=1", "eval.target_acc=0.5"]
+
+pytestmark = pytest.mark.e2e
+
+
+def read_rounds(project: Path) -> list[dict[str, str]]:
+    with (project / "reports" / "rounds.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefect_server):
+    params = load_params(project / "params.yaml", [*SMALL, "train.rounds=2"])
+
+    results = pipeline_flow(params, project)
+
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    assert metrics == results
+    assert {"test_acc", "test_auc", "test_loss", "rounds"} <= set(metrics) and metrics[
+        "rounds"
+    ] == 2
+    assert metrics["rounds_to_target"] == 1
+    for name in ("partition.json", "partition.png", "rounds.csv", "exclusions.csv", "curves.png"):
+        assert (project / "reports" / name).exists(), name
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.run_name == "breastmnist-fedavg" and run.info.status == "FINISHED"
+    assert (
+        run.data.params["train.rounds"] == "2" and run.data.params["partition.num_clients"] == "3"
+    )
+    assert run.data.tags["dataset"] == "breastmnist" and len(run.data.tags["params_hash"]) == 12
+    history = client.get_metric_history(run.info.run_id, "test_acc")
+    assert [m.step for m in history] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "client_loss/2")] == [1, 2]
+    assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
+    assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
+    [version] = client.search_model_versions("name='fedsieve-breastmnist'")
+    assert version.run_id == run.info.run_id
+
+
+def test_a_killed_run_resumes_to_the_same_final_metrics(
+    project, prefect_server, tmp_path, medmnist_root
+):
+    overrides = [*SMALL, "train.rounds=8"]
+    params = load_params(project / "params.yaml", overrides)
+    partition_flow(params, project)
+    train_flow(params, project)
+    evaluate_flow(params, project)
+    uninterrupted_rounds = read_rounds(project)
+    uninterrupted_metrics = json.loads((project / "reports" / "metrics.json").read_text())
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    shutil.copy(project / "params.yaml", killed / "params.yaml")
+    partition_flow(params, killed)
+    command = [sys.executable, "-m", "flows.train", "--resume", *[f"--set={o}" for o in overrides]]
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    process = subprocess.Popen(
+        command, cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    checkpoint = killed / "artifacts" / "checkpoints" / "train.pt"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        state = load_checkpoint(checkpoint) if checkpoint.exists() else None
+        if state is not None and state["state"]["round"] >= 2:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = load_checkpoint(checkpoint)["state"]["round"]
+    assert 2 <= killed_at < 8, "the run should have been killed mid-way"
+
+    train_flow(params, killed, resume=True)
+    evaluate_flow(params, killed)
+
+    assert read_rounds(killed) == uninterrupted_rounds
+    assert json.loads((killed / "reports" / "metrics.json").read_text()) == uninterrupted_metrics
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            torch.load(project / "artifacts/model/model.pt", weights_only=True).values(),
+            torch.load(killed / "artifacts/model/model.pt", weights_only=True).values(),
+            strict=True,
+        )
+    )
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run_id = json.loads((killed / "artifacts/model/run.json").read_text())["run_id"]
+    assert sorted({m.step for m in client.get_metric_history(run_id, "test_acc")}) == list(
+        range(1, 9)
+    )
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_server):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, repo / name)
+    for folder in ("federated", "aggregation", "models", "tasks", "flows", "fedsieve", ".dvc"):
+        shutil.copytree(
+            REPO / folder,
+            repo / folder,
+            ignore=shutil.ignore_patterns("__pycache__", "tmp", "cache"),
+        )
+    text = (repo / "params.yaml").read_text()
+    text = text.replace("num_clients: 10", "num_clients: 3").replace("rounds: 20", "rounds: 2")
+    (repo / "params.yaml").write_text(text.replace("local_epochs: 2", "local_epochs: 1"))
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "add", "-A")
+    _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "pipeline")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PREFECT_API_URL": prefect_server,
+        "MEDMNIST_ROOT": str(medmnist_root),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
+    }
+    dvc = [str(Path(sys.executable).parent / "dvc")]
+
+    repro = subprocess.run(
+        [*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    first = json.loads((repo / "reports" / "metrics.json").read_text())
+    assert first["rounds"] == 2
+    again = subprocess.run(
+        [*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "didn't change, skipping" in again.stdout
+
+    _git(repo, "add", "-f", "dvc.lock", "reports/metrics.json")
+    _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "baseline")
+    exp = subprocess.run(
+        [*dvc, "exp", "run", "-S", "train.rounds=3"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
+    assert "Running stage 'partition'" not in exp.stdout  # only what depends on rounds re-ran
+    diff = subprocess.run(
+        [*dvc, "metrics", "diff", "--json"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    changes = json.loads(diff.stdout)["reports/metrics.json"]
+    assert changes["rounds"] == {"old": 2, "new": 3, "diff": 1}

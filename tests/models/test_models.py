@@ -1,0 +1,74 @@
+import pytest
+import torch
+
+from federated.registry import RegistryError
+from federated.seeding import seeded_init
+from federated.vectors import layout_of, model_to_vector, vector_to_model_
+from models import build_model, list_models
+
+IMAGE_MODELS = ["resnet18", "resnet34", "resnet50", "small_cnn"]
+
+
+def test_registry_lists_the_image_models():
+    assert set(IMAGE_MODELS) <= set(list_models())
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+@pytest.mark.parametrize(("channels", "classes"), [(1, 2), (3, 5), (3, 14)])
+def test_models_map_28x28_images_to_class_logits(name, channels, classes):
+    model = build_model(name, in_channels=channels, num_classes=classes).eval()
+
+    with torch.no_grad():
+        logits = model(torch.randn(2, channels, 28, 28))
+
+    assert logits.shape == (2, classes)
+    assert torch.isfinite(logits).all()
+
+
+def test_resnet18_matches_the_medmnist_adaptation():
+    model = build_model("resnet18", in_channels=3, num_classes=2)
+
+    stem = model.stem[0]
+    assert (stem.kernel_size, stem.stride) == ((3, 3), (1, 1))
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(11.17e6, rel=0.01)
+
+
+def test_group_norm_variant_has_no_running_statistics():
+    model = build_model("resnet18", in_channels=1, num_classes=2, norm="group")
+
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert all(not name.endswith("running_mean") for name in model.state_dict())
+
+
+def test_unknown_model_or_parameter_lists_what_exists():
+    with pytest.raises(RegistryError, match="available: .*resnet18.*small_cnn"):
+        build_model("vgg16", in_channels=1, num_classes=2)
+    with pytest.raises(RegistryError, match="accepted: in_channels, num_classes, width, hidden"):
+        build_model("small_cnn", in_channels=1, num_classes=2, depth=3)
+
+
+def test_seeded_init_is_reproducible_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = seeded_init(7, lambda: build_model("small_cnn", in_channels=1, num_classes=2))
+    b = seeded_init(7, lambda: build_model("small_cnn", in_channels=1, num_classes=2))
+    c = seeded_init(8, lambda: build_model("small_cnn", in_channels=1, num_classes=2))
+
+    assert torch.equal(model_to_vector(a), model_to_vector(b))
+    assert not torch.equal(model_to_vector(a), model_to_vector(c))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_vector_round_trip_covers_float_state_including_batchnorm_buffers():
+    model = build_model("resnet18", in_channels=1, num_classes=2)
+    layout = layout_of(model)
+    vector = torch.arange(layout.size, dtype=torch.float32)
+
+    vector_to_model_(model, vector)
+
+    assert torch.equal(model_to_vector(model), vector)
+    assert "stem.1.running_var" in layout.slices()
+    assert not any(name.endswith("num_batches_tracked") for name in layout.names)
+    with pytest.raises(ValueError, match="entries"):
+        vector_to_model_(model, vector[:-1])
