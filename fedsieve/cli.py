@@ -5,6 +5,9 @@ flow; ``fedsieve partition|train|evaluate`` run one stage (what dvc.yaml calls);
 ``fedsieve list`` shows what can be named in params.yaml. A bad parameter, an unusable
 dataset or an impossible partition ends with exit code 2 and one line, before anything
 runs.
+
+Each command is a ``(add_arguments, handler)`` pair in :data:`COMMANDS`; a handler takes
+the parsed arguments and the project directory and returns an exit code.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fedsieve  # noqa: F401  (environment first)
@@ -21,43 +24,38 @@ from federated.partition import PartitionError
 from federated.registry import RegistryError
 from fedsieve.config import ConfigError, Params, load_params
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
 
 USAGE_ERRORS = (ConfigError, DataError, PartitionError, RegistryError)
+Handler = Callable[[argparse.Namespace, Path], int]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedsieve", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("run", "run the whole pipeline flow (partition -> train -> evaluate)"),
-        ("partition", "partition the dataset across clients"),
-        ("train", "run the federated training rounds"),
-        ("evaluate", "evaluate the final model, log and register it"),
-    ):
-        sub = commands.add_parser(name, help=text)
-        sub.add_argument(
-            "--params", default="params.yaml", help="params file (default params.yaml)"
-        )
-        sub.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override one parameter, e.g. --set train.rounds=3 (repeatable)",
-        )
-        if name in ("run", "train"):
-            sub.add_argument(
-                "--resume",
-                action="store_true",
-                help="continue from the checkpoint of an interrupted run with the same params",
-            )
-    commands.add_parser("list", help="list datasets, models, partition schemes, rules and filters")
-    return parser
+def add_params_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one parameter, e.g. --set train.rounds=3 (repeatable)",
+    )
 
 
-def _preflight(params: Params, workdir: Path) -> None:
+def _add_resume(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint of an interrupted run with the same params",
+    )
+
+
+def params_from(args: argparse.Namespace) -> Params:
+    return load_params(Path(args.params), args.overrides)
+
+
+def preflight(params: Params, workdir: Path) -> None:
     """Fail before any flow starts: the dataset must be usable and the partition possible."""
     from federated.data import ensure_medmnist, load_medmnist
     from federated.partition import build_partitioner
@@ -73,7 +71,41 @@ def _preflight(params: Params, workdir: Path) -> None:
     )
 
 
-def _list() -> None:
+def _run(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    preflight(params, workdir)
+    from flows.pipeline import pipeline_flow
+
+    pipeline_flow(params, workdir, resume=args.resume)
+    return 0
+
+
+def _partition(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    preflight(params, workdir)
+    from flows.partition import partition_flow
+
+    partition_flow(params, workdir)
+    return 0
+
+
+def _train(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    from flows.train import train_flow
+
+    train_flow(params, workdir, resume=args.resume)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    from flows.evaluate import evaluate_flow
+
+    evaluate_flow(params, workdir)
+    return 0
+
+
+def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters
     from federated.data import list_datasets
     from federated.partition import list_partitioners
@@ -87,39 +119,34 @@ def _list() -> None:
         ("filters", list_filters()),
     ):
         print(f"{title}: {', '.join(names)}")
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {
+    "run": ("run the whole pipeline flow (partition -> train -> evaluate)", _add_resume, _run),
+    "partition": ("partition the dataset across clients", add_params_arguments, _partition),
+    "train": ("run the federated training rounds", _add_resume, _train),
+    "evaluate": ("evaluate the final model, log and register it", add_params_arguments, _evaluate),
+    "list": ("list datasets, models, partition schemes, rules and filters", lambda p: None, _list),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedsieve", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, (text, add_arguments, _) in COMMANDS.items():
+        add_arguments(commands.add_parser(name, help=text, description=text))
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "list":
-        _list()
-        return 0
-    workdir = Path.cwd()
     try:
-        params = load_params(Path(args.params), args.overrides)
-        if args.command in ("run", "partition"):
-            _preflight(params, workdir)
-        if args.command == "run":
-            from flows.pipeline import pipeline_flow
-
-            pipeline_flow(params, workdir, resume=args.resume)
-        elif args.command == "partition":
-            from flows.partition import partition_flow
-
-            partition_flow(params, workdir)
-        elif args.command == "train":
-            from flows.train import train_flow
-
-            train_flow(params, workdir, resume=args.resume)
-        else:
-            from flows.evaluate import evaluate_flow
-
-            evaluate_flow(params, workdir)
+        return COMMANDS[args.command][2](args, Path.cwd())
     except USAGE_ERRORS as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":
