@@ -5,11 +5,20 @@
 >>> out = agg(updates, weights=None)  # (n_clients, n_params) -> (n_params,)
 """
 
-from aggregation import (
-    filters,  # noqa: F401  (registers the filters)
-    mean,  # noqa: F401  (registers the rules)
+from aggregation import (  # noqa: F401  (importing a module registers its rules/filters)
+    bulyan,
+    centered_clipping,
+    ema,
+    fedlag,
+    filters,
+    geometric_median,
+    krum,
+    mean,
+    median,
+    trimmed_mean,
+    zeno,
 )
-from aggregation.base import AggregationRule, Filter, FilterDecision
+from aggregation.base import AggregationRule, Filter, FilterDecision, drop_non_finite
 from aggregation.registry import (
     build_aggregator,
     build_filter,
@@ -25,6 +34,7 @@ __all__ = [
     "FilterDecision",
     "build_aggregator",
     "build_filter",
+    "drop_non_finite",
     "list_aggregators",
     "list_filters",
     "register_aggregator",

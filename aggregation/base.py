@@ -13,6 +13,11 @@ same three calls, so the server loop never needs to know which kind it holds:
 - ``__call__(updates, weights=None) -> result``: stateless convenience, a ``step`` from a
   fresh state.
 
+Rules whose class sets ``requires_oracle = True`` (Zeno) also need the model and a loss:
+their ``step`` takes a keyword-only ``oracle`` (see ``aggregation.zeno``) that the server
+loop supplies. Updates holding NaN or Inf never reach a rule: the server drops them first
+with :func:`drop_non_finite`.
+
 A filter runs in front of any aggregator and decides which clients to keep:
 ``step(state, updates, client_ids, weights) -> (FilterDecision, new_state)``. Client
 history is keyed by ``client_ids`` (stable ids), never by the row order of ``updates``.
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -32,6 +37,7 @@ __all__ = [
     "Filter",
     "FilterDecision",
     "check_updates",
+    "drop_non_finite",
     "normalised_weights",
 ]
 
@@ -66,10 +72,38 @@ def normalised_weights(updates: Tensor, weights: Tensor | None) -> Tensor:
     return w / total
 
 
+def drop_non_finite(
+    updates: Tensor, weights: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Remove the clients whose update (or weight) holds a NaN or an Inf.
+
+    Returns ``(updates, weights, keep)`` with ``keep`` a bool ``(n_clients,)`` mask on the
+    updates' device (True = kept; record the others with reason ``non_finite``). When every
+    client is kept the inputs are returned as they are (no copy). The check walks the
+    parameters in blocks, so it needs O(n·block) scratch memory, not O(n·d).
+    """
+    check_updates(updates, weights)
+    n, d = updates.shape
+    keep = torch.ones(n, dtype=torch.bool, device=updates.device)
+    block = max(1, (1 << 24) // n)
+    for start in range(0, d, block):
+        keep &= torch.isfinite(updates[:, start : start + block]).all(dim=1)
+    if weights is not None:
+        keep &= torch.isfinite(weights).to(updates.device)
+    if bool(keep.all()):
+        return updates, weights, keep
+    kept_weights = None if weights is None else weights[keep.to(weights.device)]
+    return updates[keep], kept_weights, keep
+
+
 class AggregationRule:
     """Base for rules. Stateless rules implement :meth:`aggregate`; stateful ones override
     :meth:`init_state` and :meth:`step`. Subclasses are frozen dataclasses holding only
     hyperparameters, validated in ``__post_init__``."""
+
+    # True for rules that score updates with the model and a loss (Zeno): their ``step``
+    # takes a keyword-only ``oracle`` that only the server loop can provide.
+    requires_oracle: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from federated.seeding import derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
 
-__all__ = ["ClientData", "ClientUpdate", "LocalTraining", "train_client"]
+__all__ = ["ClientData", "ClientUpdate", "LocalTraining", "client_gradient", "train_client"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,3 +111,37 @@ def train_client(
     return ClientUpdate(
         client_id=data.client_id, delta=delta, num_samples=len(data), train_loss=epoch_loss
     )
+
+
+def client_gradient(
+    model: nn.Module,
+    global_vector: Tensor,
+    data: ClientData,
+    loss_fn: nn.Module,
+    *,
+    batch_size: int = 256,
+) -> Tensor:
+    """The gradient ``(d,)`` of the client's mean loss over all its data at
+    ``global_vector`` (one pass, no update): what EMA's pre-test examines. Entries of the
+    state that are not trainable parameters (BatchNorm buffers) are 0."""
+    vector_to_model_(model, global_vector)
+    model.train()
+    model.zero_grad(set_to_none=False)
+    for start in range(0, len(data), batch_size):
+        images = data.images[start : start + batch_size]
+        weight = len(images) / len(data)  # mean over all samples, whatever the batching
+        (loss_fn(model(images), data.targets[start : start + batch_size]) * weight).backward()
+    grads = dict(model.named_parameters())
+    parts = []
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point():
+            continue
+        parameter = grads.get(name)
+        grad = parameter.grad if parameter is not None and parameter.grad is not None else None
+        parts.append(
+            grad.reshape(-1).float()
+            if grad is not None
+            else torch.zeros(value.numel(), device=value.device)
+        )
+    model.zero_grad(set_to_none=True)
+    return torch.cat(parts)

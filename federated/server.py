@@ -7,6 +7,8 @@ filters' states, the per-round metrics and the exclusion trail), which
 (run seed, round, client), so a resumed run is identical to an uninterrupted one.
 
 Screening order in a round, each dropped client recorded in the trail with its reason:
+0. ``noniid_loss`` (optional): the global model's loss on the client's data is an
+   outlier (z-score > z); the client is left out before training.
 1. ``client_error``: local training raised; the round goes on with the rest.
 2. ``non_finite``: the update holds NaN or Inf; it can never reach the global model.
 3. filters (e.g. ``pid_made``), in the configured order.
@@ -25,13 +27,21 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import AggregationRule, Filter
+from aggregation.base import AggregationRule, Filter, drop_non_finite
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.metrics import evaluate, loss_function
-from federated.seeding import SAMPLING, SHUFFLE, derive_seed
+from federated.seeding import ATTACK, SAMPLING, SHUFFLE, derive_seed
+from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
 from federated.vectors import model_to_vector, vector_to_model_
 
-__all__ = ["Federation", "FederationConfig", "RoundReport", "ServerState"]
+__all__ = [
+    "Federation",
+    "FederationConfig",
+    "NonIIDCheck",
+    "RoundReport",
+    "ServerState",
+    "detection_counts",
+]
 
 # Called with (round, client updates (n, d), malicious mask (n,), seed) -> attacked updates.
 UpdateAttack = Callable[[int, Tensor, Tensor, int], Tensor]
@@ -53,6 +63,17 @@ class FederationConfig:
             raise ValueError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
         if self.server_lr <= 0 or self.min_clients < 1:
             raise ValueError("server_lr must be > 0 and min_clients >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NonIIDCheck:
+    """EMA's non-IID check: client losses of the global model, CV = σ/μ vs ``threshold``."""
+
+    every: int = 1  # rounds between checks (0 = only when excluding)
+    loss: str = "mse"  # "mse" (softmax vs one-hot, the paper's) or "cross_entropy"
+    threshold: float = 0.25
+    exclude: bool = False  # leave out clients whose loss z-score exceeds z
+    z: float = 2.0
 
 
 @dataclass
@@ -112,6 +133,8 @@ class Federation:
         multi_label: bool = False,
         malicious: frozenset[int] = frozenset(),
         update_attack: UpdateAttack | None = None,
+        noniid: NonIIDCheck | None = None,
+        server_batch: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         if not clients:
             raise ValueError("a federation needs at least one client")
@@ -125,6 +148,8 @@ class Federation:
         self.multi_label = multi_label
         self.malicious = malicious
         self.update_attack = update_attack
+        self.noniid = noniid
+        self.server_batch = server_batch  # held-out batch for oracle rules such as Zeno
         self.loss_fn = loss_function(multi_label)
 
     @property
@@ -159,11 +184,55 @@ class Federation:
             model, *self.test, multi_label=self.multi_label, batch_size=self.config.eval_batch_size
         )
 
+    def _noniid_screen(
+        self, state: ServerState, round_number: int, positions: list[int]
+    ) -> tuple[dict[int, float], set[int], dict[str, float]]:
+        """EMA's Algorithms 3-4 on the round's clients at the current global model: their
+        losses, the CV verdict, and (``exclude``) the ids whose loss z-score is too high."""
+        check = self.noniid
+        due = check is not None and check.every > 0 and round_number % check.every == 0
+        if check is None or not (due or check.exclude) or len(positions) < 2:
+            return {}, set(), {}
+        model = self.global_model(state)
+        datasets = [(self.clients[p].images, self.clients[p].targets) for p in positions]
+        losses = client_losses(model, datasets, loss=check.loss, device=self.device)
+        verdict = noniid_verdict(losses, threshold=check.threshold)
+        ids = [self.clients[p].client_id for p in positions]
+        excluded: set[int] = set()
+        if check.exclude:
+            keep = noniid_exclusions(losses, check.z)
+            excluded = {i for i, kept in zip(ids, keep.tolist(), strict=True) if not kept}
+        metrics = {"noniid_cv": verdict.cv, "noniid_non_iid": float(verdict.verdict == "non_iid")}
+        return dict(zip(ids, losses.tolist(), strict=True)), excluded, metrics
+
+    def _oracle(self, state: ServerState) -> Callable[[Tensor], Tensor]:
+        """Loss on the server's batch after applying each candidate update (Zeno)."""
+        if self.server_batch is None:
+            raise ValueError(
+                f"aggregator {type(self.rule).__name__} needs a server batch (server_batch=)"
+            )
+        images, targets = self.server_batch
+
+        @torch.no_grad()
+        def oracle(candidates: Tensor) -> Tensor:
+            losses = []
+            for row in candidates:
+                vector_to_model_(self.model, state.global_vector + row.to(state.global_vector))
+                self.model.eval()
+                losses.append(self.loss_fn(self.model(images), targets))
+            return torch.stack(losses)
+
+        return oracle
+
     def run_round(self, state: ServerState) -> tuple[ServerState, RoundReport]:
         round_number = state.round + 1
+        sampled = self.sample_clients(round_number)
+        noniid_losses, noniid_excluded, noniid_metrics = self._noniid_screen(
+            state, round_number, sampled
+        )
         rows: dict[int, dict[str, Any]] = {}
         updates: list[ClientUpdate] = []
-        for position in self.sample_clients(round_number):
+        for position in sampled:
             client = self.clients[position]
             row = {
                 "round": round_number,
@@ -175,6 +244,11 @@ class Federation:
                 "message": "",
             }
             rows[client.client_id] = row
+            if client.client_id in noniid_losses:
+                row["noniid_loss"] = noniid_losses[client.client_id]
+            if client.client_id in noniid_excluded:
+                row.update(excluded=True, reason="noniid_loss")
+                continue
             try:
                 update = train_client(
                     self.model,
@@ -205,9 +279,13 @@ class Federation:
                 mask = torch.tensor([i in self.malicious for i in ids], device=stacked.device)
                 if bool(mask.any()):
                     stacked = self.update_attack(
-                        round_number, stacked, mask, derive_seed(self.config.seed, round_number)
+                        round_number,
+                        stacked,
+                        mask,
+                        derive_seed(self.config.seed, round_number, ATTACK),
                     )
-            keep = torch.isfinite(stacked).all(dim=1)
+            _, _, keep = drop_non_finite(stacked, weights)
+            keep = keep.clone()
             for client_id, finite in zip(ids, keep.tolist(), strict=True):
                 if not finite:
                     rows[client_id].update(excluded=True, reason="non_finite")
@@ -235,8 +313,9 @@ class Federation:
             positions = keep.nonzero().flatten()
             kept_ids = [ids[p] for p in positions.tolist()]
             if len(kept_ids) >= self.config.min_clients:
+                extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
                 aggregate, aggregator_state, diagnostics = self.rule.step(
-                    state.aggregator_state, stacked[positions], weights[positions]
+                    state.aggregator_state, stacked[positions], weights[positions], **extra
                 )
                 selected = diagnostics.get("selected")
                 if selected is not None:
@@ -258,15 +337,36 @@ class Federation:
         )
         metrics = {f"test_{k}": v for k, v in self.evaluate(new_state).items()}
         losses = [u.train_loss for u in updates]
+        trail_rows = list(rows.values())
         metrics.update(
             round=float(round_number),
             clients_sampled=float(len(rows)),
             clients_kept=float(0 if skipped else len(kept_ids)),
-            clients_excluded=float(sum(r["excluded"] for r in rows.values())),
+            clients_excluded=float(sum(r["excluded"] for r in trail_rows)),
             round_skipped=float(skipped),
             client_loss_mean=float(np.mean(losses)) if losses else math.nan,
+            **noniid_metrics,
+            **detection_counts(trail_rows),
         )
-        trail_rows = list(rows.values())
         new_state.history.append(metrics)
         new_state.trail.extend(trail_rows)
         return new_state, RoundReport(round=round_number, metrics=metrics, clients=trail_rows)
+
+
+def detection_counts(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Exclusions against the ground truth: a false positive is an honest client excluded,
+    a false negative a malicious client kept. Client errors are not detections."""
+    judged = [r for r in rows if r["reason"] != "client_error"]
+    tp = sum(r["excluded"] and r["malicious"] for r in judged)
+    fp = sum(r["excluded"] and not r["malicious"] for r in judged)
+    fn = sum(not r["excluded"] and r["malicious"] for r in judged)
+    counts = {
+        "true_positives": float(tp),
+        "false_positives": float(fp),
+        "false_negatives": float(fn),
+    }
+    if tp + fp:  # undefined (left out) when nobody was excluded
+        counts["precision"] = tp / (tp + fp)
+    if tp + fn:  # undefined when nobody is malicious
+        counts["recall"] = tp / (tp + fn)
+    return counts

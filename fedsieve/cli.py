@@ -22,7 +22,8 @@ import fedsieve  # noqa: F401  (environment first)
 from federated.data import DataError
 from federated.partition import PartitionError
 from federated.registry import RegistryError
-from fedsieve.config import ConfigError, Params, load_params
+from fedsieve import ops
+from fedsieve.config import ConfigError, Params, load_params, params_warnings
 
 __all__ = ["COMMANDS", "main"]
 
@@ -74,6 +75,8 @@ def preflight(params: Params, workdir: Path) -> None:
 def _run(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
     preflight(params, workdir)
+    for warning in params_warnings(params):
+        print(f"fedsieve: warning: {warning}", file=sys.stderr)
     from flows.pipeline import pipeline_flow
 
     pipeline_flow(params, workdir, resume=args.resume)
@@ -89,8 +92,18 @@ def _partition(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
+def _pretest(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    from flows.pretest import pretest_flow
+
+    pretest_flow(params, workdir)
+    return 0
+
+
 def _train(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
+    for warning in params_warnings(params):
+        print(f"fedsieve: warning: {warning}", file=sys.stderr)
     from flows.train import train_flow
 
     train_flow(params, workdir, resume=args.resume)
@@ -125,9 +138,21 @@ def _list(args: argparse.Namespace, workdir: Path) -> int:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handler]] = {
     "run": ("run the whole pipeline flow (partition -> train -> evaluate)", _add_resume, _run),
     "partition": ("partition the dataset across clients", add_params_arguments, _partition),
+    "pretest": ("normality pre-test of the clients' updates", add_params_arguments, _pretest),
     "train": ("run the federated training rounds", _add_resume, _train),
     "evaluate": ("evaluate the final model, log and register it", add_params_arguments, _evaluate),
     "list": ("list datasets, models, partition schemes, rules and filters", lambda p: None, _list),
+    "serve": (
+        "serve the pipeline as a Prefect deployment on a cron schedule",
+        ops.add_serve_arguments,
+        ops.serve,
+    ),
+    "runs": ("table of recent MLflow runs, sortable by a metric", ops.add_runs_arguments, ops.runs),
+    "promote": (
+        "alias the best registered model version 'champion' by a run metric",
+        ops.add_promote_arguments,
+        ops.promote,
+    ),
 }
 
 

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import aggregation  # noqa: F401  (fills the registries)
 from aggregation.registry import AGGREGATORS, FILTERS
+from federated.attacks import ATTACKS
 from federated.registry import Registry, RegistryError
 
-__all__ = ["ConfigError", "Params", "load_params", "params_hash"]
+__all__ = ["ConfigError", "Params", "load_params", "params_hash", "params_warnings"]
 
 
 class ConfigError(ValueError):
@@ -130,6 +131,42 @@ class FilterParams(_RegistryEntry):
         return self
 
 
+class AttackParams(_RegistryEntry):
+    """``{name: label_flip, fraction: 0.2, rate: 1.0}``: who attacks (a seeded ``fraction``
+    of the clients, or explicit ``ids``) and how (the attack's own parameters)."""
+
+    name: str = "none"
+    fraction: float = Field(0.2, ge=0, lt=1)  # share of clients that are malicious
+    ids: list[int] | None = None  # explicit malicious client ids (overrides fraction)
+
+    @model_validator(mode="after")
+    def _buildable(self) -> AttackParams:
+        self._check(ATTACKS)
+        return self
+
+
+class PretestParams(_Section):
+    """Normality pre-test of client updates (EMA paper, Section 2.2)."""
+
+    mode: Literal["gradient", "delta"] = (
+        "gradient"  # full-data gradient, or one local epoch's update
+    )
+    round: int = Field(0, ge=0)  # test at the global model after this many FedAvg rounds
+    max_tests: int | None = Field(100_000, ge=1)  # seeded sample of coordinates; null = all
+    alpha: float = Field(0.05, gt=0, lt=1)
+    warn_below: float = Field(0.5, ge=0, le=1)  # say so plainly when a rate is under this
+
+
+class NonIIDParams(_Section):
+    """CV-based non-IID detection (EMA paper, Algorithms 3-4)."""
+
+    every: int = Field(1, ge=0)  # check every N rounds (0 = never)
+    loss: Literal["mse", "cross_entropy"] = "mse"  # the paper: MSE of softmax vs one-hot
+    threshold: float = Field(0.25, gt=0)  # verdict non_iid when CV > threshold
+    exclude: bool = False  # leave out clients whose loss z-score exceeds z
+    z: float = Field(2.0, gt=0)
+
+
 class EvalParams(_Section):
     batch_size: int = Field(512, ge=1)
     target_acc: float = Field(0.8, ge=0, le=1)
@@ -148,8 +185,43 @@ class Params(_Section):
     train: TrainParams = TrainParams()
     aggregate: AggregateParams = AggregateParams()
     filters: list[FilterParams] = []
+    attack: AttackParams = AttackParams()
+    pretest: PretestParams = PretestParams()
+    noniid: NonIIDParams = NonIIDParams()
     eval: EvalParams = EvalParams()
     tracking: TrackingParams = TrackingParams()
+
+
+HONEST_MAJORITY_RULES = {
+    "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median", "ema",
+    "fedlag", "centered_clipping", "zeno",
+}  # fmt: skip
+
+
+def params_warnings(params: Params) -> list[str]:
+    """Settings that run but whose results a user should doubt (printed once, up front)."""
+    warnings: list[str] = []
+    attack = params.attack
+    if attack.name != "none":
+        share = (
+            len(attack.ids) / params.partition.num_clients
+            if attack.ids is not None
+            else attack.fraction
+        )
+        guarded = [params.aggregate.name] if params.aggregate.name in HONEST_MAJORITY_RULES else []
+        guarded += [f.name for f in params.filters if f.name == "pid_made"]
+        if share >= 0.5 and guarded:
+            warnings.append(
+                f"attack.fraction={share:.2f}: {', '.join(guarded)} assume an honest majority "
+                "(fewer than half of the clients malicious); expect no protection"
+            )
+        if attack.ids is not None and any(
+            not 0 <= i < params.partition.num_clients for i in attack.ids
+        ):
+            raise ConfigError(
+                f"attack.ids = {attack.ids}: ids must be in [0, {params.partition.num_clients})"
+            )
+    return warnings
 
 
 def _format_error(error: ValidationError, source: str) -> str:

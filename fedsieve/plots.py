@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["plot_curves", "plot_partition"]
+__all__ = ["plot_curves", "plot_exclusion_heatmap", "plot_partition"]
 
 
 def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path) -> Path:
@@ -44,6 +44,46 @@ def plot_curves(history: Sequence[Mapping[str, float]], path: Path) -> Path:
         ax.set_xlabel("round")
         ax.set_title(key)
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_exclusion_heatmap(trail: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Client x round map of filter scores (or the trail's exclusions when no filter
+    scores), exclusions marked with x, malicious clients' labels in red."""
+    clients = sorted({int(row["client"]) for row in trail})
+    rounds = sorted({int(row["round"]) for row in trail})
+    index = {c: i for i, c in enumerate(clients)}
+    scores = np.full((len(clients), len(rounds)), np.nan)
+    has_scores = any(row.get("score") not in (None, "") for row in trail)
+    fig, ax = plt.subplots(
+        figsize=(max(6, 0.25 * len(rounds) + 3), max(3, 0.22 * len(clients) + 1.5))
+    )
+    for row in trail:
+        i, j = index[int(row["client"])], int(row["round"]) - rounds[0]
+        value = row.get("score")
+        scores[i, j] = (
+            float(value) if has_scores and value not in (None, "") else float(bool(row["excluded"]))
+        )
+    image = ax.imshow(scores, aspect="auto", cmap="viridis", interpolation="nearest",
+                      extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5))  # fmt: skip
+    fig.colorbar(image, ax=ax, label="PID score" if has_scores else "excluded")
+    excluded = [(int(r["round"]), index[int(r["client"])]) for r in trail if r["excluded"]]
+    if excluded:
+        xs, ys = zip(*excluded, strict=True)
+        ax.scatter(xs, ys, marker="x", color="red", s=25, label="excluded")
+        ax.legend(loc="upper right", fontsize=7)
+    malicious = {int(r["client"]) for r in trail if r["malicious"] in (True, "True")}
+    ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=6)
+    for label, client in zip(ax.get_yticklabels(), clients, strict=True):
+        if client in malicious:
+            label.set_color("red")
+    ax.set_xlabel("round")
+    ax.set_ylabel("client (red: malicious)")
+    ax.set_title("Exclusion trail")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

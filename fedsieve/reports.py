@@ -62,6 +62,22 @@ class ProjectPaths:
         return self.reports / "exclusions.csv"
 
     @property
+    def exclusion_heatmap(self) -> Path:
+        return self.reports / "exclusions.png"
+
+    @property
+    def noniid(self) -> Path:
+        return self.reports / "noniid.json"
+
+    @property
+    def pretest(self) -> Path:
+        return self.reports / "pretest.json"
+
+    @property
+    def pretest_plot(self) -> Path:
+        return self.reports / "pretest.png"
+
+    @property
     def curves(self) -> Path:
         return self.reports / "curves.png"
 

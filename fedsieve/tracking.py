@@ -148,6 +148,20 @@ class Tracker:
             lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
         )
 
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """Rows as an MLflow table (viewable and comparable in the UI's artifact view)."""
+        if not self.active or not rows:
+            return
+
+        def _log() -> None:
+            import mlflow
+            import pandas as pd
+
+            mlflow.set_tracking_uri(self.uri)
+            mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self.run_id)
+
+        self._guard(f"logging the table {artifact_file}", _log)
+
     def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
         """Log the torch model as ``model`` and register it (when a name is given)."""
 

@@ -25,13 +25,28 @@ from tasks.training import resolve_device
 __all__ = ["evaluate_flow", "rounds_to_target"]
 
 
-def rounds_to_target(rounds_csv: Path, target_acc: float) -> int:
-    """First round whose test accuracy reaches ``target_acc``; -1 if none did."""
-    with rounds_csv.open() as handle:
-        for row in csv.DictReader(handle):
-            if float(row["test_acc"]) >= target_acc:
-                return int(float(row["round"]))
+def rounds_to_target(rounds: list[dict[str, str]], target_acc: float) -> int:
+    """First round whose test accuracy reaches ``target_acc``; -1 if none did (the
+    PID-MADE paper's Figure 2 measure)."""
+    for row in rounds:
+        if float(row["test_acc"]) >= target_acc:
+            return int(float(row["round"]))
     return -1
+
+
+def detection_totals(rounds: list[dict[str, str]]) -> dict[str, float]:
+    """False positives/negatives summed over rounds, with precision and recall."""
+    total = {
+        key: sum(float(row.get(key) or 0) for row in rounds)
+        for key in ("true_positives", "false_positives", "false_negatives")
+    }
+    tp, fp, fn = total["true_positives"], total["false_positives"], total["false_negatives"]
+    return {
+        "total_false_positives": fp,
+        "total_false_negatives": fn,
+        "detection_precision": tp / (tp + fp) if tp + fp else None,
+        "detection_recall": tp / (tp + fn) if tp + fn else None,
+    }
 
 
 @flow(name="evaluate")
@@ -63,7 +78,10 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         results.update({f"{split_name}_{k}": v for k, v in scores.items()})
     run_info = json.loads(paths.run_info.read_text())
     results["rounds"] = run_info["rounds"]
-    results["rounds_to_target"] = rounds_to_target(paths.rounds, params.eval.target_acc)
+    with paths.rounds.open() as handle:
+        rounds = list(csv.DictReader(handle))
+    results["rounds_to_target"] = rounds_to_target(rounds, params.eval.target_acc)
+    results.update(detection_totals(rounds))
     write_json(paths.metrics, results)
     logger.info(
         "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
@@ -76,8 +94,19 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
 
     tracker = Tracker(params.tracking.experiment)
     tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
-    tracker.log_metrics({f"final_{k}": v for k, v in results.items()})
+    tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
+    if paths.pretest.exists():
+        pretest = json.loads(paths.pretest.read_text())
+        tracker.log_metrics(
+            {
+                f"pretest_{k}": pretest[k]
+                for k in ("shapiro_rate", "anderson_rate", "n_tests")
+                if pretest.get(k) is not None
+            }
+        )
+        for path in (paths.pretest, paths.pretest_plot):
+            tracker.log_artifact(path, "pretest")
     example = images[:1].cpu().numpy()
     registered = f"fedsieve-{params.data.dataset}" if params.tracking.register_model else None
     tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)

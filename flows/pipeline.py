@@ -1,4 +1,4 @@
-"""The whole pipeline as one Prefect flow: partition -> train -> evaluate (the same
+"""The whole pipeline as one Prefect flow: partition -> pretest -> train -> evaluate (the same
 stages, files and reports as ``dvc repro``)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from fedsieve.config import Params
 from flows.common import stage_main
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
+from flows.pretest import pretest_flow
 from flows.train import train_flow
 
 __all__ = ["pipeline_flow"]
@@ -20,6 +21,7 @@ __all__ = ["pipeline_flow"]
 @flow(name="pipeline")
 def pipeline_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str, Any]:
     partition_flow(params, workdir)
+    pretest_flow(params, workdir)
     train_flow(params, workdir, resume=resume)
     return evaluate_flow(params, workdir)
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from federated.server import ServerState
 from fedsieve.config import Params, params_hash
-from fedsieve.plots import plot_curves
+from fedsieve.plots import plot_curves, plot_exclusion_heatmap
 from fedsieve.reports import ProjectPaths, read_partition, write_csv, write_json
 from fedsieve.tracking import Tracker, flatten_params
 from flows.common import run_tags, stage_main
@@ -47,6 +47,46 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+TRAIL_COLUMNS = (
+    "round", "client", "num_samples", "malicious", "excluded", "reason", "score", "threshold",
+    "distance", "p_term", "i_term", "d_term", "noniid_loss", "train_loss", "selected", "message",
+)  # fmt: skip
+
+
+def trail_columns(trail: list[dict[str, Any]]) -> list[str]:
+    """The trail's columns: the documented ones first, any others a filter adds after."""
+    extra = [k for k in dict.fromkeys(k for row in trail for k in row) if k not in TRAIL_COLUMNS]
+    return [*TRAIL_COLUMNS, *extra]
+
+
+def write_noniid_report(paths: ProjectPaths, state: ServerState, params: Params) -> None:
+    """reports/noniid.json: the last non-IID evaluation (CV, threshold, verdict, losses)."""
+    checked = [row for row in state.history if "noniid_cv" in row]
+    if not checked:
+        payload: dict[str, Any] = {
+            "cv": None,
+            "threshold": params.noniid.threshold,
+            "verdict": "not_evaluated",
+        }
+    else:
+        last = checked[-1]
+        losses = {
+            str(row["client"]): row["noniid_loss"]
+            for row in state.trail
+            if row["round"] == int(last["round"]) and "noniid_loss" in row
+        }
+        payload = {
+            "cv": last["noniid_cv"],
+            "threshold": params.noniid.threshold,
+            "verdict": "non_iid" if last["noniid_non_iid"] else "iid",
+            "round": int(last["round"]),
+            "loss": params.noniid.loss,
+            "client_losses": losses,
+            "cv_per_round": {int(row["round"]): row["noniid_cv"] for row in checked},
+        }
+    write_json(paths.noniid, payload)
 
 
 @flow(name="train")
@@ -97,6 +137,10 @@ def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str,
                 f"client_loss/{row['client']}": row["train_loss"]
                 for row in report.clients
                 if "train_loss" in row
+            } | {
+                f"noniid_loss/{row['client']}": row["noniid_loss"]
+                for row in report.clients
+                if "noniid_loss" in row
             }
             # Log before the checkpoint: a kill in between re-runs (and re-logs) this round
             # identically on resume, so no round's metrics can go missing.
@@ -119,16 +163,18 @@ def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str,
     paths.model.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, paths.model)
     write_csv(paths.rounds, state.history)
-    write_csv(
-        paths.exclusions,
-        state.trail,
-        columns=[
-            "round", "client", "num_samples", "malicious", "excluded", "reason", "score",
-            "threshold", "train_loss", "selected", "message",
-        ],
-    )  # fmt: skip
+    write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
+    write_noniid_report(paths, state, params)
+    plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
+    tracker.log_table(state.trail, "exclusions.json")
     plot_curves(state.history, paths.curves)
-    for path in (paths.rounds, paths.exclusions, paths.curves):
+    for path in (
+        paths.rounds,
+        paths.exclusions,
+        paths.curves,
+        paths.exclusion_heatmap,
+        paths.noniid,
+    ):
         tracker.log_artifact(path, "reports")
     info = {"run_id": tracker.run_id, "params_hash": digest, "rounds": state.round, "tags": tags}
     write_json(paths.run_info, info)

@@ -29,7 +29,8 @@ Choices where the paper is silent:
   noise level). The last layer starts near zero with a bias giving ``g = diffusion_init``.
 - Lift and read-out are linear maps (the paper: "the initial state ... represents the
   input and [X_N] as the output"); the read-out is where the state's spread becomes the
-  output's spread.
+  output's spread. Optionally the lift also sees fixed Fourier features of the input
+  (``fourier_features``, off by default), for coordinate inputs like pixel positions.
 
 Prediction draws K sample paths per input: their mean estimates the function, their
 standard deviation the observation noise (Sec. 5: "a drift network to capture the exact
@@ -49,7 +50,7 @@ from torch.nn import functional as F
 
 from models.sde_solver import euler_maruyama, standard_noise
 
-__all__ = ["SNN", "DiffusionNet", "DriftNet", "Prediction", "SNNConfig", "build_snn"]
+__all__ = ["ACTIVATIONS", "SNN", "DiffusionNet", "DriftNet", "Lift", "Prediction", "SNNConfig", "build_snn"]
 
 
 # hidden activations; tanh is the paper's family (smooth, bounded) but costs ~10x ReLU on
@@ -75,6 +76,7 @@ class SNNConfig:
     n_paths: int = 32  # K sample paths per input, in training and prediction
     diffusion_init: float = 0.3  # initial g everywhere (the starting noise level)
     activation: str = "tanh"  # hidden activation of f and g: one of ACTIVATIONS
+    fourier_features: int = 0  # F > 0: lift sin/cos(2^j π u), j < F, of each input too
 
     def __post_init__(self) -> None:
         for name in ("in_dim", "out_dim", "state_dim", "hidden_dim", "n_blocks", "n_paths"):
@@ -86,6 +88,8 @@ class SNNConfig:
             raise ValueError(
                 f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"
             )
+        if self.fourier_features < 0:
+            raise ValueError(f"fourier_features must be >= 0, got {self.fourier_features}")
         if not self.diffusion_init > 0:
             raise ValueError(f"diffusion_init must be > 0, got {self.diffusion_init}")
 
@@ -96,8 +100,31 @@ class SNNConfig:
 
 def _mlp(state_dim: int, hidden_dim: int, activation: str) -> nn.Sequential:
     return nn.Sequential(
-        nn.Linear(state_dim, hidden_dim), ACTIVATIONS[activation](), nn.Linear(hidden_dim, state_dim)
+        nn.Linear(state_dim, hidden_dim),
+        ACTIVATIONS[activation](),
+        nn.Linear(hidden_dim, state_dim),
     )
+
+
+class Lift(nn.Module):
+    """Input -> initial state ``X_0``: a linear map of the input, optionally with its
+    Fourier features ``sin(2^j π u), cos(2^j π u)``, ``j < F`` (Tancik et al. 2020,
+    https://arxiv.org/abs/2006.10739): coordinate inputs such as pixel positions need
+    them to resolve sharp edges in few steps. The frequencies are fixed, not parameters."""
+
+    def __init__(self, in_dim: int, state_dim: int, fourier_features: int) -> None:
+        super().__init__()
+        self.fourier_features = fourier_features
+        self.linear = nn.Linear(in_dim * (1 + 2 * fourier_features), state_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fourier_features:
+            scales = math.pi * 2.0 ** torch.arange(
+                self.fourier_features, dtype=x.dtype, device=x.device
+            )
+            angles = (x.unsqueeze(-1) * scales).flatten(-2)  # (B, in * F)
+            x = torch.cat([x, torch.sin(angles), torch.cos(angles)], dim=-1)  # (B, in (1 + 2F))
+        return self.linear(x)
 
 
 class _Blockwise(nn.Module):
@@ -181,7 +208,7 @@ class SNN(nn.Module):
             "step": config.step,
             "activation": config.activation,
         }
-        self.lift = nn.Linear(config.in_dim, config.state_dim)
+        self.lift = Lift(config.in_dim, config.state_dim, config.fourier_features)
         self.drift = DriftNet(**blocks)
         self.diffusion = DiffusionNet(init=config.diffusion_init, **blocks)
         self.readout = nn.Linear(config.state_dim, config.out_dim)
@@ -206,7 +233,9 @@ class SNN(nn.Module):
     def g(self, t: Tensor | float, x: Tensor) -> Tensor:
         return self.diffusion(t, x)
 
-    def times(self, *, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
+    def times(
+        self, *, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> Tensor:
         """The grid ``t_n = n h``, ``(N+1,)``, on the model's dtype and device by default."""
         ref = self.readout.weight
         return torch.linspace(
@@ -268,6 +297,7 @@ def build_snn(
     n_paths: int = SNNConfig.n_paths,
     diffusion_init: float = SNNConfig.diffusion_init,
     activation: str = SNNConfig.activation,
+    fourier_features: int = SNNConfig.fourier_features,
 ) -> SNN:
     """Model-registry factory: ``in_channels`` are the input features, ``num_classes`` the
     outputs (1 for regression)."""
@@ -281,5 +311,6 @@ def build_snn(
         n_paths=n_paths,
         diffusion_init=diffusion_init,
         activation=activation,
+        fourier_features=fourier_features,
     )
     return SNN(config)

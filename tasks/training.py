@@ -8,14 +8,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from aggregation import build_aggregator, build_filter
+from federated.attacks import DataAttack, ModelAttack, build_attack, choose_malicious, client_seed
 from federated.client import ClientData, LocalTraining
 from federated.data import MedMNISTData, to_tensors
-from federated.seeding import seeded_init
-from federated.server import Federation, FederationConfig, RoundReport, ServerState
+from federated.seeding import seeded_init, torch_generator
+from federated.server import Federation, FederationConfig, NonIIDCheck, RoundReport, ServerState
 from fedsieve.config import Params
 from models import build_model
 
-__all__ = ["build_federation", "resolve_device", "train_round"]
+__all__ = ["build_federation", "malicious_clients", "resolve_device", "train_round"]
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -28,18 +29,43 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def malicious_clients(params: Params) -> frozenset[int]:
+    """The run's malicious set (empty without an attack): seeded, fixed for the run."""
+    attack = params.attack
+    if attack.name == "none":
+        return frozenset()
+    if attack.ids is not None:
+        return choose_malicious(params.partition.num_clients, ids=attack.ids, seed=params.seed)
+    return choose_malicious(
+        params.partition.num_clients, fraction=attack.fraction, seed=params.seed
+    )
+
+
 @task(name="build-federation", cache_policy=NO_CACHE)
 def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]) -> Federation:
     device = resolve_device(params.train.device)
     images, targets = to_tensors(data.train, data.info, device=device)
-    clients = [
-        ClientData(
-            client_id,
-            images[torch.as_tensor(idx, device=device)],
-            targets[torch.as_tensor(idx, device=device)],
-        )
-        for client_id, idx in enumerate(parts)
-    ]
+    attack = build_attack(params.attack.name, **params.attack.params())
+    malicious = malicious_clients(params)
+    clients = []
+    for client_id, idx in enumerate(parts):
+        index = torch.as_tensor(idx, device=device)
+        client_targets = targets[index]
+        if isinstance(attack, DataAttack) and client_id in malicious:
+            client_targets = attack.poison_labels(
+                client_targets,
+                num_classes=data.info.n_classes,
+                seed=client_seed(params.seed, client_id),
+            )
+        clients.append(ClientData(client_id, images[index], client_targets))
+    update_attack = None
+    if isinstance(attack, ModelAttack):
+
+        def update_attack(
+            round_number: int, updates: torch.Tensor, mask: torch.Tensor, seed: int
+        ) -> torch.Tensor:
+            return attack.apply(updates, mask, torch_generator(seed, updates.device))
+
     model = seeded_init(
         params.seed,
         lambda: build_model(
@@ -47,6 +73,7 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
         ),
     ).to(device)
     train = params.train
+    noniid = params.noniid
     return Federation(
         model=model,
         clients=clients,
@@ -70,6 +97,18 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
             eval_batch_size=params.eval.batch_size,
         ),
         multi_label=data.info.multi_label,
+        malicious=malicious,
+        update_attack=update_attack,
+        noniid=None
+        if data.info.multi_label or (noniid.every == 0 and not noniid.exclude)
+        else NonIIDCheck(
+            every=noniid.every,
+            loss=noniid.loss,
+            threshold=noniid.threshold,
+            exclude=noniid.exclude,
+            z=noniid.z,
+        ),
+        server_batch=to_tensors(data.val, data.info, device=device),  # Zeno's held-out batch
     )
 
 

@@ -29,7 +29,9 @@ Choices where the paper is silent (all per client id, never per row):
   not admission).
 - Rows with a non-finite entry are never kept, not scored (``nan``) and leave the
   centroid, the threshold statistics and their history untouched (the server's own
-  non-finite guard normally drops them earlier, with its own reason).
+  non-finite guard normally drops them earlier, with its own reason). A finite row whose
+  distance overflows (``inf``) is treated the same way, though it did enter the centroid
+  (distances that overflow in float32 are first recomputed in float64).
 - Banned clients (``exclusion="permanent"``) that submit anyway are scored against the
   centroid of the others for the trail, but take no part in the centroid or in
   ``mean/std(u)``; the ``banned`` column marks them.
@@ -191,11 +193,11 @@ class PIDMADE(Filter):
 
         # A non-finite entry anywhere makes the column mean non-finite: one O(d) check on
         # the mean spares the O(n·d) row scan in the common, all-finite case.
-        mean_all = _mean_rows(updates)
+        mean_all: Tensor | None = _mean_rows(updates)
         if bool(torch.isfinite(mean_all).all()):
             finite = torch.ones(n, dtype=torch.bool)
         else:
-            finite = _row_finite(updates).cpu()
+            finite, mean_all = _row_finite(updates).cpu(), None
         banned = torch.tensor([i in banned_set for i in ids], dtype=torch.bool)
         active = finite & ~banned
 
@@ -203,6 +205,11 @@ class PIDMADE(Filter):
         if bool(active.any()):
             center = self._centroid(updates, active, mean_all if bool(active.all()) else None)
             distance = _row_distances(updates, center).to("cpu", f64)
+            if not bool(torch.isfinite(distance[finite]).all()):  # overflow in low precision
+                distance = _row_distances(updates, center, acc_dtype=f64).to("cpu")
+            # a finite row whose distance still overflows is treated as non-finite
+            finite &= torch.isfinite(distance)
+            active = finite & ~banned
             distance[~finite] = math.nan
 
         seen = torch.tensor([i in history for i in ids], dtype=torch.bool)
@@ -287,18 +294,21 @@ def _mean_rows(points: Tensor) -> Tensor:
     return torch.full((n,), 1.0 / n, device=points.device, dtype=points.dtype) @ points
 
 
-def _row_distances(points: Tensor, center: Tensor) -> Tensor:
+def _row_distances(
+    points: Tensor, center: Tensor, *, acc_dtype: torch.dtype | None = None
+) -> Tensor:
     """``‖points[i] − center‖`` for every row, through one reused block buffer (no
-    ``(n, d)`` temporary). A row with ``nan``/``inf`` gets a non-finite distance."""
+    ``(n, d)`` temporary), accumulated in ``acc_dtype`` (default: the points' dtype).
+    A row with ``nan``/``inf`` gets a non-finite distance."""
     n, d = points.shape
     block = min(n, max(1, _BLOCK_ELEMENTS // max(d, 1)))
-    out = torch.empty(n, device=points.device, dtype=points.dtype)
+    out = torch.empty(n, device=points.device, dtype=acc_dtype or points.dtype)
     buffer = torch.empty((block, d), device=points.device, dtype=points.dtype)
     for start in range(0, n, block):
         stop = min(start + block, n)
         diff = buffer[: stop - start]
         torch.sub(points[start:stop], center, out=diff)
-        out[start:stop] = torch.linalg.vector_norm(diff, dim=1)
+        out[start:stop] = torch.linalg.vector_norm(diff, dim=1, dtype=acc_dtype)
     return out
 
 

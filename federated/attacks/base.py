@@ -47,7 +47,9 @@ class DataAttack(Attack):
 
     kind: ClassVar[AttackKind] = "data"
 
-    def poison_labels(self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int):
+    def poison_labels(
+        self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int
+    ) -> Tensor | np.ndarray:
         """Return a poisoned copy of ``labels`` (same type, shape and dtype)."""
         raise NotImplementedError
 

@@ -46,7 +46,9 @@ class LabelFlip(DataAttack):
                 f"label_flip mapping must be one of {', '.join(_MAPPINGS)}, got {self.mapping!r}"
             )
 
-    def poison_labels(self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int):
+    def poison_labels(
+        self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int
+    ) -> Tensor | np.ndarray:
         return flip_labels(
             labels, num_classes=num_classes, rate=self.rate, mapping=self.mapping, seed=seed
         )

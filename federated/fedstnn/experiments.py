@@ -24,8 +24,8 @@ Choices where the extracted text lost the numbers (the paper's words quoted):
   client in each client group will mainly focus on one quadrant" plus "points in total
   from the other three quadrants": 10 clients per group, 200 + 30 points each.
 - Image (Sec. 5.3): the letters F, S, U ("clients in group [1, 2, 3] will main focus on
-  pixel information from letter F, S, U"), rendered with Pillow's default font, white
-  (1) on black (0); the image is split into three equal vertical sections, one letter
+  pixel information from letter F, S, U"), rendered bold with Pillow's default font,
+  white (1) on black (0); the image is split into three equal vertical sections, one letter
   each; 10 clients per group, each with 300 pixels of its section and 30 from the other
   two. The input is the pixel position scaled to ``[-1, 1]^2``, the target its colour.
   "The [top-K] function will map the largest [K] values ... to 1 and the rest to 0", with
@@ -109,7 +109,9 @@ class ExperimentConfig:
     # local training
     epochs: int = 50  # passes over the local data per round (one step each if full batch)
     batch_size: int | None = None  # None: full batch
-    lr: float = 1e-2  # Adam step size in round 0
+    lr: float = 1e-2  # local step size in round 0
+    optimizer: Literal["adam", "sgd"] = "adam"  # local optimiser (fresh each round)
+    momentum: float = 0.9  # SGD only
     lr_decay: float = 0.8  # lr in round r: lr * lr_decay**r
     train_paths: int = 16  # K sample paths per training step
     loss: str = "energy_score"  # scoring rule (federated.fedstnn.losses)
@@ -121,6 +123,7 @@ class ExperimentConfig:
     horizon: float = 1.0  # T
     diffusion_init: float = 0.3  # initial diffusion g
     activation: str = "relu"  # tanh is ~10x slower on CPU for the same fit here
+    fourier_features: int = 0  # Fourier features of the input in the lift (0: linear lift)
     # evaluation and reproducibility
     eval_paths: int = 256  # K paths when evaluating the trained models
     track_rounds: bool = True  # evaluate the global model after every round (history)
@@ -141,6 +144,8 @@ class ExperimentConfig:
             epochs=self.epochs,
             batch_size=self.batch_size,
             lr=self.lr,
+            optimizer=self.optimizer,
+            momentum=self.momentum,
             n_paths=self.train_paths,
             loss=self.loss,
             gradient=self.gradient,
@@ -167,6 +172,7 @@ class ExperimentConfig:
             n_paths=self.train_paths,
             diffusion_init=self.diffusion_init,
             activation=self.activation,
+            fourier_features=self.fourier_features,
         )
 
 
@@ -191,7 +197,9 @@ class Function1DConfig(ExperimentConfig):
         if not self.noise_sigma > 0:
             raise ValueError(f"noise_sigma must be > 0, got {self.noise_sigma}")
         if not 0 <= self.local_client < self.n_clients:
-            raise ValueError(f"local_client must be in [0, {self.n_clients}), got {self.local_client}")
+            raise ValueError(
+                f"local_client must be in [0, {self.n_clients}), got {self.local_client}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,7 +231,8 @@ class ImageConfig(ExperimentConfig):
     text: str = "FSU"  # one letter per section and client group
     height: int = 32  # pixels
     width: int = 96  # pixels (split into len(text) equal sections)
-    font_size: int = 30
+    font_size: int = 28
+    stroke_width: int = 2  # bold letters (~7 px strokes); thin strokes make IoU a contour test
     n_clients: int = 30  # len(text) groups of 10
     fraction: float = 0.3
     main_points: int = 300  # pixels per client from its own letter's section
@@ -237,7 +246,9 @@ class ImageConfig(ExperimentConfig):
         if len(self.text) < 1:
             raise ValueError("text must hold at least one letter")
         if self.width % len(self.text):
-            raise ValueError(f"width {self.width} must be divisible by len(text) = {len(self.text)}")
+            raise ValueError(
+                f"width {self.width} must be divisible by len(text) = {len(self.text)}"
+            )
 
 
 @dataclass
@@ -296,9 +307,12 @@ def make_function_2d_data(
     return inputs, f, f + config.noise_sigma * rng.standard_normal(f.shape[0])
 
 
-def render_letters(text: str, height: int, width: int, font_size: int) -> np.ndarray:
+def render_letters(
+    text: str, height: int, width: int, font_size: int, stroke_width: int = 0
+) -> np.ndarray:
     """A binary image ``(height, width)``: each letter of ``text`` white (1) on black (0),
-    centred in its own equal vertical section (Pillow's built-in font, no download)."""
+    centred in its own equal vertical section (Pillow's built-in font, no download;
+    ``stroke_width`` thickens it to a bold face)."""
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.new("L", (width, height), 0)
@@ -307,14 +321,24 @@ def render_letters(text: str, height: int, width: int, font_size: int) -> np.nda
     cell = width // len(text)
     for i, letter in enumerate(text):
         centre = (i * cell + cell / 2, height / 2)
-        draw.text(centre, letter, fill=255, font=font, anchor="mm")
+        draw.text(
+            centre,
+            letter,
+            fill=255,
+            font=font,
+            anchor="mm",
+            stroke_width=stroke_width,
+            stroke_fill=255,
+        )
     return (np.asarray(image) >= 128).astype(np.float64)
 
 
 def make_image_data(config: ImageConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pixel positions scaled to ``[-1, 1]^2`` ``(n, 2)`` as (column, row), colours
     ``(n,)`` and each pixel's section (letter) ``(n,)``, ``n = height * width``."""
-    image = render_letters(config.text, config.height, config.width, config.font_size)
+    image = render_letters(
+        config.text, config.height, config.width, config.font_size, config.stroke_width
+    )
     rows, cols = np.meshgrid(np.arange(config.height), np.arange(config.width), indexing="ij")
     position = np.stack(
         [2 * cols.ravel() / (config.width - 1) - 1, 2 * rows.ravel() / (config.height - 1) - 1],
@@ -376,7 +400,11 @@ def _clients(
     x = torch.as_tensor(inputs, dtype=torch.float32, device=device).reshape(len(inputs), -1)
     y = torch.as_tensor(targets, dtype=torch.float32, device=device).reshape(-1, 1)
     return [
-        ClientData(x=x[torch.as_tensor(idx, device=device)], y=y[torch.as_tensor(idx, device=device)], group=int(g))
+        ClientData(
+            x=x[torch.as_tensor(idx, device=device)],
+            y=y[torch.as_tensor(idx, device=device)],
+            group=int(g),
+        )
         for idx, g in zip(indices, groups, strict=True)
     ]
 
@@ -503,7 +531,11 @@ def run_function_1d(config: Function1DConfig) -> ExperimentResult:
         on_round=_tracker(x_all, f, config.noise_sigma, config),
     )
     local = train_standalone(
-        initial, clients[config.local_client], federation, seed=config.seed, client=config.local_client
+        initial,
+        clients[config.local_client],
+        federation,
+        seed=config.seed,
+        client=config.local_client,
     )
 
     metrics: dict[str, float] = {}
@@ -514,10 +546,12 @@ def run_function_1d(config: Function1DConfig) -> ExperimentResult:
         predictions[prefix] = (m, s)
         for key, value in regression_metrics(m, s, f, y, config.noise_sigma).items():
             metrics[prefix + key] = value
-    name = "1d_iid" if config.partition == "iid" else f"1d_noniid_{config.main_points + config.other_points}"
-    figures = (
-        _figures_1d(config, x, f, y, indices, groups, predictions) if config.figures else {}
+    name = (
+        "1d_iid"
+        if config.partition == "iid"
+        else f"1d_noniid_{config.main_points + config.other_points}"
     )
+    figures = _figures_1d(config, x, f, y, indices, groups, predictions) if config.figures else {}
     return ExperimentResult(
         name=name,
         metrics=metrics,
@@ -551,7 +585,11 @@ def run_function_2d(config: Function2DConfig) -> ExperimentResult:
         on_round=_tracker(x_all, f, config.noise_sigma, config),
     )
     local = train_standalone(
-        initial, clients[config.local_client], federation, seed=config.seed, client=config.local_client
+        initial,
+        clients[config.local_client],
+        federation,
+        seed=config.seed,
+        client=config.local_client,
     )
 
     metrics: dict[str, float] = {}
@@ -624,7 +662,9 @@ def run_image(config: ImageConfig) -> ExperimentResult:
     best_local = max(metrics[f"{k}_iou"] for k in locals_)
     metrics["iou_margin_over_best_local"] = metrics["global_iou"] - best_local
     figures = (
-        _figures_image(config, colour.reshape(config.height, config.width), images, position, indices)
+        _figures_image(
+            config, colour.reshape(config.height, config.width), images, position, indices
+        )
         if config.figures
         else {}
     )
@@ -745,7 +785,9 @@ def _figures_2d(
     for ax, (title, (idx, coord, label)) in zip(slices.subplots(1, 2), cuts.items(), strict=True):
         t = coord[idx]
         ax.plot(t, f[idx], color="tab:green", lw=1.5, label="true f")
-        ax.fill_between(t, f[idx] - 2 * sigma, f[idx] + 2 * sigma, color="tab:green", alpha=0.2, label="f ± 2σ")
+        ax.fill_between(
+            t, f[idx] - 2 * sigma, f[idx] + 2 * sigma, color="tab:green", alpha=0.2, label="f ± 2σ"
+        )
         ax.scatter(t, y[idx], s=8, color="tab:red", label="observations")
         ax.scatter(t, sample[idx], s=8, color="black", label="global model samples")
         ax.plot(t, mean[idx], color="tab:blue", lw=1, label="global mean")

@@ -67,7 +67,9 @@ class LocalTrainConfig:
 
     epochs: int = 20  # passes over the client's data per round
     batch_size: int | None = None  # None: full batch (clients hold ~100 points)
-    lr: float = 1e-2  # Adam step size
+    lr: float = 1e-2  # step size
+    optimizer: Literal["adam", "sgd"] = "adam"  # a fresh optimiser each round
+    momentum: float = 0.9  # SGD only
     n_paths: int | None = None  # K paths per step; None: the model config's
     loss: str = "energy_score"  # a registered loss (federated.fedstnn.losses)
     gradient: Literal["autograd", "smp"] = "autograd"  # same numbers; autograd is faster
@@ -80,7 +82,13 @@ class LocalTrainConfig:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.n_paths is not None and self.n_paths < 2:
-            raise ValueError(f"n_paths must be >= 2 (a scoring rule needs spread), got {self.n_paths}")
+            raise ValueError(
+                f"n_paths must be >= 2 (a scoring rule needs spread), got {self.n_paths}"
+            )
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.gradient not in ("autograd", "smp"):
             raise ValueError(f"gradient must be 'autograd' or 'smp', got {self.gradient!r}")
         build_loss(self.loss)  # fails here, listing the losses, on an unknown name
@@ -149,7 +157,12 @@ def train_local(
     """Train ``model`` in place on one client's data; returns the mean loss of the last
     epoch and the number of steps."""
     loss_fn = build_loss(config.loss)
-    optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
+    if config.optimizer == "sgd":
+        optimiser: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=config.lr, momentum=config.momentum
+        )
+    else:
+        optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
     n = len(data)
     batch = config.batch_size or n
     model.train()
@@ -246,7 +259,10 @@ def run_federation(
         for c in selected:
             local = copy.deepcopy(model)
             stats = train_local(
-                local, clients[c], local_config, generator=client_generator(seed, r, c, device=device)
+                local,
+                clients[c],
+                local_config,
+                generator=client_generator(seed, r, c, device=device),
             )
             local_models.append(local)
             losses.append(stats["loss"])

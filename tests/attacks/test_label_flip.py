@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from federated.attacks import build_attack, flip_labels
 
@@ -74,3 +78,28 @@ def test_reverse_with_odd_classes_keeps_the_middle_class() -> None:
 def test_bad_labels_are_refused(labels: np.ndarray, classes: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         flip_labels(labels, num_classes=classes, seed=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 300),
+    classes=st.integers(2, 12),
+    rate=st.floats(0.0, 1.0),
+    mapping=st.sampled_from(["reverse", "random"]),
+    seed=st.integers(0, 2**31),
+)
+def test_property_exact_count_and_valid_classes(
+    size: int, classes: int, rate: float, mapping: str, seed: int
+) -> None:
+    labels = np.random.default_rng(seed).integers(0, classes, size=size)
+
+    out = flip_labels(labels, num_classes=classes, rate=rate, mapping=mapping, seed=seed)
+
+    chosen = math.floor(rate * size + 0.5 + 1e-9)
+    changed = int((out != labels).sum())
+    assert out.shape == labels.shape
+    assert ((out >= 0) & (out < classes)).all()
+    if mapping == "random" or classes % 2 == 0:
+        assert changed == chosen  # every chosen label moves
+    else:
+        assert changed <= chosen  # reverse keeps the middle class of an odd C

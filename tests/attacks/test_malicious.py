@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from federated.attacks import (
     build_attack,
@@ -105,3 +107,12 @@ def test_unknown_attack_and_unknown_parameter_list_what_exists() -> None:
 def test_bad_attack_parameters_name_the_parameter(name: str, params: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_attack(name, **params)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 500), fraction=st.floats(0.0, 1.0), seed=st.integers(0, 2**31))
+def test_property_size_is_the_rounded_share(n: int, fraction: float, seed: int) -> None:
+    chosen = choose_malicious(n, fraction=fraction, seed=seed)
+
+    assert abs(len(chosen) - fraction * n) <= 0.5 + 1e-9
+    assert all(0 <= i < n for i in chosen)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from federated.attacks import alie_z, build_attack
+from federated.attacks import alie_z, build_attack, list_attacks
 
 UPDATES = torch.tensor([[1.0, -2.0], [0.0, 4.0], [2.0, 0.0]])
 MASK = torch.tensor([True, False, False])
@@ -133,3 +133,24 @@ def test_mask_must_be_bool_and_match_rows() -> None:
         build_attack("sign_flip").apply(UPDATES, torch.tensor([1, 0, 0]))
     with pytest.raises(ValueError, match="malicious_mask"):
         build_attack("sign_flip").apply(UPDATES, torch.tensor([True, False]))
+
+
+MODEL_ATTACKS = [name for name in list_attacks() if build_attack(name).kind == "model"]
+
+
+@pytest.mark.parametrize("name", MODEL_ATTACKS)
+def test_contract_every_model_attack(name: str) -> None:
+    """Shape and dtype kept, benign rows untouched, input not modified, seeded."""
+    updates = torch.randn(6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    before = updates.clone()
+    mask = torch.tensor([False, True, False, False, True, False])
+    attack = build_attack(name)
+
+    out = attack.apply(updates, mask, torch.Generator().manual_seed(1))
+    again = attack.apply(updates, mask, torch.Generator().manual_seed(1))
+
+    assert out.shape == updates.shape and out.dtype == updates.dtype
+    assert torch.equal(out[~mask], updates[~mask])
+    assert not torch.equal(out[mask], updates[mask])
+    assert torch.equal(updates, before)
+    assert torch.equal(out, again) or name == "nan"  # nan != nan

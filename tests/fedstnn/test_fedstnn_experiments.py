@@ -86,7 +86,13 @@ def test_presets_cover_the_issue():
 
 def test_run_1d_noniid_tiny_with_figures():
     result = run_experiment(
-        "1d_noniid_60", n_points=500, n_clients=10, n_groups=5, main_points=20, other_points=5, **FAST
+        "1d_noniid_60",
+        n_points=500,
+        n_clients=10,
+        n_groups=5,
+        main_points=20,
+        other_points=5,
+        **FAST,
     )
 
     assert result.name == "1d_noniid_60"
@@ -108,7 +114,14 @@ def test_run_2d_tiny():
 
 def test_run_image_tiny():
     result = run_experiment(
-        "image", n_clients=3, main_points=30, other_points=6, height=16, width=48, font_size=14, **FAST
+        "image",
+        n_clients=3,
+        main_points=30,
+        other_points=6,
+        height=16,
+        width=48,
+        font_size=14,
+        **FAST,
     )
 
     assert {"global_iou", "group_0_F_iou", "group_2_U_accuracy"} <= result.metrics.keys()

@@ -33,13 +33,24 @@ def _noisy_constant(sigma: float, n: int = 128) -> ClientData:
 
 @pytest.mark.parametrize(("start", "truth"), [(0.05, 0.5), (1.0, 0.2)])
 def test_trained_sigma_moves_toward_the_truth(start, truth):
-    model = SNN(dataclasses.replace(TINY, diffusion_init=start), generator=torch.Generator().manual_seed(0))
+    model = SNN(
+        dataclasses.replace(TINY, diffusion_init=start), generator=torch.Generator().manual_seed(0)
+    )
     data = _noisy_constant(truth)
     probe = torch.zeros(16, 1)
-    before = float(model.predict(probe, n_paths=256, generator=torch.Generator().manual_seed(1)).std.mean())
+    before = float(
+        model.predict(probe, n_paths=256, generator=torch.Generator().manual_seed(1)).std.mean()
+    )
 
-    train_local(model, data, LocalTrainConfig(epochs=150, lr=2e-2), generator=torch.Generator().manual_seed(2))
-    after = float(model.predict(probe, n_paths=256, generator=torch.Generator().manual_seed(1)).std.mean())
+    train_local(
+        model,
+        data,
+        LocalTrainConfig(epochs=150, lr=2e-2),
+        generator=torch.Generator().manual_seed(2),
+    )
+    after = float(
+        model.predict(probe, n_paths=256, generator=torch.Generator().manual_seed(1)).std.mean()
+    )
 
     assert abs(after - truth) < 0.35 * abs(before - truth)
 
@@ -92,7 +103,9 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
     aggregate_networks(global_model, clients, weights, rules)
 
     for network in NETWORKS:
-        expected = sum(w / 100 * network_vector(c, network) for w, c in zip(weights, clients, strict=True))
+        expected = sum(
+            w / 100 * network_vector(c, network) for w, c in zip(weights, clients, strict=True)
+        )
         torch.testing.assert_close(network_vector(global_model, network), expected)
 
 
@@ -101,7 +114,9 @@ def test_federation_is_reproducible_and_samples_a_fraction():
     config = FederationConfig(rounds=2, fraction=0.3, local=LocalTrainConfig(epochs=2))
 
     runs = [
-        run_federation(SNN(TINY, generator=torch.Generator().manual_seed(0)), clients, config, seed=7)
+        run_federation(
+            SNN(TINY, generator=torch.Generator().manual_seed(0)), clients, config, seed=7
+        )
         for _ in range(2)
     ]
 

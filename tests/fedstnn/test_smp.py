@@ -14,7 +14,9 @@ from models.snn import SNN, SNNConfig
 @pytest.mark.parametrize("loss_name", ["energy_score", "gaussian_nll"])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_smp_equals_autograd_in_float64(loss_name, activation):
-    config = SNNConfig(in_dim=2, out_dim=2, state_dim=4, hidden_dim=6, n_blocks=5, activation=activation)
+    config = SNNConfig(
+        in_dim=2, out_dim=2, state_dim=4, hidden_dim=6, n_blocks=5, activation=activation
+    )
     model = SNN(config, generator=torch.Generator().manual_seed(0)).double()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(7, 2, generator=g, dtype=torch.float64)
@@ -35,7 +37,9 @@ def test_smp_equals_autograd_in_float64(loss_name, activation):
 def test_trainer_option_smp_follows_the_same_trajectory():
     config = SNNConfig(state_dim=4, hidden_dim=8, n_blocks=3, n_paths=4)
     g = torch.Generator().manual_seed(0)
-    data = ClientData(x=torch.rand(20, 1, generator=g).double(), y=torch.rand(20, 1, generator=g).double())
+    data = ClientData(
+        x=torch.rand(20, 1, generator=g).double(), y=torch.rand(20, 1, generator=g).double()
+    )
     models = {}
     for gradient in ("autograd", "smp"):
         model = SNN(config, generator=torch.Generator().manual_seed(1)).double()

@@ -90,7 +90,11 @@ def test_euler_maruyama_hand_computed_step():
 def test_euler_maruyama_rejects_wrong_noise_shape():
     with pytest.raises(ValueError, match="noise must have shape"):
         euler_maruyama(
-            lambda t, x: x, lambda t, x: x, torch.zeros(3), torch.linspace(0, 1, 5), torch.zeros(3, 3)
+            lambda t, x: x,
+            lambda t, x: x,
+            torch.zeros(3),
+            torch.linspace(0, 1, 5),
+            torch.zeros(3, 3),
         )
 
 

@@ -208,6 +208,19 @@ def test_nan_client_is_dropped_and_the_others_are_scored() -> None:
     assert int(decision.keep.sum()) >= 17
 
 
+def test_a_huge_finite_update_is_excluded_without_overflowing_the_others() -> None:
+    gen = torch.Generator().manual_seed(4)
+    ids = list(range(20))
+    mask = malicious_mask(ids, {3})
+    updates = build_attack("scaling", factor=1e36).apply(honest_round(gen), mask)  # float32
+    filt = PIDMADE(threshold="gaussian")
+
+    decision, _ = filt.step(filt.init_state(), updates, ids)
+
+    assert decision.keep.tolist() == (~mask).tolist()
+    assert bool(torch.isfinite(decision.scores).all())
+
+
 def test_chebyshev_excludes_a_gross_outlier_among_fifty() -> None:
     gen = torch.Generator().manual_seed(2)
     ids = list(range(50))

@@ -1,0 +1,78 @@
+"""Coordinate-wise trimmed mean.
+
+Yin, Chen, Kannan, Bartlett 2018, "Byzantine-Robust Distributed Learning: Towards
+Optimal Statistical Rates" (https://arxiv.org/abs/1803.01498), Definition 2. For each
+parameter, sort the n clients' values, drop the ``f`` smallest and the ``f`` largest, and
+average the remaining ``n - 2f``. Give either ``f`` (values dropped per side) or ``beta``
+(the fraction dropped per side, ``f = floor(beta * n)``, as in the paper and in
+``scipy.stats.trim_mean``), not both. Client weights are ignored (unweighted rule).
+
+Parameters: ``f: int | None`` (>= 0), ``beta: float | None`` (0 <= beta < 0.5); exactly
+one is required. Needs ``n > 2f`` clients, checked at call time.
+
+Shapes: ``(n, d), (n,) | None -> (d,)``.
+
+Example (f = 1): updates ``[[1, 0], [2, 10], [3, 20], [100, 30], [-50, 40]]`` ->
+``[2, 20]`` (column 0 sorted is -50, 1, 2, 3, 100: mean of 1, 2, 3; column 1: mean of
+10, 20, 30).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aggregation.base import AggregationRule
+from aggregation.ops import block_columns, column_blocks, compute_dtype, sort_columns
+from aggregation.registry import register_aggregator
+
+__all__ = ["TrimmedMean"]
+
+
+@register_aggregator("trimmed_mean")
+@dataclass(frozen=True, kw_only=True)
+class TrimmedMean(AggregationRule):
+    """Mean of the middle ``n - 2f`` values per coordinate."""
+
+    f: int | None = None  # values dropped at each end
+    beta: float | None = None  # or: fraction dropped at each end, f = floor(beta * n)
+
+    def __post_init__(self) -> None:
+        if (self.f is None) == (self.beta is None):
+            raise ValueError(
+                "trimmed_mean needs exactly one of f (values dropped per side) "
+                f"or beta (fraction dropped per side); got f={self.f}, beta={self.beta}"
+            )
+        if self.f is not None and (
+            not isinstance(self.f, int) or isinstance(self.f, bool) or self.f < 0
+        ):
+            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
+        if self.beta is not None and not 0.0 <= self.beta < 0.5:
+            raise ValueError(f"beta must lie in [0, 0.5), got {self.beta!r}")
+
+    def trimmed(self, n: int) -> int:
+        """Values dropped at each end for ``n`` clients."""
+        if self.f is not None:
+            return self.f
+        assert self.beta is not None
+        return math.floor(self.beta * n)
+
+    def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        n, d = updates.shape
+        f = self.trimmed(n)
+        if n <= 2 * f:
+            raise ValueError(
+                f"trimmed_mean with f={f} drops {2 * f} values per coordinate but only "
+                f"{n} clients sent updates: it needs n_clients > 2f (lower f)"
+            )
+        dtype = compute_dtype(updates.dtype)
+        out = torch.empty(d, dtype=updates.dtype, device=updates.device)
+        block = block_columns(updates, 4 * n * dtype.itemsize)
+        for columns in column_blocks(d, block):
+            ordered = sort_columns(updates[:, columns].to(dtype))
+            out[columns] = ordered[f : n - f].mean(dim=0).to(updates.dtype)
+        return out, {}

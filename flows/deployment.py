@@ -1,0 +1,35 @@
+"""The pipeline as a deployable flow: plain-JSON parameters, params read on the worker.
+
+``prefect.yaml`` deploys this flow to the ``fedsieve`` process work pool, so that
+``prefect worker start --pool fedsieve`` on any machine runs it in that machine's
+checkout: the params file is read and validated there, at run time (exactly as
+``fedsieve run --params FILE --set KEY=VALUE ...`` would), then :func:`pipeline_flow`
+runs as a subflow. Relative ``params_path`` is taken inside ``workdir``; a relative
+``workdir`` inside the flow run's working directory (the pull step's checkout).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from fedsieve.config import load_params
+from flows.pipeline import pipeline_flow
+
+__all__ = ["pipeline_from_file"]
+
+
+@flow(name="pipeline-from-file")
+def pipeline_from_file(
+    params_path: str = "params.yaml",
+    overrides: list[str] | None = None,
+    workdir: str = ".",
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Load ``params_path`` with ``overrides`` (``["train.rounds=3", ...]``) and run the
+    whole pipeline in ``workdir``."""
+    root = Path(workdir).resolve()
+    params = load_params(root / params_path, list(overrides or []))
+    return pipeline_flow(params, root, resume=resume)

@@ -1,0 +1,271 @@
+"""One contract suite run over every registered aggregation rule.
+
+Each rule is built with the parameters in ``PARAMS`` (for n = 11 clients, f = 2) and
+called the way the server calls it (Zeno gets a synthetic quadratic-loss oracle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from torch import Tensor
+
+from aggregation import build_aggregator, drop_non_finite, list_aggregators
+from federated.registry import RegistryError
+
+N, D, F = 11, 16, 2
+PARAMS: dict[str, dict[str, Any]] = {
+    "fedavg": {},
+    "median": {},
+    "trimmed_mean": {"f": F},
+    "krum": {"f": F},
+    "multi_krum": {"f": F},
+    "bulyan": {"f": F},
+    "geometric_median": {"tol": 1e-12, "max_iter": 500},
+    "centered_clipping": {"tau": 10.0},
+    "ema": {},
+    "fedlag": {},
+    "zeno": {"b": F},
+}
+RULES = list_aggregators()
+NOT_ROBUST = {"fedavg"}
+# Rules with rule(X + c) = rule(X) + c (centered clipping starts from a zero center, Zeno's
+# oracle is not translated).
+TRANSLATION_EQUIVARIANT = {
+    "fedavg",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multi_krum",
+    "bulyan",
+    "geometric_median",
+    "ema",
+    "fedlag",
+}
+# Rules whose output is a per-coordinate convex combination of the clients' values.
+INSIDE_HULL = set(RULES) - {"centered_clipping"}
+Aggregate = Callable[..., Tensor]
+
+
+def build(name: str) -> Any:
+    return build_aggregator(name, **PARAMS.get(name, {}))
+
+
+def sample(dtype: torch.dtype = torch.float64, seed: int = 0) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    updates = torch.randn(N, D, generator=gen, dtype=torch.float64).to(dtype)
+    weights = torch.randint(1, 50, (N,), generator=gen).to(dtype)
+    return updates, weights
+
+
+def test_every_registered_rule_is_covered() -> None:
+    assert set(RULES) <= set(PARAMS), f"add contract parameters for {set(RULES) - set(PARAMS)}"
+
+
+@pytest.mark.parametrize("name", RULES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_shape_dtype_and_device_are_kept(
+    name: str, dtype: torch.dtype, aggregate: Aggregate
+) -> None:
+    updates, weights = sample(dtype)
+
+    out = aggregate(build(name), updates, weights)
+
+    assert out.shape == (D,)
+    assert out.dtype == dtype
+    assert out.device == updates.device
+    assert bool(torch.isfinite(out).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", RULES)
+def test_cuda_matches_cpu(name: str, aggregate: Aggregate) -> None:
+    updates, weights = sample(torch.float32)
+
+    on_gpu = aggregate(build(name), updates.cuda(), weights.cuda())
+
+    assert on_gpu.device.type == "cuda"
+    torch.testing.assert_close(
+        on_gpu.cpu(), aggregate(build(name), updates, weights), rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_client_order_does_not_matter(name: str, aggregate: Aggregate) -> None:
+    updates, weights = sample()
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(1))
+
+    out = aggregate(build(name), updates, weights)
+    permuted = aggregate(build(name), updates[perm], weights[perm])
+
+    torch.testing.assert_close(permuted, out, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_identical_rows_return_that_row(name: str, aggregate: Aggregate) -> None:
+    row = torch.randn(D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    updates = row.repeat(N, 1)
+    _, weights = sample()
+
+    out = aggregate(build(name), updates, weights, target=row)
+
+    torch.testing.assert_close(out, row, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(TRANSLATION_EQUIVARIANT & set(RULES)))
+def test_translation_equivariance(name: str, aggregate: Aggregate) -> None:
+    updates, weights = sample()
+    shift = 3.0 * torch.randn(D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    out = aggregate(build(name), updates, weights)
+    shifted = aggregate(build(name), updates + shift, weights)
+
+    torch.testing.assert_close(shifted, out + shift, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(set(RULES) - NOT_ROBUST))
+@pytest.mark.parametrize(("dtype", "magnitude"), [(torch.float64, 1e6), (torch.float32, 1e30)])
+def test_robust_rules_stay_bounded_under_huge_updates(
+    name: str, dtype: torch.dtype, magnitude: float, aggregate: Aggregate
+) -> None:
+    updates, weights = sample(dtype)
+    honest_scale = float(updates.abs().max())
+    gen = torch.Generator().manual_seed(4)
+    updates[:F] = magnitude * torch.sign(torch.randn(F, D, generator=gen)).to(dtype)
+
+    out = aggregate(build(name), updates, weights)
+
+    assert bool(torch.isfinite(out).all())
+    assert float(out.abs().max()) <= 10.0 * honest_scale
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_float32_agrees_with_float64(name: str, aggregate: Aggregate) -> None:
+    updates, weights = sample(torch.float64)
+    updates = updates.float().double()  # the same values in both precisions
+
+    out64 = aggregate(build(name), updates, weights)
+    out32 = aggregate(build(name), updates.float(), weights.float())
+
+    torch.testing.assert_close(out32.double(), out64, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_non_finite_rows_are_dropped_before_the_rule(name: str, aggregate: Aggregate) -> None:
+    updates, weights = sample()
+    clean = aggregate(build(name), updates, weights)
+    broken = torch.ones(2, D, dtype=updates.dtype)
+    broken[0, 3] = float("nan")
+    broken[1, 5] = -float("inf")
+    poisoned = torch.cat([broken, updates])
+
+    kept, kept_weights, keep = drop_non_finite(poisoned, torch.cat([weights[:2], weights]))
+    out = aggregate(build(name), kept, kept_weights)
+
+    assert keep.tolist() == [False, False] + [True] * N
+    torch.testing.assert_close(out, clean, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=arrays(
+        dtype="float64",
+        shape=(N, 3),
+        elements=st.floats(-1e3, 1e3, allow_nan=False, allow_subnormal=False).map(
+            lambda v: round(v, 1)
+        ),
+    )
+)
+def test_output_inside_each_coordinates_range(values: Any) -> None:
+    updates = torch.from_numpy(values)
+    low, high = updates.min(dim=0).values, updates.max(dim=0).values
+    slack = 1e-9 * (1.0 + updates.abs().max())
+    for name in sorted(INSIDE_HULL):
+        rule = build(name)
+        if rule.requires_oracle:
+            out = rule.step({}, updates, oracle=lambda c: c.square().sum(dim=1))[0]
+        else:
+            out = rule(updates)
+        assert bool((out >= low - slack).all() and (out <= high + slack).all()), name
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=arrays(
+        dtype="float64",
+        shape=(N, 4),
+        elements=st.integers(-5, 5).map(float),  # many ties on purpose
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_coordinatewise_rules_ignore_order_even_with_ties(values: Any, seed: int) -> None:
+    updates = torch.from_numpy(values)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    for name in ("median", "trimmed_mean", "ema", "fedlag"):
+        rule = build(name)
+        torch.testing.assert_close(rule(updates[perm]), rule(updates), rtol=1e-12, atol=1e-12)
+
+
+def test_unknown_name_lists_the_rules() -> None:
+    with pytest.raises(RegistryError, match=r"available: .*krum.*median"):
+        build_aggregator("krumm")
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_unknown_parameter_lists_the_accepted_ones(name: str) -> None:
+    with pytest.raises(RegistryError, match="has no parameter bogus; accepted: "):
+        build_aggregator(name, bogus=1, **PARAMS.get(name, {}))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "parameter"),
+    [
+        ("krum", {"f": -1}, "f"),
+        ("multi_krum", {"f": 1, "m": 0}, "m"),
+        ("bulyan", {"f": -2}, "f"),
+        ("trimmed_mean", {"f": 1, "beta": 0.1}, "beta"),
+        ("trimmed_mean", {"beta": 0.5}, "beta"),
+        ("geometric_median", {"nu": 0.0}, "nu"),
+        ("geometric_median", {"max_iter": 0}, "max_iter"),
+        ("centered_clipping", {"tau": -1.0}, "tau"),
+        ("centered_clipping", {"n_iter": 0}, "n_iter"),
+        ("ema", {"k": -0.5}, "k"),
+        ("fedlag", {"eps": 0.0}, "eps"),
+        ("fedlag", {"max_candidates": 0}, "max_candidates"),
+        ("zeno", {"b": -1}, "b"),
+        ("zeno", {"b": 1, "rho": -1.0}, "rho"),
+        ("krum", {}, "f"),  # required
+    ],
+)
+def test_invalid_hyperparameters_fail_when_built(
+    name: str, params: dict[str, Any], parameter: str
+) -> None:
+    with pytest.raises(RegistryError, match=rf"\b{parameter}\b"):
+        build_aggregator(name, **params)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "n", "parameter"),
+    [
+        ("krum", {"f": 2}, 6, "f=2"),
+        ("multi_krum", {"f": 2}, 6, "f=2"),
+        ("multi_krum", {"f": 1, "m": 9}, 8, "m=9"),
+        ("bulyan", {"f": 2}, 10, "f=2"),
+        ("trimmed_mean", {"f": 3}, 6, "f=3"),
+        ("zeno", {"b": 4}, 4, "b=4"),
+    ],
+)
+def test_data_conditions_are_checked_at_call_time(
+    name: str, params: dict[str, Any], n: int, parameter: str, aggregate: Aggregate
+) -> None:
+    rule = build_aggregator(name, **params)
+    updates = torch.randn(n, D, dtype=torch.float64)
+
+    with pytest.raises(ValueError, match=parameter):
+        aggregate(rule, updates)
