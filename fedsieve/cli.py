@@ -118,6 +118,18 @@ def _evaluate(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace, workdir: Path) -> int:
+    params = params_from(args)
+    from flows.compare import compare_flow, grid_cells
+
+    for cell in grid_cells(params, workdir):  # every cell valid before the first one runs
+        preflight(cell.params, workdir)
+        for warning in params_warnings(cell.params):
+            print(f"fedsieve: warning: {cell.name}: {warning}", file=sys.stderr)
+    compare_flow(params, workdir)
+    return 0
+
+
 def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters
     from federated.data import list_datasets
@@ -141,6 +153,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
     "pretest": ("normality pre-test of the clients' updates", add_params_arguments, _pretest),
     "train": ("run the federated training rounds", _add_resume, _train),
     "evaluate": ("evaluate the final model, log and register it", add_params_arguments, _evaluate),
+    "compare": (
+        "run the comparison grid (methods x attacks x fractions x seeds) as child runs",
+        add_params_arguments,
+        _compare,
+    ),
     "list": ("list datasets, models, partition schemes, rules and filters", lambda p: None, _list),
     "serve": (
         "serve the pipeline as a Prefect deployment on a cron schedule",

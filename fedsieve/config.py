@@ -19,7 +19,14 @@ from aggregation.registry import AGGREGATORS, FILTERS
 from federated.attacks import ATTACKS
 from federated.registry import Registry, RegistryError
 
-__all__ = ["ConfigError", "Params", "load_params", "params_hash", "params_warnings"]
+__all__ = [
+    "ConfigError",
+    "Params",
+    "load_params",
+    "params_hash",
+    "params_warnings",
+    "validate_params",
+]
 
 
 class ConfigError(ValueError):
@@ -167,6 +174,31 @@ class NonIIDParams(_Section):
     z: float = Field(2.0, gt=0)
 
 
+class MethodParams(_Section):
+    """One compared method: an aggregation rule and the filters in front of it."""
+
+    aggregate: AggregateParams = AggregateParams()
+    filters: list[FilterParams] = []
+
+
+class CompareParams(_Section):
+    """The comparison grid: methods x attacks x malicious fractions x seeds, each cell a
+    child run of one MLflow parent run (``fedsieve compare``)."""
+
+    methods: dict[str, MethodParams] = {"fedavg": MethodParams()}
+    attacks: list[AttackParams] = [AttackParams(name="label_flip")]
+    fractions: list[float] = [0.2]
+    seeds: list[int] = [0]
+    max_parallel: int = Field(1, ge=1)  # child runs trained at the same time
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if not value or any(not 0 <= f < 1 for f in value):
+            raise ValueError("fractions must be a non-empty list of shares in [0, 1)")
+        return value
+
+
 class EvalParams(_Section):
     batch_size: int = Field(512, ge=1)
     target_acc: float = Field(0.8, ge=0, le=1)
@@ -190,6 +222,7 @@ class Params(_Section):
     noniid: NonIIDParams = NonIIDParams()
     eval: EvalParams = EvalParams()
     tracking: TrackingParams = TrackingParams()
+    compare: CompareParams = CompareParams()
 
 
 HONEST_MAJORITY_RULES = {
@@ -276,13 +309,18 @@ def load_params(path: Path | str = "params.yaml", overrides: list[str] | None = 
         if not sep or not key:
             raise ConfigError(f"--set {override!r}: expected key=value, e.g. train.rounds=3")
         _set_dotted(raw, key.strip(), yaml.safe_load(text))
+    return validate_params(raw, str(path))
+
+
+def validate_params(raw: dict[str, Any], source: str) -> Params:
+    """Validate a params tree; a bad value is a one-line :class:`ConfigError`."""
     try:
         return Params.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(_format_error(error, str(path))) from None
+        raise ConfigError(_format_error(error, source)) from None
 
 
 def params_hash(params: Params) -> str:
     """A short stable hash of everything that changes results (tracking settings excluded)."""
-    payload = params.model_dump(mode="json", exclude={"tracking"})
+    payload = params.model_dump(mode="json", exclude={"tracking", "compare"})
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

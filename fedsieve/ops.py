@@ -458,14 +458,22 @@ def serve(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
     preflight(params, workdir)
     url = _prefect_api()
-    from flows.pipeline import pipeline_flow
+    import flows.pipeline
 
+    # Served from source, so each run starts as `python -m prefect.engine` importing the
+    # flow's module afresh (like a worker). An in-memory flow is instead shipped to its run
+    # process by cloudpickle, by value, which loses the module globals that the flows'
+    # postponed annotations (`params: Params`) need: the run fails parameter validation.
+    checkout = Path(flows.pipeline.__file__).resolve().parents[1]
+    served = flows.pipeline.pipeline_flow.from_source(
+        source=str(checkout), entrypoint="flows/pipeline.py:pipeline_flow"
+    )
     print(
         f"serving deployment pipeline/{args.name} on cron {args.cron!r} (UTC) against {url}; "
         "Ctrl-C stops serving and pauses the schedule",
         flush=True,
     )
-    pipeline_flow.serve(
+    served.serve(
         name=args.name,
         cron=args.cron,
         parameters={"params": params.model_dump(mode="json"), "workdir": str(workdir.resolve())},

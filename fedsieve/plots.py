@@ -12,7 +12,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["plot_curves", "plot_exclusion_heatmap", "plot_partition"]
+__all__ = [
+    "plot_compare_curves",
+    "plot_compare_heatmap",
+    "plot_curves",
+    "plot_exclusion_heatmap",
+    "plot_partition",
+]
 
 
 def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path) -> Path:
@@ -84,6 +90,45 @@ def plot_exclusion_heatmap(trail: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.set_xlabel("round")
     ax.set_ylabel("client (red: malicious)")
     ax.set_title("Exclusion trail")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_compare_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
+    """Test accuracy per round for each method, one panel per scenario (attack @ fraction)."""
+    scenarios = list(curves)
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.8), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        for method, accuracy in curves[scenario].items():
+            ax.plot(range(1, len(accuracy) + 1), accuracy, label=method)
+        ax.set_title(scenario)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (mean over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_compare_heatmap(
+    table: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path
+) -> Path:
+    """Final test accuracy, scenario (rows) x method (columns), values written in."""
+    fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2.5, 0.6 * len(rows) + 1.8))
+    image = ax.imshow(table, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), rows)
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            ax.text(j, i, f"{table[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(image, ax=ax, label="final test accuracy")
+    ax.set_title("Final accuracy: scenario x method")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

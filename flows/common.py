@@ -29,6 +29,14 @@ def run_tags(params: Params, workdir: Path) -> dict[str, str]:
         "aggregator": params.aggregate.name,
         "filters": ",".join(f.name for f in params.filters) or "none",
         "partition": params.partition.scheme,
+        "attack": params.attack.name,
+        "malicious_fraction": "0"
+        if params.attack.name == "none"
+        else str(
+            params.attack.fraction
+            if params.attack.ids is None
+            else len(params.attack.ids) / params.partition.num_clients
+        ),
         "seed": str(params.seed),
         "params_hash": params_hash(params),
         "git_commit": git_commit(workdir),

@@ -109,7 +109,8 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
             tracker.log_artifact(path, "pretest")
     example = images[:1].cpu().numpy()
     registered = f"fedsieve-{params.data.dataset}" if params.tracking.register_model else None
-    tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)
+    if registered is not None:  # (comparison cells skip the model: the parent compares metrics)
+        tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)
     tracker.end()
     if tracker.failed:
         logger.warning(

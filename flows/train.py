@@ -90,7 +90,9 @@ def write_noniid_report(paths: ProjectPaths, state: ServerState, params: Params)
 
 
 @flow(name="train")
-def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str, Any]:
+def train_flow(
+    params: Params, workdir: Path, resume: bool = False, parent_run_id: str | None = None
+) -> dict[str, Any]:
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
     digest = params_hash(params)
@@ -114,6 +116,8 @@ def train_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str,
 
     tracker = Tracker(params.tracking.experiment)
     tags = run_tags(params, workdir)
+    if parent_run_id is not None:
+        tags["mlflow.parentRunId"] = parent_run_id
     new_run = run_id is None
     tracker.start(
         run_id=run_id, run_name=f"{params.data.dataset}-{params.aggregate.name}", tags=tags

@@ -133,5 +133,5 @@ def test_an_unreachable_download_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(data_module.urllib.request, "urlopen", refuse)
-    with pytest.raises(DataError, match="download failed.*750601b1f35ba3300ea97c75c52ff8f6"):
+    with pytest.raises(DataError, match=r"download failed.*750601b1f35ba3300ea97c75c52ff8f6"):
         ensure_medmnist("breastmnist", tmp_path, download=True, progress=False)

@@ -42,7 +42,7 @@ def test_group_norm_variant_has_no_running_statistics():
 
 
 def test_unknown_model_or_parameter_lists_what_exists():
-    with pytest.raises(RegistryError, match="available: .*resnet18.*small_cnn"):
+    with pytest.raises(RegistryError, match=r"available: .*resnet18.*small_cnn"):
         build_model("vgg16", in_channels=1, num_classes=2)
     with pytest.raises(RegistryError, match="accepted: in_channels, num_classes, width, hidden"):
         build_model("small_cnn", in_channels=1, num_classes=2, depth=3)

@@ -1,0 +1,169 @@
+"""Comparison flow: a grid of methods x attacks x malicious fractions x seeds, each cell a
+full pipeline run (its own directory under artifacts/compare/) tracked as a child of one
+MLflow parent run, then one summary table and two plots.
+
+Cells run concurrently up to ``compare.max_parallel`` (Prefect's thread-pool task runner).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from fedsieve.config import Params
+from fedsieve.plots import plot_compare_curves, plot_compare_heatmap
+from fedsieve.reports import write_csv, write_json
+from fedsieve.tracking import Tracker, flatten_params
+from flows.common import run_tags, stage_main
+from flows.evaluate import evaluate_flow
+from flows.partition import partition_flow
+from flows.train import train_flow
+from tasks.data import data_root
+
+__all__ = ["Cell", "compare_flow", "grid_cells"]
+
+SUMMARY_COLUMNS = (
+    "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
+    "rounds_to_target", "total_false_positives", "total_false_negatives",
+    "detection_precision", "detection_recall",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    attack: str
+    fraction: float
+    seed: int
+    params: Params
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-{self.attack}-f{self.fraction:g}-s{self.seed}"
+
+    @property
+    def scenario(self) -> str:
+        return f"{self.attack} @ {self.fraction:g}"
+
+
+def grid_cells(params: Params, workdir: Path) -> list[Cell]:
+    """Every cell of the grid as validated params (children never register models)."""
+    base = params.model_dump(mode="json")
+    base["data"]["root"] = str(data_root(params.data.root, workdir))  # children live elsewhere
+    base["tracking"]["register_model"] = False
+    cells = []
+    grid = params.compare
+    for attack in grid.attacks:
+        for fraction in grid.fractions if attack.name != "none" else [0.0]:
+            for method, spec in grid.methods.items():
+                for seed in grid.seeds:
+                    child = dict(base)
+                    child.update(
+                        seed=seed,
+                        aggregate=spec.aggregate.model_dump(mode="json"),
+                        filters=[f.model_dump(mode="json") for f in spec.filters],
+                        attack={**attack.model_dump(mode="json"), "fraction": fraction},
+                    )
+                    cells.append(
+                        Cell(method, attack.name, fraction, seed, Params.model_validate(child))
+                    )
+    return cells
+
+
+@task(name="run-cell", cache_policy=NO_CACHE)
+def run_cell(cell: Cell, root: Path, parent_run_id: str | None) -> dict[str, Any]:
+    workdir = root / cell.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    partition_flow(cell.params, workdir)
+    train_flow(cell.params, workdir, parent_run_id=parent_run_id)
+    metrics = evaluate_flow(cell.params, workdir)
+    with (workdir / "reports" / "rounds.csv").open() as handle:
+        accuracy = [float(row["test_acc"]) for row in csv.DictReader(handle)]
+    return {"metrics": metrics, "accuracy": accuracy}
+
+
+def summarise(cells: list[Cell], results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    rows = []
+    for cell, result in zip(cells, results, strict=True):
+        metrics = result["metrics"]
+        rows.append(
+            {
+                "method": cell.method,
+                "attack": cell.attack,
+                "fraction": cell.fraction,
+                "seed": cell.seed,
+            }
+            | {key: metrics.get(key) for key in SUMMARY_COLUMNS[4:]}
+        )
+    header = "| " + " | ".join(SUMMARY_COLUMNS) + " |"
+    lines = [header, "|" + "---|" * len(SUMMARY_COLUMNS)]
+    for row in rows:
+        cells_text = [
+            f"{value:.4f}" if isinstance(value, float) and key not in ("fraction",) else str(value)
+            for key, value in ((k, row[k]) for k in SUMMARY_COLUMNS)
+        ]
+        lines.append("| " + " | ".join(cells_text) + " |")
+    return rows, "\n".join(lines) + "\n"
+
+
+@flow(name="compare")
+def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
+    logger = get_run_logger()
+    cells = grid_cells(params, workdir)
+    root = workdir / "artifacts" / "compare"
+    reports = workdir / "reports" / "compare"
+    parent = Tracker(params.tracking.experiment)
+    parent.start(
+        run_id=None,
+        run_name=f"compare-{params.data.dataset}",
+        tags=run_tags(params, workdir) | {"kind": "compare", "cells": str(len(cells))},
+    )
+    parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
+    logger.info(
+        "comparison grid: %d runs, up to %d at a time", len(cells), params.compare.max_parallel
+    )
+    with ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner:
+        futures = [
+            runner.submit(run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id})
+            for c in cells
+        ]
+        results = [future.result() for future in futures]
+
+    rows, markdown = summarise(cells, results)
+    write_csv(reports / "summary.csv", rows, columns=SUMMARY_COLUMNS)
+    (reports / "summary.md").write_text(markdown)
+    write_json(reports / "summary.json", {"runs": rows})
+    methods = list(params.compare.methods)
+    scenarios = list(dict.fromkeys(c.scenario for c in cells))
+    curves: dict[str, dict[str, list[float]]] = {s: {} for s in scenarios}
+    heat = np.full((len(scenarios), len(methods)), np.nan)
+    for i, scenario in enumerate(scenarios):
+        for j, method in enumerate(methods):
+            mine = [
+                r
+                for c, r in zip(cells, results, strict=True)
+                if c.scenario == scenario and c.method == method
+            ]
+            curves[scenario][method] = np.mean([r["accuracy"] for r in mine], axis=0).tolist()
+            heat[i, j] = float(np.mean([r["metrics"]["test_acc"] for r in mine]))
+    plot_compare_curves(curves, reports / "accuracy.png")
+    plot_compare_heatmap(heat, scenarios, methods, reports / "heatmap.png")
+    for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
+        parent.log_artifact(reports / name, "compare")
+    parent.log_table(rows, "compare_summary.json")
+    parent.end()
+    logger.info("comparison summary:\n%s", markdown)
+    return rows
+
+
+main = stage_main("compare")
+
+if __name__ == "__main__":
+    main()
