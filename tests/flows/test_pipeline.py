@@ -45,8 +45,27 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         "rounds"
     ] == 2
     assert metrics["rounds_to_target"] == 1
-    for name in ("partition.json", "partition.png", "rounds.csv", "exclusions.csv", "curves.png"):
+    for name in (
+        "partition.json",
+        "partition.png",
+        "rounds.csv",
+        "exclusions.csv",
+        "curves.png",
+        "pretest.png",
+    ):
         assert (project / "reports" / name).exists(), name
+    pretest = json.loads((project / "reports" / "pretest.json").read_text())
+    assert (
+        pretest["n_tests"] > 0
+        and 0 <= pretest["shapiro_rate"] <= 1
+        and 0 <= pretest["anderson_rate"] <= 1
+    )
+    noniid = json.loads((project / "reports" / "noniid.json").read_text())
+    assert (
+        noniid["threshold"] == 0.25
+        and noniid["verdict"] in ("iid", "non_iid")
+        and noniid["cv"] >= 0
+    )
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
@@ -59,6 +78,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert [m.step for m in history] == [1, 2]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "client_loss/2")] == [1, 2]
     assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
+    assert "pretest_shapiro_rate" in run.data.metrics and "noniid_cv" in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")

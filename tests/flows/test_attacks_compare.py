@@ -1,0 +1,89 @@
+"""End to end: attacks, the PID-MADE filter and the exclusion trail in the real flows, and
+the comparison grid as MLflow child runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+from mlflow import MlflowClient
+
+from fedsieve.config import load_params
+from flows.compare import compare_flow
+from flows.evaluate import evaluate_flow
+from flows.partition import partition_flow
+from flows.train import train_flow
+
+pytestmark = pytest.mark.e2e
+
+
+def test_scaled_attackers_are_excluded_on_the_record(project, prefect_server):
+    params = load_params(
+        project / "params.yaml",
+        [
+            "partition.num_clients=6",
+            "train.rounds=2",
+            "train.local_epochs=1",
+            "attack={name: scaling, factor: 50, ids: [1, 4]}",
+            "filters=[{name: pid_made, threshold: k, k: 1.0}]",
+            "noniid.every=1",
+        ],
+    )
+
+    partition_flow(params, project)
+    train_flow(params, project)
+    metrics = evaluate_flow(params, project)
+
+    with (project / "reports" / "exclusions.csv").open() as handle:
+        trail = list(csv.DictReader(handle))
+    assert len(trail) == 12  # every (round, client)
+    for row in trail:
+        assert row["malicious"] == str(row["client"] in ("1", "4"))
+        if row["malicious"] == "True":
+            assert row["excluded"] == "True" and row["reason"] == "pid_made"
+            assert float(row["score"]) > float(row["threshold"])
+        for column in ("distance", "p_term", "i_term", "d_term", "noniid_loss"):
+            assert row[column] != ""
+    assert metrics["total_false_negatives"] == 0 and metrics["detection_recall"] == 1.0
+    assert (project / "reports" / "exclusions.png").stat().st_size > 0
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run_id = json.loads((project / "artifacts/model/run.json").read_text())["run_id"]
+    run = client.get_run(run_id)
+    assert run.data.tags["attack"] == "scaling"
+    assert "exclusions.json" in {a.path for a in client.list_artifacts(run_id)}
+    assert [m.value for m in client.get_metric_history(run_id, "false_negatives")] == [0.0, 0.0]
+
+
+def test_compare_grid_runs_children_under_one_parent(project, prefect_server):
+    params = load_params(
+        project / "params.yaml",
+        [
+            "partition.num_clients=4",
+            "train.rounds=1",
+            "train.local_epochs=1",
+            "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
+            "attacks: [{name: sign_flip}], fractions: [0.25], seeds: [0], max_parallel: 2}",
+        ],
+    )
+
+    rows = compare_flow(params, project)
+
+    assert [(r["method"], r["attack"], r["fraction"]) for r in rows] == [
+        ("fedavg", "sign_flip", 0.25),
+        ("median", "sign_flip", 0.25),
+    ]
+    summary = project / "reports" / "compare"
+    for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
+        assert (summary / name).exists(), name
+    assert "| median | sign_flip |" in (summary / "summary.md").read_text()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("fedsieve").experiment_id
+    [parent] = client.search_runs([experiment], "tags.kind = 'compare'")
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(c.data.tags["aggregator"] for c in children) == ["fedavg", "median"]
+    assert all(c.data.tags["attack"] == "sign_flip" for c in children)
+    assert {"compare/summary.csv", "compare/heatmap.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id, "compare")
+    }
