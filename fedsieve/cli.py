@@ -130,6 +130,24 @@ def _compare(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
+def _add_fedstnn(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="1d_iid | 1d_noniid_110 | 1d_noniid_60 | 2d | image")
+    parser.add_argument(
+        "--params", default="experiments/fedstnn/params.yaml", help="the FedStNN params set"
+    )
+
+
+def _fedstnn(args: argparse.Namespace, workdir: Path) -> int:
+    from flows.fedstnn import fedstnn_flow, load_fedstnn_params
+
+    try:
+        overrides = load_fedstnn_params(Path(args.params), args.experiment)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        raise ConfigError(str(error)) from None
+    fedstnn_flow(args.experiment, overrides, workdir)
+    return 0
+
+
 def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters
     from federated.data import list_datasets
@@ -158,6 +176,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         add_params_arguments,
         _compare,
     ),
+    "fedstnn": ("run a FedStNN experiment (stochastic neural networks)", _add_fedstnn, _fedstnn),
     "list": ("list datasets, models, partition schemes, rules and filters", lambda p: None, _list),
     "serve": (
         "serve the pipeline as a Prefect deployment on a cron schedule",
