@@ -202,6 +202,7 @@ class CompareParams(_Section):
 class EvalParams(_Section):
     batch_size: int = Field(512, ge=1)
     target_acc: float = Field(0.8, ge=0, le=1)
+    target_loss: float | None = Field(None, gt=0)  # rounds-to-target also needs loss <= this
 
 
 class TrackingParams(_Section):

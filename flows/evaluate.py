@@ -25,11 +25,14 @@ from tasks.training import resolve_device
 __all__ = ["evaluate_flow", "rounds_to_target"]
 
 
-def rounds_to_target(rounds: list[dict[str, str]], target_acc: float) -> int:
-    """First round whose test accuracy reaches ``target_acc``; -1 if none did (the
-    PID-MADE paper's Figure 2 measure)."""
+def rounds_to_target(
+    rounds: list[dict[str, str]], target_acc: float, target_loss: float | None = None
+) -> int:
+    """First round whose test accuracy reaches ``target_acc`` (and, when given, whose test
+    loss is at most ``target_loss``); -1 if none did (the PID-MADE paper's Figure 2)."""
     for row in rounds:
-        if float(row["test_acc"]) >= target_acc:
+        loss_ok = target_loss is None or float(row["test_loss"]) <= target_loss
+        if float(row["test_acc"]) >= target_acc and loss_ok:
             return int(float(row["round"]))
     return -1
 
@@ -80,7 +83,7 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     results["rounds"] = run_info["rounds"]
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
-    results["rounds_to_target"] = rounds_to_target(rounds, params.eval.target_acc)
+    results["rounds_to_target"] = rounds_to_target(rounds, params.eval.target_acc, params.eval.target_loss)
     results.update(detection_totals(rounds))
     write_json(paths.metrics, results)
     logger.info(

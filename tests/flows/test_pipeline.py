@@ -196,3 +196,17 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     )
     changes = json.loads(diff.stdout)["reports/metrics.json"]
     assert changes["rounds"] == {"old": 2, "new": 3, "diff": 1}
+
+
+def test_rounds_to_target_needs_accuracy_and_optionally_loss():
+    from flows.evaluate import rounds_to_target
+
+    rounds = [
+        {"round": "1", "test_acc": "0.70", "test_loss": "0.9"},
+        {"round": "2", "test_acc": "0.85", "test_loss": "0.6"},
+        {"round": "3", "test_acc": "0.86", "test_loss": "0.4"},
+    ]
+
+    assert rounds_to_target(rounds, 0.8) == 2
+    assert rounds_to_target(rounds, 0.8, target_loss=0.5) == 3
+    assert rounds_to_target(rounds, 0.9) == -1

@@ -1,0 +1,40 @@
+"""The FedStNN experiment flow end to end on a tiny preset: report, figures, MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from mlflow import MlflowClient
+
+from flows.fedstnn import fedstnn_flow, load_fedstnn_params
+
+pytestmark = pytest.mark.e2e
+
+TINY = "1d_noniid_60: {rounds: 2, epochs: 2, n_clients: 10, n_groups: 5, fraction: 0.5, n_points: 500, main_points: 20, other_points: 4, eval_paths: 8, train_paths: 4}\n"
+
+
+def test_fedstnn_flow_writes_its_report_and_tracks_the_run(project, prefect_server):
+    (project / "fedstnn.yaml").write_text(TINY)
+    overrides = load_fedstnn_params(project / "fedstnn.yaml", "1d_noniid_60")
+
+    metrics = fedstnn_flow("1d_noniid_60", overrides, project)
+
+    report = json.loads((project / "reports" / "fedstnn" / "1d_noniid_60.json").read_text())
+    for key in ("mse", "sigma_pred", "sigma_rel_error", "coverage_2sigma"):
+        assert report[key] == pytest.approx(metrics[key])
+    assert report["config"]["rounds"] == 2 and report["config"]["partition"] == "noniid"
+    assert list((project / "reports" / "fedstnn").glob("1d_noniid_60-*.png"))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve-fedstnn").experiment_id])
+    assert run.data.tags["experiment"] == "1d_noniid_60"
+    assert run.data.metrics["coverage_2sigma"] == pytest.approx(metrics["coverage_2sigma"])
+    assert len(client.get_metric_history(run.info.run_id, "global_mse")) == 2
+
+
+def test_unknown_settings_are_refused_naming_the_key(tmp_path):
+    (tmp_path / "bad.yaml").write_text("2d: {roundz: 3}\n")
+
+    with pytest.raises(ValueError, match=r"2d.roundz is not a setting"):
+        load_fedstnn_params(tmp_path / "bad.yaml", "2d")
