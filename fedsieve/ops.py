@@ -30,6 +30,7 @@ __all__ = [
     "Champion",
     "OpsError",
     "RunRow",
+    "ServiceError",
     "add_promote_arguments",
     "add_runs_arguments",
     "add_serve_arguments",
@@ -478,5 +479,6 @@ def serve(args: argparse.Namespace, workdir: Path) -> int:
         cron=args.cron,
         parameters={"params": params.model_dump(mode="json"), "workdir": str(workdir.resolve())},
         tags=["fedsieve"],
+        limit=1,  # runs share the workdir (reports/, checkpoints): one at a time
     )
     return 0

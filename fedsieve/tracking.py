@@ -8,11 +8,12 @@ produced is lost when tracking is down.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 __all__ = ["DEFAULT_TRACKING_URI", "Tracker", "flatten_params", "tracking_uri"]
 
@@ -47,14 +48,34 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-class Tracker:
-    """A guarded MLflow run: ``start`` creates or resumes it, the rest log into it."""
+@contextlib.contextmanager
+def _quiet_http_retries() -> Iterator[None]:
+    """urllib3 warns on every retry; the tracker states a failure itself, once."""
+    pool = logging.getLogger("urllib3.connectionpool")
+    level = pool.level
+    pool.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        pool.setLevel(level)
 
-    def __init__(self, experiment: str, uri: str | None = None) -> None:
+
+class Tracker:
+    """A guarded MLflow run: ``start`` creates or resumes it, the rest log into it.
+
+    A tracking URI that failed once in this process (or, via ``known_failure``, in an
+    earlier stage of the same pipeline run) is not tried again: the failure was stated
+    when it happened."""
+
+    _failed_uris: ClassVar[dict[str, str]] = {}
+
+    def __init__(
+        self, experiment: str, uri: str | None = None, *, known_failure: str | None = None
+    ) -> None:
         self.uri = uri or tracking_uri()
         self.experiment = experiment
         self.run_id: str | None = None
-        self.failed: str | None = None
+        self.failed: str | None = known_failure or self._failed_uris.get(self.uri)
         self._client: Any = None
 
     @property
@@ -65,11 +86,13 @@ class Tracker:
         if self.failed is not None:
             return None
         try:
-            return action()
+            with _quiet_http_retries():
+                return action()
         except Exception as error:  # tracking must never stop training
             self.failed = (
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             )
+            self._failed_uris[self.uri] = self.failed
             log.warning(
                 "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
                 "checkpoints are still written, and further tracking calls are skipped",

@@ -6,9 +6,11 @@ checkout: the params file is read and validated there, at run time (exactly as
 ``fedsieve run --params FILE --set KEY=VALUE ...`` would), then :func:`pipeline_flow`
 runs as a subflow. Relative ``params_path`` is taken inside ``workdir``; a relative
 ``workdir`` inside the flow run's working directory (the pull step's checkout).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Prefect validates a run's parameters
+against these annotations, and a flow shipped to its run process by value (``serve``)
+keeps only the globals its body uses, so string annotations could not be resolved.
+"""
 
 from pathlib import Path
 from typing import Any

@@ -83,7 +83,9 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     results["rounds"] = run_info["rounds"]
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
-    results["rounds_to_target"] = rounds_to_target(rounds, params.eval.target_acc, params.eval.target_loss)
+    results["rounds_to_target"] = rounds_to_target(
+        rounds, params.eval.target_acc, params.eval.target_loss
+    )
     results.update(detection_totals(rounds))
     write_json(paths.metrics, results)
     logger.info(
@@ -95,7 +97,9 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         results["val_auc"],
     )
 
-    tracker = Tracker(params.tracking.experiment)
+    # Tracking that failed during training was stated then; the model and metrics are in
+    # artifacts/ and reports/, so this stage does not try (and warn) again.
+    tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
     tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
@@ -115,9 +119,9 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     if registered is not None:  # (comparison cells skip the model: the parent compares metrics)
         tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)
     tracker.end()
-    if tracker.failed:
-        logger.warning(
-            "MLflow tracking failed (%s); %s holds the final metrics", tracker.failed, paths.metrics
+    if tracker.failed:  # already stated as a warning when it happened
+        logger.info(
+            "tracking was off (%s); %s holds the final metrics", tracker.failed, paths.metrics
         )
     return results
 

@@ -1,0 +1,245 @@
+"""Prefect as the distributed engine, for real on loopback: a `prefect server start` of the
+test's own, `fedsieve serve --cron` creating scheduled runs, and a process worker pulling
+the prefect.yaml deployment and running the pipeline into a throw-away MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from mlflow import MlflowClient
+
+from fedsieve import ops as fedsieve_ops
+from fedsieve.cli import main
+from fedsieve.config import load_params
+
+TINY = [
+    "partition.num_clients=3",
+    "train.rounds=1",
+    "train.local_epochs=1",
+    "train.device=cpu",
+    "eval.target_acc=0.5",
+]
+
+
+@pytest.fixture(scope="module")
+def prefect_api(ops, processes, tmp_path_factory) -> Iterator[dict[str, str]]:
+    """A `prefect server start` on a free loopback port; yields the clients' environment."""
+    server_home = tmp_path_factory.mktemp("prefect-server-home")
+    port = ops.free_port()
+    server = processes.start(
+        [
+            str(ops.bin / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-ui",
+        ],
+        name="prefect-server",
+        env=ops.base_env(PREFECT_HOME=str(server_home)),
+        cwd=server_home,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        ops.wait_http(f"{url}/health", timeout=180, process=server)
+    except (RuntimeError, TimeoutError):
+        pytest.fail(f"Prefect server did not start:\n{processes.log('prefect-server')[-3000:]}")
+    yield ops.base_env(
+        PREFECT_API_URL=url, PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-client-home"))
+    )
+    processes.stop(server)
+
+
+def api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
+    response = httpx.request(method, f"{env['PREFECT_API_URL']}{path}", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def poll(what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# -- bad input: one line, exit code 2, nothing served ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cron", "nope"], "--cron 'nope': not a cron expression"),
+        (["--cron", "61 * * * *"], "not a cron expression"),
+        (["--cron", "* * * * *", "--set", "train.rounds=0"], "train.rounds = 0"),
+        (["--cron", "* * * * *", "--name", "a/b"], "--name 'a/b'"),
+    ],
+)
+def test_serve_refuses_bad_input_with_one_line(project, capsys, argv, message):
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_serve_needs_a_reachable_prefect_server(ops):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings(restore_defaults={PREFECT_API_URL}),
+        pytest.raises(fedsieve_ops.ServiceError, match="needs a running Prefect server"),
+    ):
+        fedsieve_ops._prefect_api()
+    closed = f"http://127.0.0.1:{ops.free_port()}/api"
+    with (
+        temporary_settings(updates={PREFECT_API_URL: closed}),
+        pytest.raises(fedsieve_ops.ServiceError, match="not reachable"),
+    ):
+        fedsieve_ops._prefect_api()
+
+
+# -- real server, serve and worker ------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
+    project, prefect_api, processes, ops
+):
+    env = {
+        **prefect_api,
+        "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"],
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+    }
+    overrides = [f"--set={o}" for o in TINY]
+    serve = processes.start(
+        [
+            str(ops.bin / "fedsieve"),
+            "serve",
+            "--cron",
+            "* * * * *",
+            "--name",
+            "every-minute",
+            *overrides,
+        ],
+        name="serve",
+        env=env,
+        cwd=project,
+    )
+    try:
+
+        def deployment() -> dict[str, Any] | None:
+            assert serve.poll() is None, processes.log("serve")[-3000:]
+            response = httpx.get(
+                f"{env['PREFECT_API_URL']}/deployments/name/pipeline/every-minute", timeout=30
+            )
+            return response.json() if response.status_code == 200 else None
+
+        served = poll("the served deployment", deployment, timeout=120)
+
+        def scheduled() -> list[dict[str, Any]]:
+            return api(
+                env,
+                "POST",
+                "/flow_runs/filter",
+                {
+                    "deployments": {"id": {"any_": [served["id"]]}},
+                    "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+                    "sort": "EXPECTED_START_TIME_ASC",
+                },
+            )
+
+        runs = poll("a scheduled flow run", scheduled, timeout=120)
+    finally:
+        processes.stop(serve)
+
+    [schedule] = served["schedules"]
+    assert schedule["schedule"]["cron"] == "* * * * *" and schedule["active"]
+    expected = load_params(project / "params.yaml", TINY).model_dump(mode="json")
+    assert served["parameters"] == {"params": expected, "workdir": str(project.resolve())}
+    assert all(run["auto_scheduled"] for run in runs)
+    starts = [run["expected_start_time"] for run in runs]
+    assert all(start.endswith(":00Z") for start in starts), starts  # on the minute
+
+
+@pytest.mark.e2e
+def test_a_process_worker_runs_the_prefect_yaml_deployment_and_tracks_it(
+    project, prefect_api, processes, ops
+):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.process import ProcessWorker
+
+    env = dict(prefect_api)
+    connected = temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]})
+    # = `prefect work-pool create fedsieve --type process` (in-process: no CLI start-up)
+    with connected, get_client(sync_client=True) as client:
+        client.create_work_pool(
+            WorkPoolCreate(
+                name="fedsieve",
+                type="process",
+                base_job_template=ProcessWorker.get_default_base_job_template(),
+            ),
+            overwrite=True,
+        )
+    tracking = f"sqlite:///{project / 'mlflow.db'}"
+    worker = processes.start(  # starts up while the deployment is made
+        [str(ops.bin / "prefect"), "worker", "start", "--pool", "fedsieve", "--limit", "1"],
+        name="worker",
+        env={
+            **env,
+            "FEDSIEVE_HOME": str(ops.repo),
+            "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"],
+            "MLFLOW_TRACKING_URI": tracking,
+            "PREFECT_WORKER_QUERY_SECONDS": "2",
+        },
+        cwd=project,
+    )
+    deploy = subprocess.run(
+        [str(ops.bin / "prefect"), "--no-prompt", "deploy", "--all"],
+        cwd=ops.repo,  # prefect.yaml's directory, as in the README
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    deployment = api(env, "GET", "/deployments/name/pipeline-from-file/fedsieve")
+    assert deployment["work_pool_name"] == "fedsieve"
+    assert deployment["entrypoint"] == "flows/deployment.py:pipeline_from_file"
+    # Resolved on each worker at run time, not baked in at deploy time.
+    assert json.dumps(deployment["pull_steps"]).count("{{ $FEDSIEVE_HOME }}") == 1
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            flow_run = run_deployment(
+                "pipeline-from-file/fedsieve",
+                parameters={"workdir": str(project), "overrides": TINY},
+                timeout=420,
+                poll_interval=2,
+            )
+        assert flow_run.state is not None and flow_run.state.is_completed(), (
+            f"{flow_run.state}\n{processes.log('worker')[-4000:]}"
+        )
+    finally:
+        processes.stop(worker)
+
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    assert metrics["rounds"] == 1
+    client = MlflowClient(tracking)
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist-fedavg"
+    assert run.data.params["partition.num_clients"] == "3"
+    assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
