@@ -29,6 +29,11 @@ setup:
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[dev]"
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
+	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
+	@# only where apt-get runs as root, and the test says so when the browser is missing.
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed: the MLflow UI check will be skipped"
 	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
 
 run:
