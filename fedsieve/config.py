@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,6 +191,18 @@ class CompareParams(_Section):
     fractions: list[float] = [0.2]
     seeds: list[int] = [0]
     max_parallel: int = Field(1, ge=1)  # child runs trained at the same time
+
+    @field_validator("methods")
+    @classmethod
+    def _method_names(cls, value: dict[str, MethodParams]) -> dict[str, MethodParams]:
+        bad = [name for name in value if not re.fullmatch(r"[A-Za-z0-9_.-]+", name)]
+        if bad or not value:
+            raise ValueError(
+                f"method names may hold letters, digits, '_', '.' and '-' only (got {bad[0]!r})"
+                if bad
+                else "name at least one method"
+            )
+        return value
 
     @field_validator("fractions")
     @classmethod

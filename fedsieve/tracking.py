@@ -92,7 +92,8 @@ class Tracker:
             self.failed = (
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             )
-            self._failed_uris[self.uri] = self.failed
+            if self.run_id is None:  # the store itself is unreachable: don't try it again
+                self._failed_uris[self.uri] = self.failed
             log.warning(
                 "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
                 "checkpoints are still written, and further tracking calls are skipped",
