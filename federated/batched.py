@@ -72,9 +72,12 @@ def batched_unsupported_reason(model: nn.Module) -> str | None:
             return f"{where} is a dropout layer (a random mask per call differs per backend)"
         if isinstance(module, _InstanceNorm) and module.track_running_stats:
             return f"{where} is an instance norm with running statistics"
-        if isinstance(module, _BatchNorm) and module.track_running_stats:
-            if module.momentum is None:
-                return f"{where} is a BatchNorm with momentum=None (cumulative average)"
+        if (
+            isinstance(module, _BatchNorm)
+            and module.track_running_stats
+            and module.momentum is None
+        ):
+            return f"{where} is a BatchNorm with momentum=None (cumulative average)"
     seen: dict[int, str] = {}
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) in seen:
@@ -146,11 +149,17 @@ def _workspace(model: nn.Module, global_vector: Tensor) -> _Workspace:
 
 
 def auto_max_parallel(
-    model: nn.Module, sample: Tensor, batch_size: int, *, budget_fraction: float = 0.5
+    model: nn.Module,
+    sample: Tensor,
+    batch_size: int,
+    *,
+    budget_fraction: float = 0.5,
+    budget_bytes: int | None = None,
 ) -> int:
     """How many clients fit in one chunk: ``budget_fraction`` of the free memory of
-    ``sample``'s device over an estimate per client (4 copies of the parameters, and every
-    module output of one batch kept twice for the backward pass)."""
+    ``sample``'s device (at most ``budget_bytes``) over an estimate per client: 4 copies
+    of the parameters (weights, momenta, gradients, a gathered copy) and every module
+    output of one batch kept twice for the backward pass."""
     device = sample.device
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
@@ -159,9 +168,14 @@ def auto_max_parallel(
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
             free = 8 << 30
+    budget = budget_fraction * free
+    if budget_bytes is not None:
+        budget = min(budget, budget_bytes)
     outputs: list[int] = []
     hooks = [
-        m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel()))
+        m.register_forward_hook(
+            lambda _m, _i, out: outputs.append(out.numel() if isinstance(out, Tensor) else 0)
+        )
         for m in model.modules()
         if not list(m.children())
     ]
@@ -175,7 +189,7 @@ def auto_max_parallel(
             hook.remove()
     n_params = sum(p.numel() for p in model.parameters())
     per_client = 4 * (4 * n_params + 2 * sum(outputs) * (batch_size + 1))
-    return max(1, int(budget_fraction * free // per_client))
+    return max(1, int(budget // per_client))
 
 
 @dataclass(frozen=True)

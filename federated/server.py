@@ -14,20 +14,29 @@ Screening order in a round, each dropped client recorded in the trail with its r
 3. filters (e.g. ``pid_made``), in the configured order.
 4. the aggregation rule (selection rules report their implicit choice as ``not_selected``).
 A round with fewer than ``min_clients`` survivors is skipped: the global model is kept.
+
+``backend`` picks how the sampled clients are trained: ``sequential`` (one
+:func:`~federated.client.train_client` call per client), ``batched`` (all in one
+:func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
+``auto`` (batched when :func:`~federated.batched.supports_batched` says the model allows
+it). If the batched call raises, the round falls back to training each client alone, so a
+broken client is still dropped alone as ``client_error``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, drop_non_finite
+from federated.batched import batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.metrics import evaluate, loss_function
 from federated.seeding import ATTACK, SAMPLING, SHUFFLE, derive_seed
@@ -35,6 +44,7 @@ from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verd
 from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = [
+    "Backend",
     "Federation",
     "FederationConfig",
     "NonIIDCheck",
@@ -45,6 +55,8 @@ __all__ = [
 
 # Called with (round, client updates (n, d), malicious mask (n,), seed) -> attacked updates.
 UpdateAttack = Callable[[int, Tensor, Tensor, int], Tensor]
+Backend = Literal["sequential", "batched", "auto"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,9 +147,18 @@ class Federation:
         update_attack: UpdateAttack | None = None,
         noniid: NonIIDCheck | None = None,
         server_batch: tuple[Tensor, Tensor] | None = None,
+        backend: Backend = "sequential",
+        max_parallel: int | None = None,
     ) -> None:
         if not clients:
             raise ValueError("a federation needs at least one client")
+        if backend not in get_args(Backend):
+            raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
+        unsupported = None if backend == "sequential" else batched_unsupported_reason(model)
+        if backend == "batched" and unsupported is not None:
+            raise ValueError(f"backend 'batched' cannot train this model: {unsupported}")
+        if max_parallel is not None and max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1 or None, got {max_parallel}")
         self.model = model
         self.clients = list(clients)
         self.test = test
@@ -151,6 +172,9 @@ class Federation:
         self.noniid = noniid
         self.server_batch = server_batch  # held-out batch for oracle rules such as Zeno
         self.loss_fn = loss_function(multi_label)
+        self.backend = backend
+        self.batched = backend != "sequential" and unsupported is None
+        self.max_parallel = max_parallel  # clients trained at once (None: sized to memory)
 
     @property
     def device(self) -> torch.device:
@@ -224,6 +248,34 @@ class Federation:
 
         return oracle
 
+    def _train_batched(
+        self, state: ServerState, round_number: int, positions: list[int]
+    ) -> dict[int, ClientUpdate] | None:
+        """Updates by client id from one batched call; ``None`` if it raised."""
+        clients = [self.clients[p] for p in positions]
+        try:
+            updates = train_clients_batched(
+                self.model,
+                state.global_vector,
+                clients,
+                self.local,
+                self.loss_fn,
+                seeds=[
+                    derive_seed(self.config.seed, round_number, c.client_id, SHUFFLE)
+                    for c in clients
+                ],
+                max_parallel=self.max_parallel,
+            )
+        except Exception as error:  # retried client by client: a broken one is dropped alone
+            log.warning(
+                "round %d: batched training failed (%s: %s); training clients one by one",
+                round_number,
+                type(error).__name__,
+                error,
+            )
+            return None
+        return {u.client_id: u for u in updates}
+
     def run_round(self, state: ServerState) -> tuple[ServerState, RoundReport]:
         round_number = state.round + 1
         sampled = self.sample_clients(round_number)
@@ -232,6 +284,10 @@ class Federation:
         )
         rows: dict[int, dict[str, Any]] = {}
         updates: list[ClientUpdate] = []
+        batched = None
+        if self.batched:
+            to_train = [p for p in sampled if self.clients[p].client_id not in noniid_excluded]
+            batched = self._train_batched(state, round_number, to_train)
         for position in sampled:
             client = self.clients[position]
             row = {
@@ -250,13 +306,17 @@ class Federation:
                 row.update(excluded=True, reason="noniid_loss")
                 continue
             try:
-                update = train_client(
-                    self.model,
-                    state.global_vector,
-                    client,
-                    self.local,
-                    self.loss_fn,
-                    seed=derive_seed(self.config.seed, round_number, client.client_id, SHUFFLE),
+                update = (
+                    batched[client.client_id]
+                    if batched is not None
+                    else train_client(
+                        self.model,
+                        state.global_vector,
+                        client,
+                        self.local,
+                        self.loss_fn,
+                        seed=derive_seed(self.config.seed, round_number, client.client_id, SHUFFLE),
+                    )
                 )
             except Exception as error:  # a broken client must not stop the federation
                 row.update(

@@ -50,7 +50,16 @@ from torch.nn import functional as F
 
 from models.sde_solver import euler_maruyama, standard_noise
 
-__all__ = ["ACTIVATIONS", "SNN", "DiffusionNet", "DriftNet", "Lift", "Prediction", "SNNConfig", "build_snn"]
+__all__ = [
+    "ACTIVATIONS",
+    "SNN",
+    "DiffusionNet",
+    "DriftNet",
+    "Lift",
+    "Prediction",
+    "SNNConfig",
+    "build_snn",
+]
 
 
 # hidden activations; tanh is the paper's family (smooth, bounded) but costs ~10x ReLU on

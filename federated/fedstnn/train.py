@@ -69,6 +69,7 @@ class LocalTrainConfig:
     batch_size: int | None = None  # None: full batch (clients hold ~100 points)
     lr: float = 1e-2  # step size
     optimizer: Literal["adam", "sgd"] = "adam"  # a fresh optimiser each round
+    diffusion_lr_scale: float = 1.0  # the diffusion network's lr is lr * this
     momentum: float = 0.9  # SGD only
     n_paths: int | None = None  # K paths per step; None: the model config's
     loss: str = "energy_score"  # a registered loss (federated.fedstnn.losses)
@@ -87,6 +88,8 @@ class LocalTrainConfig:
             )
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if not self.diffusion_lr_scale > 0:
+            raise ValueError(f"diffusion_lr_scale must be > 0, got {self.diffusion_lr_scale}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.gradient not in ("autograd", "smp"):
@@ -157,12 +160,16 @@ def train_local(
     """Train ``model`` in place on one client's data; returns the mean loss of the last
     epoch and the number of steps."""
     loss_fn = build_loss(config.loss)
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.startswith("diffusion.")]},
+        {"params": list(model.diffusion.parameters()), "lr": config.lr * config.diffusion_lr_scale},
+    ]
     if config.optimizer == "sgd":
         optimiser: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(), lr=config.lr, momentum=config.momentum
+            groups, lr=config.lr, momentum=config.momentum
         )
     else:
-        optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
+        optimiser = torch.optim.Adam(groups, lr=config.lr)
     n = len(data)
     batch = config.batch_size or n
     model.train()

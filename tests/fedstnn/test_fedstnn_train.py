@@ -129,3 +129,28 @@ def test_federation_is_reproducible_and_samples_a_fraction():
 def test_federation_rejects_unknown_rule():
     with pytest.raises(ValueError, match="fedavg"):
         FederationConfig(diffusion_rule="no_such_rule").rules()
+
+
+def test_diffusion_lr_scale_applies_to_the_diffusion_only():
+    model = SNN(TINY, generator=torch.Generator().manual_seed(0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = LocalTrainConfig(epochs=3, diffusion_lr_scale=1e-12)
+
+    train_local(
+        model, _noisy_constant(0.3, n=16), config, generator=torch.Generator().manual_seed(1)
+    )
+
+    after = model.state_dict()
+    for key in after:
+        if key.startswith("diffusion."):
+            assert float((after[key] - before[key]).abs().max()) < 1e-9, key
+    assert float((after["readout.weight"] - before["readout.weight"]).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("optimizer", "lbfgs"), ("diffusion_lr_scale", 0.0), ("n_paths", 1), ("gradient", "adjoint")],
+)
+def test_local_config_validates_itself(field, value):
+    with pytest.raises(ValueError, match=field):
+        LocalTrainConfig(**{field: value})

@@ -15,7 +15,13 @@ from models.snn import SNN, SNNConfig
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_smp_equals_autograd_in_float64(loss_name, activation):
     config = SNNConfig(
-        in_dim=2, out_dim=2, state_dim=4, hidden_dim=6, n_blocks=5, activation=activation
+        in_dim=2,
+        out_dim=2,
+        state_dim=4,
+        hidden_dim=6,
+        n_blocks=5,
+        activation=activation,
+        fourier_features=2,
     )
     model = SNN(config, generator=torch.Generator().manual_seed(0)).double()
     g = torch.Generator().manual_seed(1)

@@ -28,8 +28,9 @@ def test_shapes():
     assert prediction.mean.shape == prediction.std.shape == (7, 3)
 
 
-def test_state_dict_keys_name_the_four_parts():
-    model = SNN(SNNConfig())
+@pytest.mark.parametrize("fourier_features", [0, 3])
+def test_state_dict_keys_name_the_four_parts(fourier_features):
+    model = SNN(SNNConfig(in_dim=2, fourier_features=fourier_features))
 
     prefixes = {key.split(".")[0] for key in model.state_dict()}
 
@@ -112,3 +113,12 @@ def test_config_validates_itself():
         SNNConfig(n_blocks=0)
     with pytest.raises(ValueError, match="activation"):
         SNNConfig(activation="sine")
+
+
+def test_fourier_lift_features():
+    model = SNN(SNNConfig(in_dim=2, state_dim=3, fourier_features=4))
+
+    out = model(torch.zeros(5, 2), n_paths=2, generator=_gen(0))
+
+    assert model.lift.linear.in_features == 2 * (1 + 2 * 4)
+    assert out.shape == (2, 5, 1)

@@ -1,0 +1,304 @@
+"""Benchmark: fedsieve's engine against Flower's simulation, same workload (not a test).
+
+    python -m benchmarks.flower_race [--setup] [--rounds 10] [--clients 10] [--threads 2]
+
+Workload (issue 8): BreastMNIST (``MEDMNIST_ROOT`` or ../shared/data/medmnist), 10 IID
+clients, the small CNN of models/cnn.py under the same init seed, 1 local epoch of SGD
+(lr 0.01, momentum 0.9, batch 32), FedAvg, the global model evaluated on the test split
+every round, 2 CPU threads. Client shuffles are seeded by (round, client) the same way on
+both sides, so both see the same batches and reach the same accuracy every round (up
+to float rounding of the two FedAvg formulas).
+
+Each contestant runs in its own process, one after the other, timed from process start
+to exit (interpreter, imports, data, every round):
+
+1. fedsieve's engine: ``Federation.run_round`` x rounds, no Prefect, no MLflow, once
+   with each client-training backend;
+2. Flower 1.32 (Message API ServerApp/ClientApp in benchmarks/flower/, built-in FedAvg,
+   ``run_simulation`` on the Ray backend, ``num_cpus=threads`` per client) in its own
+   environment benchmarks/.venv-flower: Flower's pins conflict with Prefect's
+   (../shared/ENVIRONMENT.md). The setup step creates it when missing (``--setup``
+   recreates it): ``flwr[simulation]==1.32.1`` and ``torch==2.13.0`` from the registry;
+3. ``fedsieve run`` (Prefect flows, MLflow tracking, pretest, model registration) in a
+   temporary project with the same settings, with a cold and then a warm PREFECT_HOME.
+
+Prints the wall times, the per-round accuracies side by side and ``flower_over_fedsieve``,
+and writes ``benchmarks/results/flower-race-cpu.json`` (device, versions, date, load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+FLOWER_DIR = REPO / "benchmarks" / "flower"
+FLOWER_VENV = REPO / "benchmarks" / ".venv-flower"
+FLOWER_PINS = ["flwr[simulation]==1.32.1", "torch==2.13.0", "numpy"]
+LR, MOMENTUM, BATCH = 0.01, 0.9, 32
+
+
+def flower_python(force: bool = False) -> Path:
+    """The Flower environment's interpreter, created (or recreated) first if needed."""
+    python = FLOWER_VENV / "bin" / "python"
+    if force and FLOWER_VENV.exists():
+        shutil.rmtree(FLOWER_VENV)
+    if not python.exists() or force:
+        print(f"setting up {FLOWER_VENV} ({' '.join(FLOWER_PINS)}); Ray is large", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(FLOWER_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+             *FLOWER_PINS],
+            check=True,
+        )  # fmt: skip
+    return python
+
+
+def data_file() -> Path:
+    root = Path(os.environ.get("MEDMNIST_ROOT") or REPO.parent / "shared" / "data" / "medmnist")
+    path = root / "breastmnist.npz"
+    if not path.exists():
+        raise SystemExit(f"{path} not found: set MEDMNIST_ROOT to a folder with breastmnist.npz")
+    return path
+
+
+def engine_main(backend: str, out: Path, clients: int, rounds: int, threads: int) -> None:
+    """fedsieve's engine on the race workload; timings and accuracies to ``out``."""
+    started = time.time()
+    import torch
+
+    from aggregation import build_aggregator
+    from federated.client import ClientData, LocalTraining
+    from federated.data import load_medmnist, to_tensors
+    from federated.partition import build_partitioner
+    from federated.seeding import seeded_init
+    from federated.server import Federation, FederationConfig
+    from models import build_model
+
+    sys.path.insert(0, str(FLOWER_DIR))
+    from task import digest  # the same digest as Flower's side
+
+    torch.set_num_threads(threads)
+    imported = time.time()
+    data = load_medmnist("breastmnist", data_file().parent)
+    images, targets = to_tensors(data.train, data.info)
+    parts = build_partitioner("iid")(data.train.targets, clients, seed=0)
+    model = seeded_init(
+        0,
+        lambda: build_model(
+            "small_cnn", in_channels=data.info.n_channels, num_classes=data.info.n_classes
+        ),
+    )
+    federation = Federation(
+        model=model,
+        clients=[ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)],
+        test=to_tensors(data.test, data.info),
+        rule=build_aggregator("fedavg"),
+        local=LocalTraining(epochs=1, lr=LR, momentum=MOMENTUM, weight_decay=0.0, batch_size=BATCH),
+        config=FederationConfig(rounds=rounds, seed=0),
+        backend=backend,  # type: ignore[arg-type]
+    )
+    init = digest(list(model.state_dict().values()))
+    state = federation.initial_state()
+    ready = time.time()
+    history = []
+    for _ in range(rounds):
+        state, report = federation.run_round(state)
+        history.append(
+            {"round": report.round, "acc": report.metrics["test_acc"],
+             "loss": report.metrics["test_loss"], "time": time.time()}
+        )  # fmt: skip
+    result = {
+        "started": started,
+        "imported": imported,
+        "ready": ready,
+        "finished": time.time(),
+        "init_digest": init,
+        "partition_digest": digest([p.astype("int64") for p in parts]),
+        "rounds": history,
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def timed(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
+    """(wall seconds, completed process) of a subprocess; raises with its output tail."""
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{tail}")
+    return wall, done
+
+
+def round_seconds(rounds: list[dict[str, float]], start: float) -> list[float]:
+    times = [start] + [r["time"] for r in rounds]
+    return [round(b - a, 3) for a, b in itertools.pairwise(times)]
+
+
+def fedsieve_run(clients: int, rounds: int, prefect_home: Path) -> dict[str, Any]:
+    """``fedsieve run`` end to end in a fresh temporary project."""
+    with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
+        project = Path(tmp)
+        shutil.copy(REPO / "params.yaml", project / "params.yaml")
+        env = {**os.environ, "MEDMNIST_ROOT": str(data_file().parent),
+               "PREFECT_HOME": str(prefect_home), "OMP_NUM_THREADS": "2"}  # fmt: skip
+        env.pop("MLFLOW_TRACKING_URI", None)  # the project's own sqlite store
+        overrides = [
+            f"partition.num_clients={clients}", f"train.rounds={rounds}", "train.local_epochs=1",
+            f"train.lr={LR}", f"train.batch_size={BATCH}", f"train.momentum={MOMENTUM}",
+            "train.weight_decay=0.0",
+        ]  # fmt: skip
+        command = [str(Path(sys.executable).parent / "fedsieve"), "run"]
+        for item in overrides:
+            command += ["--set", item]
+        wall, _ = timed(command, env=env, cwd=project)
+        with (project / "reports" / "rounds.csv").open() as handle:
+            accs = [float(row["test_acc"]) for row in csv.DictReader(handle)]
+    return {"wall_s": round(wall, 2), "overrides": overrides, "acc": accs}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setup", action="store_true", help="recreate the Flower environment")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-run", action="store_true", help="leave out `fedsieve run`")
+    parser.add_argument("--engine", choices=["sequential", "batched"], help=argparse.SUPPRESS)
+    parser.add_argument("--engine-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/flower-race-cpu.json"))
+    args = parser.parse_args(argv)
+    if args.engine:
+        engine_main(args.engine, args.engine_out, args.clients, args.rounds, args.threads)
+        return {}
+
+    python = flower_python(force=args.setup)
+    versions = subprocess.run(
+        [str(python), "-c", "import flwr, ray, torch, numpy; "
+         "print(flwr.__version__, ray.__version__, torch.__version__, numpy.__version__)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    import numpy as np
+    import torch
+
+    common = ["--clients", str(args.clients), "--rounds", str(args.rounds),
+              "--threads", str(args.threads)]  # fmt: skip
+    load: dict[str, list[float]] = {"start": [round(x, 2) for x in os.getloadavg()]}
+    report: dict[str, Any] = {
+        "benchmark": "flower_race",
+        "command": " ".join(["python -m benchmarks.flower_race", *(argv or sys.argv[1:])]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": {"kind": "cpu", "nproc": len(os.sched_getaffinity(0)),
+                   "threads": args.threads, "platform": platform.platform()},
+        "versions": {
+            "fedsieve_env": {"python": platform.python_version(), "torch": torch.__version__,
+                             "numpy": np.__version__},
+            "flower_env": dict(zip(["flwr", "ray", "torch", "numpy"], versions, strict=True)),
+        },
+        "workload": {"dataset": "breastmnist", "clients": args.clients, "rounds": args.rounds,
+                     "local_epochs": 1, "lr": LR, "momentum": MOMENTUM, "batch_size": BATCH,
+                     "aggregation": "fedavg", "model": "small_cnn"},
+    }  # fmt: skip
+
+    with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
+        engines: dict[str, dict[str, Any]] = {}
+        for backend in ("sequential", "batched"):
+            out = Path(tmp) / f"engine-{backend}.json"
+            wall, _ = timed(
+                [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
+                 "--engine-out", str(out), *common],
+                cwd=REPO,
+            )  # fmt: skip
+            result = json.loads(out.read_text())
+            engines[backend] = {
+                "wall_s": round(wall, 2),
+                "startup_s": round(result["ready"] - result["started"], 2),
+                "round_s": round_seconds(result["rounds"], result["ready"]),
+                "acc": [r["acc"] for r in result["rounds"]],
+                "init_digest": result["init_digest"],
+                "partition_digest": result["partition_digest"],
+            }
+            print(f"fedsieve engine ({backend}): {wall:.2f} s wall", flush=True)
+            load[f"after_engine_{backend}"] = [round(x, 2) for x in os.getloadavg()]
+
+        out = Path(tmp) / "flower.json"
+        wall, _ = timed(
+            [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
+             "--out", str(out), *common],
+            cwd=REPO,
+        )  # fmt: skip
+        result = json.loads(out.read_text())
+        first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
+        flower = {
+            "wall_s": round(wall, 2),
+            "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
+            "round_s": round_seconds(result["rounds"][1:], first_eval),
+            "client_training_s": round(result["client_seconds"], 2),
+            "acc": [r["acc"] for r in result["rounds"][1:]],
+            "acc_initial": result["rounds"][0]["acc"],
+            "init_digest": result["init_digest"],
+        }
+        print(f"flower simulation: {wall:.2f} s wall", flush=True)
+        load["after_flower"] = [round(x, 2) for x in os.getloadavg()]
+
+    best = min(engines, key=lambda b: engines[b]["wall_s"])
+    report["fedsieve_engine"] = engines
+    report["flower"] = flower
+    report["same_initial_weights"] = all(
+        e["init_digest"] == flower["init_digest"] for e in engines.values()
+    )
+    report["max_abs_acc_difference"] = {
+        b: max(abs(a - f) for a, f in zip(e["acc"], flower["acc"], strict=True))
+        for b, e in engines.items()
+    }
+    report["flower_over_fedsieve"] = round(flower["wall_s"] / engines[best]["wall_s"], 2)
+    report["flower_over_fedsieve_backend"] = best
+    report["flower_over_fedsieve_by_backend"] = {
+        b: round(flower["wall_s"] / e["wall_s"], 2) for b, e in engines.items()
+    }
+    report["targets"] = {"flower_over_fedsieve": 2.5, "flower_over_fedsieve_run": 1.5}
+
+    if not args.skip_run:
+        with tempfile.TemporaryDirectory(prefix="flower-race-prefect-") as home:
+            runs = {}
+            for kind in ("cold", "warm"):  # a fresh PREFECT_HOME, then the same one again
+                runs[kind] = fedsieve_run(args.clients, args.rounds, Path(home))
+                print(
+                    f"fedsieve run ({kind} PREFECT_HOME): {runs[kind]['wall_s']:.2f} s", flush=True
+                )
+                load[f"after_fedsieve_run_{kind}"] = [round(x, 2) for x in os.getloadavg()]
+        report["fedsieve_run"] = runs
+        report["flower_over_fedsieve_run"] = {
+            k: round(flower["wall_s"] / r["wall_s"], 2) for k, r in runs.items()
+        }
+        report["fedsieve_run_max_abs_acc_difference_to_engine"] = max(
+            abs(a - b)
+            for a, b in zip(runs["warm"]["acc"], engines["sequential"]["acc"], strict=True)
+        )
+    report["load_avg"] = load
+
+    print(f"\n{'round':>5} {'fedsieve seq':>13} {'fedsieve bat':>13} {'flower':>8}")
+    for i, f in enumerate(flower["acc"]):
+        seq, bat = engines["sequential"]["acc"][i], engines["batched"]["acc"][i]
+        print(f"{i + 1:>5} {seq:>13.4f} {bat:>13.4f} {f:>8.4f}")
+    print(f"flower_over_fedsieve = {report['flower_over_fedsieve']} ({best} backend)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
