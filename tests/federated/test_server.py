@@ -174,3 +174,27 @@ def test_config_values_are_validated():
         FederationConfig(rounds=1, client_fraction=0)
     with pytest.raises(ValueError, match="rounds"):
         FederationConfig(rounds=0)
+
+
+def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
+    from federated.server import NonIIDCheck
+
+    federation = make_federation(medmnist_root, num_clients=6)
+    state, _ = federation.run_round(federation.initial_state())  # a model that has learnt a little
+    # Client 3's labels contradict every prediction of the global model: its loss stands out.
+    client = federation.clients[3]
+    with torch.no_grad():
+        predicted = federation.global_model(state)(client.images).argmax(dim=1)
+    federation.clients[3] = ClientData(3, client.images, 1 - predicted)
+    federation.noniid = NonIIDCheck(every=1, threshold=0.25, exclude=True, z=1.5)
+
+    state, report = federation.run_round(state)
+
+    losses = [row["noniid_loss"] for row in report.clients]
+    mean, std = sum(losses) / len(losses), torch.tensor(losses).std(unbiased=False).item()
+    assert report.metrics["noniid_cv"] == pytest.approx(std / mean, rel=1e-5)
+    assert report.metrics["noniid_non_iid"] == float(std / mean > 0.25)
+    excluded = [row["client"] for row in report.clients if row["reason"] == "noniid_loss"]
+    assert excluded == [3]
+    assert "train_loss" not in next(r for r in report.clients if r["client"] == 3)
+    assert report.metrics["clients_kept"] == 5
