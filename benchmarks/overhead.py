@@ -56,6 +56,8 @@ TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
+    # what fedsieve.env sets too: a cold temporary server on a busy machine is slow
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
 }
 NOOP_FLOW = "from prefect import flow\n@flow\ndef noop():\n    return 1\nnoop()\n"
 TRACKING = """

@@ -32,9 +32,14 @@ client by client, up to float rounding:
   (``3·P·n_params`` floats) plus ``P`` batches' activations, and the returned deltas are
   the only ``O(n_clients·n_params)`` tensor kept across chunks.
 
-On a GPU the two backends agree to rounding only when both use exact float32 kernels:
-cuDNN's TF32 convolutions (``torch.backends.cudnn.allow_tf32``, on by default) and the
-different algorithms chosen for grouped and plain convolutions can differ by ~1e-3.
+Exactness: in float64 both backends return the same update to the last float32 bit. In
+float32 each step agrees to rounding (~1e-6 relative: grouped and plain convolutions sum
+in different orders), and short runs stay within 1e-5; over many steps, deep ReLU and
+max-pool networks can turn rounding into 1e-4..1e-3 drift (a pre-activation near zero
+flips sign and the gradient jumps), exactly as two sequential float32 runs with
+different convolution kernels (oneDNN on or off) drift apart. On a GPU, cuDNN's TF32
+convolutions (``torch.backends.cudnn.allow_tf32``, on by default) add ~1e-3 per step to
+either backend; disable TF32 to compare them.
 """
 
 from __future__ import annotations
