@@ -232,8 +232,6 @@ class Function2DConfig(ExperimentConfig):
     noise_sigma: float = 0.1
     main_points: int = 200  # per client, from its group's quadrant
     other_points: int = 30  # per client, from the other three quadrants together
-    hidden_dim: int = 64
-    state_dim: int = 16
     local_client: int = 0
     slice_y: float = 0.5  # the fixed y of the first slice plot
     slice_x: float = -0.5  # the fixed x of the second slice plot

@@ -27,7 +27,7 @@ def test_scaled_attackers_are_excluded_on_the_record(project, prefect_server):
             "train.rounds=2",
             "train.local_epochs=1",
             "attack={name: scaling, factor: 50, ids: [1, 4]}",
-            "filters=[{name: pid_made, threshold: k, k: 1.0}]",
+            "filters=[{name: pid_made, threshold: k, k: 1.0, centroid: geometric_median}]",
             "noniid.every=1",
         ],
     )
