@@ -1,6 +1,6 @@
 """Benchmark: fedsieve's engine against Flower's simulation, same workload (not a test).
 
-    python -m benchmarks.flower_race [--setup] [--rounds 10] [--clients 10] [--threads 2]
+    python -m benchmarks.flower_race [--setup] [--repeats 3] [--rounds 10] [--clients 10]
 
 Workload (issue 8): BreastMNIST (``MEDMNIST_ROOT`` or ../shared/data/medmnist), 10 IID
 clients, the small CNN of models/cnn.py under the same init seed, 1 local epoch of SGD
@@ -22,6 +22,7 @@ to exit (interpreter, imports, data, every round):
 3. ``fedsieve run`` (Prefect flows, MLflow tracking, pretest, model registration) in a
    temporary project with the same settings, with a cold and then a warm PREFECT_HOME.
 
+With ``--repeats N`` the contestants alternate N times and the medians are compared.
 Prints the wall times, the per-round accuracies side by side and ``flower_over_fedsieve``,
 and writes ``benchmarks/results/flower-race-cpu.json`` (device, versions, date, load).
 """
@@ -36,6 +37,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-run", action="store_true", help="leave out `fedsieve run`")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per contestant (median)")
     parser.add_argument("--engine", choices=["sequential", "batched"], help=argparse.SUPPRESS)
     parser.add_argument("--engine-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/flower-race-cpu.json"))
@@ -213,50 +216,68 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "aggregation": "fedavg", "model": "small_cnn"},
     }  # fmt: skip
 
+    walls: dict[str, list[float]] = {"sequential": [], "batched": [], "flower": []}
+    engines: dict[str, dict[str, Any]] = {}
+    flower: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
-        engines: dict[str, dict[str, Any]] = {}
-        for backend in ("sequential", "batched"):
-            out = Path(tmp) / f"engine-{backend}.json"
+        for repeat in range(args.repeats):  # contestants alternate: load drifts hit all
+            for backend in ("sequential", "batched"):
+                out = Path(tmp) / f"engine-{backend}.json"
+                wall, _ = timed(
+                    [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
+                     "--engine-out", str(out), *common],
+                    cwd=REPO,
+                )  # fmt: skip
+                walls[backend].append(round(wall, 2))
+                result = json.loads(out.read_text())
+                engine_runs = engines.setdefault(backend, {"runs": []})["runs"]
+                engine_runs.append(
+                    {"wall_s": round(wall, 2),
+                     "startup_s": round(result["ready"] - result["started"], 2),
+                     "round_s": round_seconds(result["rounds"], result["ready"])}
+                )  # fmt: skip
+                engines[backend].update(
+                    acc=[r["acc"] for r in result["rounds"]],
+                    init_digest=result["init_digest"],
+                    partition_digest=result["partition_digest"],
+                )
+                print(f"[{repeat}] fedsieve engine ({backend}): {wall:.2f} s wall", flush=True)
+            load[f"after_engines_{repeat}"] = [round(x, 2) for x in os.getloadavg()]
+
+            out = Path(tmp) / "flower.json"
             wall, _ = timed(
-                [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
-                 "--engine-out", str(out), *common],
+                [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
+                 "--out", str(out), *common],
                 cwd=REPO,
             )  # fmt: skip
+            walls["flower"].append(round(wall, 2))
             result = json.loads(out.read_text())
-            engines[backend] = {
-                "wall_s": round(wall, 2),
-                "startup_s": round(result["ready"] - result["started"], 2),
-                "round_s": round_seconds(result["rounds"], result["ready"]),
-                "acc": [r["acc"] for r in result["rounds"]],
-                "init_digest": result["init_digest"],
-                "partition_digest": result["partition_digest"],
-            }
-            print(f"fedsieve engine ({backend}): {wall:.2f} s wall", flush=True)
-            load[f"after_engine_{backend}"] = [round(x, 2) for x in os.getloadavg()]
+            first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
+            flower.setdefault("runs", []).append(
+                {"wall_s": round(wall, 2),
+                 "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
+                 "round_s": round_seconds(result["rounds"][1:], first_eval),
+                 "client_training_s": round(result["client_seconds"], 2)}
+            )  # fmt: skip
+            flower.update(
+                acc=[r["acc"] for r in result["rounds"][1:]],
+                acc_initial=result["rounds"][0]["acc"],
+                init_digest=result["init_digest"],
+            )
+            print(f"[{repeat}] flower simulation: {wall:.2f} s wall", flush=True)
+            load[f"after_flower_{repeat}"] = [round(x, 2) for x in os.getloadavg()]
 
-        out = Path(tmp) / "flower.json"
-        wall, _ = timed(
-            [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
-             "--out", str(out), *common],
-            cwd=REPO,
-        )  # fmt: skip
-        result = json.loads(out.read_text())
-        first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
-        flower = {
-            "wall_s": round(wall, 2),
-            "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
-            "round_s": round_seconds(result["rounds"][1:], first_eval),
-            "client_training_s": round(result["client_seconds"], 2),
-            "acc": [r["acc"] for r in result["rounds"][1:]],
-            "acc_initial": result["rounds"][0]["acc"],
-            "init_digest": result["init_digest"],
-        }
-        print(f"flower simulation: {wall:.2f} s wall", flush=True)
-        load["after_flower"] = [round(x, 2) for x in os.getloadavg()]
-
+    for backend, engine in engines.items():
+        engine["wall_s"] = statistics.median(walls[backend])
+    flower["wall_s"] = statistics.median(walls["flower"])
     best = min(engines, key=lambda b: engines[b]["wall_s"])
     report["fedsieve_engine"] = engines
     report["flower"] = flower
+    report["wall_s_median_of_repeats"] = {k: statistics.median(v) for k, v in walls.items()}
+    report["wall_s_min_of_repeats"] = {k: min(v) for k, v in walls.items()}
+    report["flower_over_fedsieve_min_of_repeats"] = round(
+        min(walls["flower"]) / min(min(walls["sequential"]), min(walls["batched"])), 2
+    )
     report["same_initial_weights"] = all(
         e["init_digest"] == flower["init_digest"] for e in engines.values()
     )
@@ -273,13 +294,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if not args.skip_run:
         with tempfile.TemporaryDirectory(prefix="flower-race-prefect-") as home:
-            runs = {}
-            for kind in ("cold", "warm"):  # a fresh PREFECT_HOME, then the same one again
-                runs[kind] = fedsieve_run(args.clients, args.rounds, Path(home))
-                print(
-                    f"fedsieve run ({kind} PREFECT_HOME): {runs[kind]['wall_s']:.2f} s", flush=True
-                )
-                load[f"after_fedsieve_run_{kind}"] = [round(x, 2) for x in os.getloadavg()]
+            runs: dict[str, Any] = {}
+            # a fresh PREFECT_HOME (a user's first run), then the same one (every later run)
+            for kind in ["cold"] + ["warm"] * args.repeats:
+                result = fedsieve_run(args.clients, args.rounds, Path(home))
+                entry = runs.setdefault(kind, {"walls_s": [], **result})
+                entry["walls_s"].append(result["wall_s"])
+                entry["wall_s"] = statistics.median(entry["walls_s"])
+                print(f"fedsieve run ({kind} PREFECT_HOME): {result['wall_s']:.2f} s", flush=True)
+                load[f"after_fedsieve_run_{kind}_{len(entry['walls_s'])}"] = [
+                    round(x, 2) for x in os.getloadavg()
+                ]
         report["fedsieve_run"] = runs
         report["flower_over_fedsieve_run"] = {
             k: round(flower["wall_s"] / r["wall_s"], 2) for k, r in runs.items()

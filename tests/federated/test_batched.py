@@ -34,7 +34,10 @@ AGGRESSIVE = LocalTraining(
 
 
 def make_clients(
-    sizes: list[int], shape: tuple[int, int, int], num_classes: int, dtype=torch.float32
+    sizes: list[int],
+    shape: tuple[int, int, int],
+    num_classes: int,
+    dtype: torch.dtype = torch.float32,
 ) -> list[ClientData]:
     """Clients of the given sizes; the last one's labels are flipped (y -> C-1-y)."""
     generator = torch.Generator().manual_seed(0)
@@ -86,8 +89,8 @@ def assert_same_updates(
     ],
 )
 def test_small_cnn_batched_updates_equal_sequential_ones(config, max_parallel):
-    # sizes 3, 9, 17, 24, 30 at batch 8: 1-4 batches, last batches of 3, 9 (8 + 1 merged),
-    # 8 and 6 samples
+    # sizes 3, 9, 17, 24, 30 at batch 8: 1 to 4 batches, the last ones of 3, 9 (8 + 1
+    # merged), 9, 8 and 6 samples; chunks of 3 train clients of unequal batch counts together
     clients = make_clients([3, 9, 17, 24, 30], (1, 28, 28), num_classes=4)
     model = seeded_init(
         0, lambda: build_model("small_cnn", in_channels=1, num_classes=4, width=8, hidden=16)
@@ -99,7 +102,7 @@ def test_small_cnn_batched_updates_equal_sequential_ones(config, max_parallel):
 
 
 def test_resnet18_batchnorm_float32_updates_equal_sequential_ones():
-    # one batch per epoch: sizes 8, 8 (trained side by side) and 12 (alone)
+    # one batch per epoch, two epochs: chunks of sizes 8 and 8 (one vmap call) and 12
     clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3)
     model = seeded_init(0, lambda: build_model("resnet18", in_channels=1, num_classes=3))
     config = LocalTraining(
