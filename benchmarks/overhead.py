@@ -49,16 +49,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedsieve.env import TELEMETRY_OFF
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TELEMETRY_OFF = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DVC_NO_ANALYTICS": "1",
-    # what fedsieve.env sets too: a cold temporary server on a busy machine is slow
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-}
+# what fedsieve.env sets: telemetry off, and a cold temporary server on a busy machine is slow
+SUBPROCESS_ENV = {**TELEMETRY_OFF, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 NOOP_FLOW = "from prefect import flow\n@flow\ndef noop():\n    return 1\nnoop()\n"
 TRACKING = """
 import json, sys, time
@@ -97,7 +93,7 @@ print(json.dumps({"failed": tracker.failed, **times}))
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **TELEMETRY_OFF, **extra}
+    env = {**os.environ, **SUBPROCESS_ENV, **extra}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     root = os.environ.get("MEDMNIST_ROOT") or str(REPO.parent / "shared" / "data" / "medmnist")
     env.setdefault("MEDMNIST_ROOT", root)

@@ -17,14 +17,10 @@ import httpx
 import psutil
 import pytest
 
+from fedsieve.env import TELEMETRY_OFF
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-TELEMETRY_OFF = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DVC_NO_ANALYTICS": "1",
-}
 
 
 def free_port() -> int:
