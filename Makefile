@@ -37,7 +37,7 @@ setup:
 	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
 
 run:
-	$(BIN)/dvc repro
+	$(BIN)/fedsieve dvc repro
 
 test:
 	$(BIN)/python -m pytest -q

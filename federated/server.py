@@ -276,8 +276,13 @@ class Federation:
             return None
         return {u.client_id: u for u in updates}
 
-    def run_round(self, state: ServerState) -> tuple[ServerState, RoundReport]:
+    def run_round(
+        self, state: ServerState, on_client: Callable[[int], None] | None = None
+    ) -> tuple[ServerState, RoundReport]:
+        """One round; ``on_client(client_id)`` is called as each sampled client is done
+        (trained, screened out or failed), e.g. to advance a progress bar."""
         round_number = state.round + 1
+        done = on_client if on_client is not None else (lambda _client_id: None)
         sampled = self.sample_clients(round_number)
         noniid_losses, noniid_excluded, noniid_metrics = self._noniid_screen(
             state, round_number, sampled
@@ -304,6 +309,7 @@ class Federation:
                 row["noniid_loss"] = noniid_losses[client.client_id]
             if client.client_id in noniid_excluded:
                 row.update(excluded=True, reason="noniid_loss")
+                done(client.client_id)
                 continue
             try:
                 update = (
@@ -322,9 +328,11 @@ class Federation:
                 row.update(
                     excluded=True, reason="client_error", message=f"{type(error).__name__}: {error}"
                 )
+                done(client.client_id)
                 continue
             row["train_loss"] = update.train_loss
             updates.append(update)
+            done(client.client_id)
 
         ids = [u.client_id for u in updates]
         new_global = state.global_vector
@@ -414,12 +422,16 @@ class Federation:
 
 
 def detection_counts(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Exclusions against the ground truth: a false positive is an honest client excluded,
-    a false negative a malicious client kept. Client errors are not detections."""
+    """Exclusions against the ground truth: a false positive is an honest client left out,
+    a false negative a malicious client kept. Left out means excluded by a screen or filter,
+    or not chosen by a selecting rule (Krum, Multi-Krum, Bulyan record ``selected``): such
+    a rule's choice is its detection. Client errors are not detections."""
     judged = [r for r in rows if r["reason"] != "client_error"]
-    tp = sum(r["excluded"] and r["malicious"] for r in judged)
-    fp = sum(r["excluded"] and not r["malicious"] for r in judged)
-    fn = sum(not r["excluded"] and r["malicious"] for r in judged)
+    left_out = [bool(r["excluded"] or r.get("selected") is False) for r in judged]
+    malicious = [bool(r["malicious"]) for r in judged]
+    tp = sum(out and bad for out, bad in zip(left_out, malicious, strict=True))
+    fp = sum(out and not bad for out, bad in zip(left_out, malicious, strict=True))
+    fn = sum(not out and bad for out, bad in zip(left_out, malicious, strict=True))
     counts = {
         "true_positives": float(tp),
         "false_positives": float(fp),

@@ -13,22 +13,37 @@ the parsed arguments and the project directory and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import fedsieve  # noqa: F401  (environment first)
-from federated.data import DataError
-from federated.partition import PartitionError
-from federated.registry import RegistryError
-from fedsieve import ops
-from fedsieve.config import ConfigError, Params, load_params, params_warnings
+from fedsieve import ops, prefect_server
+
+if TYPE_CHECKING:
+    from fedsieve.config import Params
 
 __all__ = ["COMMANDS", "main"]
 
-USAGE_ERRORS = (ConfigError, DataError, PartitionError, RegistryError)
 Handler = Callable[[argparse.Namespace, Path], int]
+# Commands that run flows: Prefect's temporary server starts before the heavy imports.
+FLOW_COMMANDS = frozenset(
+    {"run", "partition", "pretest", "train", "evaluate", "compare", "fedstnn"}
+)
+
+
+def usage_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix: one line and exit code 2, no traceback."""
+    from federated.data import DataError
+    from federated.partition import PartitionError
+    from federated.registry import RegistryError
+    from fedsieve.config import ConfigError
+
+    return (ConfigError, DataError, PartitionError, RegistryError)
 
 
 def add_params_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +68,16 @@ def _add_resume(parser: argparse.ArgumentParser) -> None:
 
 
 def params_from(args: argparse.Namespace) -> Params:
+    from fedsieve.config import load_params
+
     return load_params(Path(args.params), args.overrides)
+
+
+def _warn(params: Params, prefix: str = "") -> None:
+    from fedsieve.config import params_warnings
+
+    for warning in params_warnings(params):
+        print(f"fedsieve: warning: {prefix}{warning}", file=sys.stderr)
 
 
 def preflight(params: Params, workdir: Path) -> None:
@@ -72,61 +96,56 @@ def preflight(params: Params, workdir: Path) -> None:
     )
 
 
+def _flow(target: str) -> Callable[..., Any]:
+    """The flow ``module:name``, imported while Prefect's temporary server boots. Called
+    once the input is known good, so a usage error never starts a server."""
+    prefect_server.start_early()
+    module, name = target.split(":")
+    flow = getattr(importlib.import_module(module), name)
+    prefect_server.wait_until_ready()  # a server still starting counts as running to Prefect
+    return flow
+
+
 def _run(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
     preflight(params, workdir)
-    for warning in params_warnings(params):
-        print(f"fedsieve: warning: {warning}", file=sys.stderr)
-    from flows.pipeline import pipeline_flow
-
-    pipeline_flow(params, workdir, resume=args.resume)
+    _warn(params)
+    _flow("flows.pipeline:pipeline_flow")(params, workdir, resume=args.resume)
     return 0
 
 
 def _partition(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
     preflight(params, workdir)
-    from flows.partition import partition_flow
-
-    partition_flow(params, workdir)
+    _flow("flows.partition:partition_flow")(params, workdir)
     return 0
 
 
 def _pretest(args: argparse.Namespace, workdir: Path) -> int:
-    params = params_from(args)
-    from flows.pretest import pretest_flow
-
-    pretest_flow(params, workdir)
+    _flow("flows.pretest:pretest_flow")(params_from(args), workdir)
     return 0
 
 
 def _train(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
-    for warning in params_warnings(params):
-        print(f"fedsieve: warning: {warning}", file=sys.stderr)
-    from flows.train import train_flow
-
-    train_flow(params, workdir, resume=args.resume)
+    _warn(params)
+    _flow("flows.train:train_flow")(params, workdir, resume=args.resume)
     return 0
 
 
 def _evaluate(args: argparse.Namespace, workdir: Path) -> int:
-    params = params_from(args)
-    from flows.evaluate import evaluate_flow
-
-    evaluate_flow(params, workdir)
+    _flow("flows.evaluate:evaluate_flow")(params_from(args), workdir)
     return 0
 
 
 def _compare(args: argparse.Namespace, workdir: Path) -> int:
     params = params_from(args)
-    from flows.compare import compare_flow, grid_cells
+    from flows.compare import grid_cells
 
     for cell in grid_cells(params, workdir):  # every cell valid before the first one runs
         preflight(cell.params, workdir)
-        for warning in params_warnings(cell.params):
-            print(f"fedsieve: warning: {cell.name}: {warning}", file=sys.stderr)
-    compare_flow(params, workdir)
+        _warn(cell.params, prefix=f"{cell.name}: ")
+    _flow("flows.compare:compare_flow")(params, workdir)
     return 0
 
 
@@ -138,14 +157,33 @@ def _add_fedstnn(parser: argparse.ArgumentParser) -> None:
 
 
 def _fedstnn(args: argparse.Namespace, workdir: Path) -> int:
-    from flows.fedstnn import fedstnn_flow, load_fedstnn_params
+    from fedsieve.config import ConfigError
+    from flows.fedstnn import load_fedstnn_params
 
     try:
         overrides = load_fedstnn_params(Path(args.params), args.experiment)
     except (ValueError, TypeError, FileNotFoundError) as error:
         raise ConfigError(str(error)) from None
-    fedstnn_flow(args.experiment, overrides, workdir)
+    _flow("flows.fedstnn:fedstnn_flow")(args.experiment, overrides, workdir)
     return 0
+
+
+def _add_dvc(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dvc_args", nargs=argparse.REMAINDER, metavar="ARGS", help="dvc's own arguments"
+    )
+
+
+def _dvc(args: argparse.Namespace, workdir: Path) -> int:
+    """``dvc ARGS`` with one Prefect server for every stage it runs (each stage would
+    otherwise start its own temporary server); ``make run`` is ``fedsieve dvc repro``."""
+    if not args.dvc_args:
+        raise SystemExit("fedsieve dvc: name a dvc command, e.g. `fedsieve dvc repro`")
+    with prefect_server.shared() as env:
+        print(
+            f"fedsieve: Prefect server for every stage: {env['PREFECT_API_URL']}", file=sys.stderr
+        )
+        return subprocess.run([sys.executable, "-m", "dvc", *args.dvc_args], env=env).returncode
 
 
 def _list(args: argparse.Namespace, workdir: Path) -> int:
@@ -177,6 +215,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         _compare,
     ),
     "fedstnn": ("run a FedStNN experiment (stochastic neural networks)", _add_fedstnn, _fedstnn),
+    "dvc": (
+        "run a dvc command (repro, exp run) with one Prefect server shared by its stages",
+        _add_dvc,
+        _dvc,
+    ),
     "list": ("list datasets, models, partition schemes, rules and filters", lambda p: None, _list),
     "serve": (
         "serve the pipeline as a Prefect deployment on a cron schedule",
@@ -205,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
-    except USAGE_ERRORS as error:
+    except usage_errors() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
 

@@ -128,15 +128,18 @@ def train_flow(
         tracker.log_artifact(path, "partition")
 
     rounds = params.train.rounds
-    with tqdm(
-        total=rounds,
-        initial=state.round,
-        desc="rounds",
-        unit="round",
-        disable=not sys.stderr.isatty(),
-    ) as bar:
+    on_terminal = sys.stderr.isatty()
+    with (
+        tqdm(
+            total=rounds, initial=state.round, desc="rounds", unit="round", disable=not on_terminal
+        ) as bar,
+        tqdm(desc="clients", unit="client", leave=False, disable=not on_terminal) as client_bar,
+    ):
         while state.round < rounds:
-            state, report = train_round(federation, state)
+            client_bar.reset(total=len(federation.sample_clients(state.round + 1)))
+            state, report = train_round(
+                federation, state, on_client=lambda _client_id: client_bar.update(1)
+            )
             client_losses = {
                 f"client_loss/{row['client']}": row["train_loss"]
                 for row in report.clients

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from prefect import task
@@ -113,5 +115,9 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
 
 
 @task(name="train-round", cache_policy=NO_CACHE)
-def train_round(federation: Federation, state: ServerState) -> tuple[ServerState, RoundReport]:
-    return federation.run_round(state)
+def train_round(
+    federation: Federation,
+    state: ServerState,
+    on_client: Callable[[int], None] | None = None,
+) -> tuple[ServerState, RoundReport]:
+    return federation.run_round(state, on_client=on_client)

@@ -198,3 +198,36 @@ def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
     assert excluded == [3]
     assert "train_loss" not in next(r for r in report.clients if r["client"] == 3)
     assert report.metrics["clients_kept"] == 5
+
+
+def test_on_client_is_called_once_for_every_sampled_client(medmnist_root):
+    federation = make_federation(medmnist_root, num_clients=4)
+    good = federation.clients[0]
+    federation.clients[2] = BrokenClient(2, good.images, good.targets)
+    seen = []
+
+    _, report = federation.run_round(federation.initial_state(), on_client=seen.append)
+
+    assert seen == [0, 1, 2, 3]  # the broken client too: the bar must reach its total
+    assert [row["client"] for row in report.clients] == seen
+
+
+def test_detection_counts_credit_a_selecting_rules_choice():
+    from federated.server import detection_counts
+
+    rows = [
+        {"malicious": True, "excluded": False, "reason": "", "selected": False},
+        {"malicious": True, "excluded": True, "reason": "pid_made"},
+        {"malicious": False, "excluded": False, "reason": "", "selected": False},
+        {"malicious": False, "excluded": False, "reason": "", "selected": True},
+        {"malicious": True, "excluded": False, "reason": "", "selected": True},
+        {"malicious": True, "excluded": True, "reason": "client_error"},
+    ]
+
+    counts = detection_counts(rows)
+
+    assert counts["true_positives"] == 2  # one excluded by a filter, one not selected
+    assert counts["false_positives"] == 1  # an honest client Krum passed over
+    assert counts["false_negatives"] == 1  # a malicious client the rule chose
+    assert counts["precision"] == pytest.approx(2 / 3)
+    assert counts["recall"] == pytest.approx(2 / 3)

@@ -168,10 +168,21 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     }
     dvc = [str(Path(sys.executable).parent / "dvc")]
 
+    # `make run`: no PREFECT_API_URL, one temporary server shared by the four stages
+    shared_server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     repro = subprocess.run(
-        [*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+        [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
+        cwd=repo,
+        env=shared_server_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    output = repro.stdout + repro.stderr
+    assert repro.returncode == 0, output[-6000:]
+    assert "Prefect server for every stage: http://127.0.0.1" in output, output[-6000:]
+    assert "Starting temporary server" not in output, output[-6000:]  # no stage started one
+    assert all(f"Running stage '{stage}'" in output for stage in ("partition", "train"))
     first = json.loads((repo / "reports" / "metrics.json").read_text())
     assert first["rounds"] == 2
     again = subprocess.run(
