@@ -111,6 +111,8 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
             z=noniid.z,
         ),
         server_batch=to_tensors(data.val, data.info, device=device),  # Zeno's held-out batch
+        backend=train.backend,
+        max_parallel=train.max_parallel,
     )
 
 

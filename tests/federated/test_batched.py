@@ -202,7 +202,7 @@ def run_rounds(fed: Federation, rounds: int):
 @pytest.mark.parametrize(("broken", "rounds"), [(False, 2), (True, 1)])
 def test_federation_rounds_match_across_backends(medmnist_root, broken, rounds):
     sequential_fed = federation(medmnist_root, "sequential", broken=broken)
-    batched_fed = federation(medmnist_root, "auto", broken=broken)
+    batched_fed = federation(medmnist_root, "batched", broken=broken)
     start = sequential_fed.initial_state().global_vector
 
     sequential, last_sequential = run_rounds(sequential_fed, rounds)

@@ -1,0 +1,34 @@
+"""``build_federation`` turns validated params into the engine's Federation."""
+
+from pathlib import Path
+
+import pytest
+
+from federated.data import load_medmnist
+from federated.partition import build_partitioner
+from fedsieve.config import load_params
+from tasks.training import build_federation, train_round
+
+REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = ["partition.num_clients=3", "model.name=small_cnn"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "batched"), [("sequential", False), ("batched", True), ("auto", False)]
+)
+def test_train_backend_picks_how_clients_are_trained_auto_is_sequential_on_cpu(
+    medmnist_root, tmp_path, backend, batched
+):
+    params = load_params(
+        REPO_PARAMS,
+        overrides=[*PARAMS, f"train.backend={backend}", "train.max_parallel=2", "train.device=cpu"],
+    )
+    data = load_medmnist("breastmnist", medmnist_root)
+    parts = build_partitioner("iid")(data.train.targets, 3, seed=0)
+
+    federation = build_federation.fn(params, data, parts)
+
+    assert federation.batched is batched
+    assert federation.max_parallel == 2
+    _, report = train_round.fn(federation, federation.initial_state())
+    assert report.metrics["clients_kept"] == 3
