@@ -145,6 +145,12 @@ def _compare(args: argparse.Namespace, workdir: Path) -> int:
     for cell in grid_cells(params, workdir):  # every cell valid before the first one runs
         preflight(cell.params, workdir)
         _warn(cell.params, prefix=f"{cell.name}: ")
+    if params.compare.dispatch == "deployment":
+        try:
+            ops.require_deployment(params.compare.deployment)
+        except ops.ServiceError as error:
+            print(f"fedsieve: error: {error}", file=sys.stderr)
+            return 1
     _flow("flows.compare:compare_flow")(params, workdir)
     return 0
 

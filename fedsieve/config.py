@@ -193,7 +193,11 @@ class CompareParams(_Section):
     attacks: list[AttackParams] = [AttackParams(name="label_flip")]
     fractions: list[float] = [0.2]
     seeds: list[int] = [0]
-    max_parallel: int = Field(1, ge=1)  # child runs trained at the same time
+    max_parallel: int = Field(1, ge=1)  # local: child runs trained at the same time
+    # local: cells run in this process; deployment: each cell is a run of `deployment`
+    # (pipeline-from-file), picked up by whichever worker is free, results read from MLflow
+    dispatch: Literal["local", "deployment"] = "local"
+    deployment: str = Field("pipeline-from-file/fedsieve", pattern=r"^[^/\s]+/[^/\s]+$")
 
     @field_validator("methods")
     @classmethod

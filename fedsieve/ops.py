@@ -431,7 +431,7 @@ def _check_cron(expression: str) -> None:
         ) from None
 
 
-def _prefect_api() -> str:
+def _prefect_api(purpose: str = "fedsieve serve") -> str:
     """The running Prefect server's API URL; a temporary server would never schedule."""
     import httpx
     from prefect.settings import get_current_settings
@@ -439,7 +439,7 @@ def _prefect_api() -> str:
     url = get_current_settings().api.url
     if not url:
         raise ServiceError(
-            "fedsieve serve needs a running Prefect server: start `prefect server start` "
+            f"{purpose} needs a running Prefect server: start `prefect server start` "
             "and set PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
     try:
@@ -447,6 +447,21 @@ def _prefect_api() -> str:
     except httpx.HTTPError as error:
         raise ServiceError(f"Prefect server at {url} is not reachable ({error})") from None
     return url
+
+
+def require_deployment(name: str) -> None:
+    """Fail before a grid starts when ``flow/deployment`` is not on the Prefect server."""
+    import httpx
+
+    url = _prefect_api("compare.dispatch: deployment")
+    response = httpx.get(f"{url.rstrip('/')}/deployments/name/{name}", timeout=10)
+    if response.status_code == 404:
+        raise ServiceError(
+            f"compare.deployment {name!r} is not on the Prefect server at {url}: deploy it "
+            "with `prefect --no-prompt deploy --all` and start workers with "
+            "`prefect worker start --pool fedsieve`"
+        )
+    response.raise_for_status()
 
 
 @_one_line

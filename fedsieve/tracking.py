@@ -15,7 +15,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "flatten_params", "tracking_uri"]
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "Tracker",
+    "child_run_results",
+    "flatten_params",
+    "tracking_uri",
+]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 log = logging.getLogger("fedsieve.tracking")
@@ -58,6 +64,32 @@ def _quiet_http_retries() -> Iterator[None]:
         yield
     finally:
         pool.setLevel(level)
+
+
+def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, dict[str, Any]]:
+    """The child runs of ``parent_run_id`` by run name: final metrics (``final_*`` without
+    the prefix, as in reports/metrics.json) and the per-round ``test_acc``. How a grid run
+    on other machines' workers collects its cells."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri or tracking_uri())
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    results: dict[str, dict[str, Any]] = {}
+    for run in client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        max_results=10_000,
+    ):
+        history = client.get_metric_history(run.info.run_id, "test_acc")
+        results[run.info.run_name] = {
+            "metrics": {
+                key.removeprefix("final_"): value
+                for key, value in run.data.metrics.items()
+                if key.startswith("final_")
+            },
+            "accuracy": [m.value for m in sorted(history, key=lambda m: m.step)],
+        }
+    return results
 
 
 class Tracker:

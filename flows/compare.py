@@ -2,7 +2,11 @@
 full pipeline run (its own directory under artifacts/compare/) tracked as a child of one
 MLflow parent run, then one summary table and two plots.
 
-Cells run concurrently up to ``compare.max_parallel`` (Prefect's thread-pool task runner).
+``compare.dispatch: local`` runs the cells in this process, concurrently up to
+``compare.max_parallel`` (Prefect's thread-pool task runner). ``deployment`` submits every
+cell at once as a run of ``compare.deployment`` (``pipeline-from-file``), so the sweep
+spreads over every worker of that pool; the cells' results are then read back from the
+shared MLflow server (a worker's files stay on its machine).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from fedsieve.config import Params
 from fedsieve.plots import plot_compare_curves, plot_compare_heatmap
 from fedsieve.reports import write_csv, write_json
-from fedsieve.tracking import Tracker, flatten_params
+from fedsieve.tracking import Tracker, child_run_results, flatten_params
 from flows.common import run_tags, stage_main
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
@@ -82,11 +86,76 @@ def run_cell(cell: Cell, root: Path, parent_run_id: str | None) -> dict[str, Any
     workdir = root / cell.name
     workdir.mkdir(parents=True, exist_ok=True)
     partition_flow(cell.params, workdir)
-    train_flow(cell.params, workdir, parent_run_id=parent_run_id)
+    train_flow(cell.params, workdir, parent_run_id=parent_run_id, run_name=cell.name)
     metrics = evaluate_flow(cell.params, workdir)
     with (workdir / "reports" / "rounds.csv").open() as handle:
         accuracy = [float(row["test_acc"]) for row in csv.DictReader(handle)]
     return {"metrics": metrics, "accuracy": accuracy}
+
+
+@task(name="run-cell-on-a-worker", cache_policy=NO_CACHE)
+def run_cell_on_worker(
+    cell: Cell, deployment: str, parent_run_id: str, configured_data_root: str
+) -> None:
+    """One cell as a deployment run (blocks until it ends); its MLflow run is the parent's
+    child named after the cell, in ``artifacts/compare/<cell>`` of the worker's checkout."""
+    from prefect.deployments import run_deployment
+
+    params = cell.params.model_dump(mode="json")
+    params["data"]["root"] = configured_data_root  # resolved on the worker, not here
+    flow_run = run_deployment(
+        deployment,
+        parameters={
+            "params": params,
+            "workdir": f"artifacts/compare/{cell.name}",
+            "parent_run_id": parent_run_id,
+            "run_name": cell.name,
+        },
+        flow_run_name=cell.name,
+        timeout=None,
+        poll_interval=2,
+    )
+    state = flow_run.state
+    if state is None or not state.is_completed():
+        raise RuntimeError(
+            f"comparison cell {cell.name}: deployment run {flow_run.name!r} ended "
+            f"{state.name if state else 'without a state'}"
+            f"{f': {state.message}' if state and state.message else ''}"
+        )
+
+
+def run_cells_on_workers(
+    params: Params, cells: list[Cell], parent_run_id: str | None
+) -> list[dict[str, Any]]:
+    """Every cell submitted at once to ``compare.deployment``; results from MLflow."""
+    if parent_run_id is None:
+        raise RuntimeError(
+            "compare.dispatch: deployment reads the cells' results from MLflow, and tracking "
+            "is off for this run; set MLFLOW_TRACKING_URI to the workers' tracking server"
+        )
+    with ThreadPoolTaskRunner(max_workers=len(cells)) as runner:
+        futures = [
+            runner.submit(
+                run_cell_on_worker,
+                {
+                    "cell": cell,
+                    "deployment": params.compare.deployment,
+                    "parent_run_id": parent_run_id,
+                    "configured_data_root": params.data.root,
+                },
+            )
+            for cell in cells
+        ]
+        for future in futures:
+            future.result()
+    children = child_run_results(parent_run_id)
+    missing = [cell.name for cell in cells if cell.name not in children]
+    if missing:
+        raise RuntimeError(
+            f"comparison cells {', '.join(missing)} finished but have no MLflow run under "
+            f"parent {parent_run_id}: the workers must track to the same MLflow server"
+        )
+    return [children[cell.name] for cell in cells]
 
 
 def summarise(cells: list[Cell], results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -126,15 +195,23 @@ def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
         tags=run_tags(params, workdir) | {"kind": "compare", "cells": str(len(cells))},
     )
     parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
-    logger.info(
-        "comparison grid: %d runs, up to %d at a time", len(cells), params.compare.max_parallel
-    )
-    with ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner:
-        futures = [
-            runner.submit(run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id})
-            for c in cells
-        ]
-        results = [future.result() for future in futures]
+    if params.compare.dispatch == "deployment":
+        logger.info(
+            "comparison grid: %d runs dispatched to deployment %s",
+            len(cells),
+            params.compare.deployment,
+        )
+        results = run_cells_on_workers(params, cells, parent.run_id)
+    else:
+        logger.info(
+            "comparison grid: %d runs, up to %d at a time", len(cells), params.compare.max_parallel
+        )
+        with ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner:
+            futures = [
+                runner.submit(run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id})
+                for c in cells
+            ]
+            results = [future.result() for future in futures]
 
     rows, markdown = summarise(cells, results)
     write_csv(reports / "summary.csv", rows, columns=SUMMARY_COLUMNS)

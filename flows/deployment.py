@@ -7,6 +7,11 @@ checkout: the params file is read and validated there, at run time (exactly as
 runs as a subflow. Relative ``params_path`` is taken inside ``workdir``; a relative
 ``workdir`` inside the flow run's working directory (the pull step's checkout).
 
+A comparison grid dispatched to workers (``compare.dispatch: deployment``) sends each cell
+as a whole params mapping (``params``) with its own ``workdir`` and its MLflow parent run;
+a relative ``data.root`` in such a mapping is taken in the checkout, so the cells on one
+machine share its data.
+
 No ``from __future__ import annotations`` here: Prefect validates a run's parameters
 against these annotations, and a flow shipped to its run process by value (``serve``)
 keeps only the globals its body uses, so string annotations could not be resolved.
@@ -17,7 +22,7 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import load_params
+from fedsieve.config import DataParams, load_params, validate_params
 from flows.pipeline import pipeline_flow
 
 __all__ = ["pipeline_from_file"]
@@ -29,9 +34,21 @@ def pipeline_from_file(
     overrides: list[str] | None = None,
     workdir: str = ".",
     resume: bool = False,
+    params: dict[str, Any] | None = None,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
 ) -> dict[str, Any]:
-    """Load ``params_path`` with ``overrides`` (``["train.rounds=3", ...]``) and run the
-    whole pipeline in ``workdir``."""
+    """Load ``params_path`` with ``overrides`` (``["train.rounds=3", ...]``), or take the
+    ``params`` mapping, and run the whole pipeline in ``workdir``."""
     root = Path(workdir).resolve()
-    params = load_params(root / params_path, list(overrides or []))
-    return pipeline_flow(params, root, resume=resume)
+    if params is None:
+        loaded = load_params(root / params_path, list(overrides or []))
+    else:
+        data = params.get("data", {})
+        checkout_root = str(Path.cwd() / data.get("root", DataParams().root))
+        loaded = validate_params(
+            {**params, "data": {**data, "root": checkout_root}}, "params (deployment run)"
+        )
+    return pipeline_flow(
+        loaded, root, resume=resume, parent_run_id=parent_run_id, run_name=run_name
+    )

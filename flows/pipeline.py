@@ -19,10 +19,18 @@ __all__ = ["pipeline_flow"]
 
 
 @flow(name="pipeline")
-def pipeline_flow(params: Params, workdir: Path, resume: bool = False) -> dict[str, Any]:
+def pipeline_flow(
+    params: Params,
+    workdir: Path,
+    resume: bool = False,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """The four stages; ``parent_run_id``/``run_name`` make the MLflow run a named child
+    (a cell of a comparison grid)."""
     partition_flow(params, workdir)
     pretest_flow(params, workdir)
-    train_flow(params, workdir, resume=resume)
+    train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
     return evaluate_flow(params, workdir)
 
 

@@ -91,7 +91,11 @@ def write_noniid_report(paths: ProjectPaths, state: ServerState, params: Params)
 
 @flow(name="train")
 def train_flow(
-    params: Params, workdir: Path, resume: bool = False, parent_run_id: str | None = None
+    params: Params,
+    workdir: Path,
+    resume: bool = False,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
@@ -120,7 +124,9 @@ def train_flow(
         tags["mlflow.parentRunId"] = parent_run_id
     new_run = run_id is None
     tracker.start(
-        run_id=run_id, run_name=f"{params.data.dataset}-{params.aggregate.name}", tags=tags
+        run_id=run_id,
+        run_name=run_name or f"{params.data.dataset}-{params.aggregate.name}",
+        tags=tags,
     )
     if new_run:
         tracker.log_params(flatten_params(params.model_dump(mode="json")))

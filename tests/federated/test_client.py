@@ -34,6 +34,7 @@ def test_update_is_local_minus_global_and_counts_samples():
 def test_same_seed_same_update_other_seed_other_batches():
     model, data = tiny_setup()
     start = model_to_vector(model)
+
     def run(seed):
         config = LocalTraining(lr=0.1, batch_size=8)
         return train_client(model, start, data, config, loss_function(False), seed=seed)

@@ -43,6 +43,7 @@ BAD = [
     ("train.lr=fast", "train.lr", "valid number"),
     ("train.device=tpu", "train.device", "'auto', 'cpu' or 'cuda'"),
     ("train.backend=threads", "train.backend", "'auto', 'sequential' or 'batched'"),
+    ("compare.dispatch=ray", "compare.dispatch", "'local' or 'deployment'"),
     ("train.max_parallel=0", "train.max_parallel", "greater than or equal to 1"),
     ("train.roundz=3", "train.roundz", "keys allowed in train: rounds"),
     ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),

@@ -4,8 +4,10 @@ the prefect.yaml deployment and running the pipeline into a throw-away MLflow st
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -109,6 +111,21 @@ def test_serve_needs_a_reachable_prefect_server(ops):
         fedsieve_ops._prefect_api()
 
 
+def test_a_grid_for_workers_needs_its_deployment_on_a_running_server(prefect_api):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings(updates={PREFECT_API_URL: prefect_api["PREFECT_API_URL"]}),
+        pytest.raises(fedsieve_ops.ServiceError, match="'pipeline-from-file/nowhere' is not on"),
+    ):
+        fedsieve_ops.require_deployment("pipeline-from-file/nowhere")
+    with (
+        temporary_settings(restore_defaults={PREFECT_API_URL}),
+        pytest.raises(fedsieve_ops.ServiceError, match=r"compare\.dispatch: deployment needs"),
+    ):
+        fedsieve_ops.require_deployment("pipeline-from-file/fedsieve")
+
+
 # -- real server, serve and worker ------------------------------------------------------------
 
 
@@ -173,7 +190,7 @@ def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
 
 
 @pytest.mark.e2e
-def test_a_process_worker_runs_the_prefect_yaml_deployment_and_tracks_it(
+def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
     project, prefect_api, processes, ops
 ):
     from prefect.client.orchestration import get_client
@@ -196,7 +213,7 @@ def test_a_process_worker_runs_the_prefect_yaml_deployment_and_tracks_it(
         )
     tracking = f"sqlite:///{project / 'mlflow.db'}"
     worker = processes.start(  # starts up while the deployment is made
-        [str(ops.bin / "prefect"), "worker", "start", "--pool", "fedsieve", "--limit", "1"],
+        [str(ops.bin / "prefect"), "worker", "start", "--pool", "fedsieve", "--limit", "2"],
         name="worker",
         env={
             **env,
@@ -233,8 +250,32 @@ def test_a_process_worker_runs_the_prefect_yaml_deployment_and_tracks_it(
         assert flow_run.state is not None and flow_run.state.is_completed(), (
             f"{flow_run.state}\n{processes.log('worker')[-4000:]}"
         )
+        # compare.dispatch: deployment -- every cell a run of that deployment on the worker
+        methods = "{dispatched_fedavg: {aggregate: {name: fedavg}}, dispatched_median: {aggregate: {name: median}}}"
+        grid = [*TINY, "compare.dispatch=deployment", f"compare.methods={methods}"]
+        grid += ["compare.attacks=[{name: none}]", "tracking.experiment=grid"]
+        compare = subprocess.run(
+            [str(ops.bin / "fedsieve"), "compare", *(f"--set={o}" for o in grid)],
+            cwd=project,
+            env={
+                **env,
+                "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"],
+                "MLFLOW_TRACKING_URI": tracking,
+            },
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert compare.returncode == 0, compare.stderr[-3000:] + processes.log("worker")[-4000:]
+        cells = ops.repo / "artifacts" / "compare"  # in the worker's checkout
+        on_worker = {
+            method: json.loads((cells / f"{method}-none-f0-s0/reports/metrics.json").read_text())
+            for method in ("dispatched_fedavg", "dispatched_median")
+        }
     finally:
         processes.stop(worker)
+        for method in ("dispatched_fedavg", "dispatched_median"):  # the worker's checkout
+            shutil.rmtree(ops.repo / "artifacts" / "compare" / f"{method}-none-f0-s0", True)
 
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 1
@@ -243,3 +284,22 @@ def test_a_process_worker_runs_the_prefect_yaml_deployment_and_tracks_it(
     assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist-fedavg"
     assert run.data.params["partition.num_clients"] == "3"
     assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
+
+    # the grid's summary holds what each worker run tracked as the parent's child
+    [parent] = client.search_runs(
+        [client.get_experiment_by_name("grid").experiment_id], "tags.kind = 'compare'"
+    )
+    children = {
+        r.info.run_name: r
+        for r in client.search_runs(
+            [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        )
+    }
+    assert set(children) == {"dispatched_fedavg-none-f0-s0", "dispatched_median-none-f0-s0"}
+    with (project / "reports" / "compare" / "summary.csv").open() as handle:
+        rows = {row["method"]: row for row in csv.DictReader(handle)}
+    for method, row in rows.items():
+        child = children[f"{method}-none-f0-s0"]
+        assert child.data.params["aggregate.name"] == method.removeprefix("dispatched_")
+        assert float(row["test_acc"]) == pytest.approx(on_worker[method]["test_acc"])
+        assert child.data.metrics["final_test_acc"] == pytest.approx(on_worker[method]["test_acc"])
