@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 __all__ = [
     "plot_compare_curves",
@@ -19,6 +20,15 @@ __all__ = [
     "plot_exclusion_heatmap",
     "plot_partition",
 ]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """Lay out, write and close a figure (pyplot figures stay open until closed)."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path) -> Path:
@@ -34,11 +44,7 @@ def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path)
     ax.set_ylabel("samples")
     ax.set_title("Label distribution per client")
     ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_curves(history: Sequence[Mapping[str, float]], path: Path) -> Path:
@@ -50,11 +56,7 @@ def plot_curves(history: Sequence[Mapping[str, float]], path: Path) -> Path:
         ax.set_xlabel("round")
         ax.set_title(key)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_exclusion_heatmap(trail: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -90,11 +92,7 @@ def plot_exclusion_heatmap(trail: Sequence[Mapping[str, Any]], path: Path) -> Pa
     ax.set_xlabel("round")
     ax.set_ylabel("client (red: malicious)")
     ax.set_title("Exclusion trail")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_compare_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
@@ -109,11 +107,7 @@ def plot_compare_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], pat
         ax.set_ylabel("test accuracy (mean over seeds)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_compare_heatmap(
@@ -129,8 +123,4 @@ def plot_compare_heatmap(
             ax.text(j, i, f"{table[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
     fig.colorbar(image, ax=ax, label="final test accuracy")
     ax.set_title("Final accuracy: scenario x method")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

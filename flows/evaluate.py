@@ -13,14 +13,12 @@ from prefect import flow, get_run_logger
 
 from federated.data import to_tensors
 from federated.metrics import evaluate
-from federated.seeding import seeded_init
 from fedsieve.config import Params
 from fedsieve.reports import ProjectPaths, write_json
 from fedsieve.tracking import Tracker
 from flows.common import stage_main
-from models import build_model
-from tasks.data import data_root, ensure_dataset, load_dataset
-from tasks.training import resolve_device
+from tasks.data import load_verified_dataset
+from tasks.training import build_global_model, resolve_device
 
 __all__ = ["evaluate_flow", "rounds_to_target"]
 
@@ -56,16 +54,9 @@ def detection_totals(rounds: list[dict[str, str]]) -> dict[str, float]:
 def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
-    root = data_root(params.data.root, workdir)
-    ensure_dataset(params.data.dataset, root, params.data.download)
-    data = load_dataset(params.data.dataset, root)
+    data = load_verified_dataset(params.data, workdir)
     device = resolve_device(params.train.device)
-    model = seeded_init(
-        params.seed,
-        lambda: build_model(
-            params.model.name, in_channels=data.info.n_channels, num_classes=data.info.n_classes
-        ),
-    )
+    model = build_global_model(params, data.info)
     model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
     model.to(device)
     results: dict[str, Any] = {}

@@ -10,7 +10,7 @@ from fedsieve.config import Params
 from fedsieve.plots import plot_partition
 from fedsieve.reports import ProjectPaths, write_json, write_partition
 from flows.common import stage_main
-from tasks.data import data_root, ensure_dataset, load_dataset
+from tasks.data import load_verified_dataset
 from tasks.partition import partition_clients
 
 __all__ = ["partition_flow"]
@@ -19,9 +19,7 @@ __all__ = ["partition_flow"]
 @flow(name="partition")
 def partition_flow(params: Params, workdir: Path) -> dict:
     paths = ProjectPaths(workdir)
-    root = data_root(params.data.root, workdir)
-    ensure_dataset(params.data.dataset, root, params.data.download)
-    data = load_dataset(params.data.dataset, root)
+    data = load_verified_dataset(params.data, workdir)
     parts, report = partition_clients(
         data.train.targets,
         data.info.n_classes,

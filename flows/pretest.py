@@ -14,7 +14,7 @@ from fedsieve.config import Params
 from fedsieve.plots_stats import pretest_figure
 from fedsieve.reports import ProjectPaths, read_partition, write_json
 from flows.common import stage_main
-from tasks.data import data_root, ensure_dataset, load_dataset
+from tasks.data import load_verified_dataset
 from tasks.stats import collect_client_updates, test_normality
 from tasks.training import build_federation, train_round
 
@@ -25,9 +25,7 @@ __all__ = ["pretest_flow"]
 def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
-    root = data_root(params.data.root, workdir)
-    ensure_dataset(params.data.dataset, root, params.data.download)
-    data = load_dataset(params.data.dataset, root)
+    data = load_verified_dataset(params.data, workdir)
     federation = build_federation(params, data, read_partition(paths.partition))
     state = federation.initial_state()
     while state.round < params.pretest.round:  # the same rounds training would run

@@ -21,7 +21,7 @@ from fedsieve.plots import plot_curves, plot_exclusion_heatmap
 from fedsieve.reports import ProjectPaths, read_partition, write_csv, write_json
 from fedsieve.tracking import Tracker, flatten_params
 from flows.common import run_tags, stage_main
-from tasks.data import data_root, ensure_dataset, load_dataset
+from tasks.data import load_verified_dataset
 from tasks.training import build_federation, train_round
 
 __all__ = ["load_checkpoint", "train_flow"]
@@ -100,9 +100,7 @@ def train_flow(
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
     digest = params_hash(params)
-    root = data_root(params.data.root, workdir)
-    ensure_dataset(params.data.dataset, root, params.data.download)
-    data = load_dataset(params.data.dataset, root)
+    data = load_verified_dataset(params.data, workdir)
     federation = build_federation(params, data, read_partition(paths.partition))
 
     state = federation.initial_state()

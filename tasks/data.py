@@ -10,8 +10,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from federated.data import MedMNISTData, ensure_medmnist, load_medmnist
+from fedsieve.config import DataParams
 
-__all__ = ["data_root", "ensure_dataset", "load_dataset"]
+__all__ = ["data_root", "ensure_dataset", "load_dataset", "load_verified_dataset"]
 
 
 def data_root(configured: str, workdir: Path) -> Path:
@@ -28,3 +29,11 @@ def ensure_dataset(flag: str, root: Path, download: bool) -> Path:
 @task(name="load-dataset", cache_policy=NO_CACHE)
 def load_dataset(flag: str, root: Path) -> MedMNISTData:
     return load_medmnist(flag, root)
+
+
+def load_verified_dataset(data: DataParams, workdir: Path) -> MedMNISTData:
+    """Every stage's preamble: the md5-checked file (downloaded when allowed), then its
+    splits, as two Prefect tasks."""
+    root = data_root(data.root, workdir)
+    ensure_dataset(data.dataset, root, data.download)
+    return load_dataset(data.dataset, root)

@@ -12,13 +12,19 @@ from prefect.cache_policies import NO_CACHE
 from aggregation import build_aggregator, build_filter
 from federated.attacks import DataAttack, ModelAttack, build_attack, choose_malicious, client_seed
 from federated.client import ClientData, LocalTraining
-from federated.data import MedMNISTData, to_tensors
+from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.seeding import seeded_init, torch_generator
 from federated.server import Federation, FederationConfig, NonIIDCheck, RoundReport, ServerState
 from fedsieve.config import Params
 from models import build_model
 
-__all__ = ["build_federation", "malicious_clients", "resolve_device", "train_round"]
+__all__ = [
+    "build_federation",
+    "build_global_model",
+    "malicious_clients",
+    "resolve_device",
+    "train_round",
+]
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -40,6 +46,16 @@ def malicious_clients(params: Params) -> frozenset[int]:
         return choose_malicious(params.partition.num_clients, ids=attack.ids, seed=params.seed)
     return choose_malicious(
         params.partition.num_clients, fraction=attack.fraction, seed=params.seed
+    )
+
+
+def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:
+    """The seeded initial global model: the same weights wherever it is built."""
+    return seeded_init(
+        params.seed,
+        lambda: build_model(
+            params.model.name, in_channels=info.n_channels, num_classes=info.n_classes
+        ),
     )
 
 
@@ -68,12 +84,7 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
         ) -> torch.Tensor:
             return attack.apply(updates, mask, torch_generator(seed, updates.device))
 
-    model = seeded_init(
-        params.seed,
-        lambda: build_model(
-            params.model.name, in_channels=data.info.n_channels, num_classes=data.info.n_classes
-        ),
-    ).to(device)
+    model = build_global_model(params, data.info).to(device)
     train = params.train
     noniid = params.noniid
     return Federation(
