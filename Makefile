@@ -19,7 +19,8 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup run test lint bench bench-aggregation bench-pretest bench-pid clean
+.PHONY: setup run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+	bench-flower bench-overhead bench-fidelity bench-resnet18 clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack with the project (pyproject.toml holds the same pins),
@@ -46,7 +47,9 @@ lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: bench-aggregation bench-pretest bench-pid
+# Benchmarks write benchmarks/results/*.json (device, versions, date). `bench` runs the
+# quick ones; the fidelity grid and the ResNet-18 run take tens of minutes on a CPU.
+bench: bench-aggregation bench-pretest bench-pid bench-speed bench-flower bench-overhead
 
 bench-aggregation:
 	$(BIN)/python -m benchmarks.aggregation
@@ -56,6 +59,25 @@ bench-pretest:
 
 bench-pid:
 	$(BIN)/python -m benchmarks.pid_cost
+
+bench-speed:  # batched vs sequential rounds; on a GPU add --device cuda
+	$(BIN)/python -m benchmarks.round_speed
+
+bench-flower:  # creates its own Flower venv (benchmarks/.venv-flower) on first use
+	$(BIN)/python -m benchmarks.flower_race --repeats 3
+
+bench-overhead:
+	$(BIN)/python -m benchmarks.overhead
+
+bench-fidelity:
+	for dataset in breastmnist retinamnist; do \
+		$(BIN)/fedsieve compare --params benchmarks/params/fidelity-$$dataset.yaml && \
+		cp reports/compare/summary.md benchmarks/results/fidelity-$$dataset.md && \
+		cp reports/compare/summary.json benchmarks/results/fidelity-$$dataset.json || exit 1; \
+	done
+
+bench-resnet18:
+	$(BIN)/fedsieve run --params benchmarks/params/resnet18-breastmnist.yaml
 
 clean:
 	rm -rf artifacts reports .prefect mlflow.db mlartifacts mlruns
