@@ -68,8 +68,13 @@ class FederationConfig:
     min_clients: int = 1  # fewer survivors than this: the round is skipped
     seed: int = 0
     eval_batch_size: int = 512
+    # the model a run ends with: the last round's, or the round with the best validation
+    # AUC (MedMNIST's protocol; earliest on ties; needs the Federation's ``val`` split)
+    select: Literal["last", "best_val"] = "last"
 
     def __post_init__(self) -> None:
+        if self.select not in ("last", "best_val"):
+            raise ValueError(f"select must be 'last' or 'best_val', got {self.select!r}")
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if not 0 < self.client_fraction <= 1:
@@ -99,6 +104,10 @@ class ServerState:
     filter_states: list[dict[str, Any]]
     history: list[dict[str, float]] = field(default_factory=list)
     trail: list[dict[str, Any]] = field(default_factory=list)
+    # select="best_val": the best round so far by validation AUC, and its global weights
+    best_round: int = 0
+    best_val_auc: float = -math.inf
+    best_vector: Tensor | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,10 +117,14 @@ class ServerState:
             "filter_states": self.filter_states,
             "history": self.history,
             "trail": self.trail,
+            "best_round": self.best_round,
+            "best_val_auc": self.best_val_auc,
+            "best_vector": None if self.best_vector is None else self.best_vector.detach().cpu(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], device: torch.device | str = "cpu") -> ServerState:
+        best_vector = data.get("best_vector")
         return cls(
             round=int(data["round"]),
             global_vector=data["global_vector"].to(device),
@@ -119,7 +132,15 @@ class ServerState:
             filter_states=list(data["filter_states"]),
             history=list(data["history"]),
             trail=list(data["trail"]),
+            best_round=int(data.get("best_round", 0)),
+            best_val_auc=float(data.get("best_val_auc", -math.inf)),
+            best_vector=None if best_vector is None else best_vector.to(device),
         )
+
+    @property
+    def selected_round(self) -> int:
+        """The round whose weights :meth:`Federation.selected_model` returns."""
+        return self.best_round if self.best_vector is not None else self.round
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,7 @@ class Federation:
         update_attack: UpdateAttack | None = None,
         noniid: NonIIDCheck | None = None,
         server_batch: tuple[Tensor, Tensor] | None = None,
+        val: tuple[Tensor, Tensor] | None = None,
         backend: Backend = "sequential",
         max_parallel: int | None = None,
     ) -> None:
@@ -172,6 +194,9 @@ class Federation:
         self.update_attack = update_attack
         self.noniid = noniid
         self.server_batch = server_batch  # held-out batch for oracle rules such as Zeno
+        if config.select == "best_val" and val is None:
+            raise ValueError("select='best_val' needs a validation split (val=)")
+        self.val = val  # evaluated every round when given (val_loss, val_acc, val_auc)
         self.loss_fn = loss_function(multi_label)
         self.backend = backend
         self.batched = backend == "batched" or (
@@ -205,11 +230,20 @@ class Federation:
         vector_to_model_(self.model, state.global_vector)
         return self.model.eval()
 
-    def evaluate(self, state: ServerState) -> dict[str, float]:
+    def selected_model(self, state: ServerState) -> nn.Module:
+        """The model the run ends with: the last round's, or (``select="best_val"``) the
+        best validation round's (eval mode)."""
+        vector = state.best_vector if state.best_vector is not None else state.global_vector
+        vector_to_model_(self.model, vector)
+        return self.model.eval()
+
+    def evaluate(self, state: ServerState, split: str = "test") -> dict[str, float]:
         model = self.global_model(state)
+        images, targets = self.test if split == "test" else self.val  # type: ignore[misc]
         return evaluate(
-            model, *self.test, multi_label=self.multi_label, batch_size=self.config.eval_batch_size
-        )
+            model, images, targets, multi_label=self.multi_label,
+            batch_size=self.config.eval_batch_size,
+        )  # fmt: skip
 
     def _noniid_screen(
         self, state: ServerState, round_number: int, positions: list[int]
@@ -405,8 +439,17 @@ class Federation:
             filter_states=filter_states,
             history=list(state.history),
             trail=list(state.trail),
+            best_round=state.best_round,
+            best_val_auc=state.best_val_auc,
+            best_vector=state.best_vector,
         )
         metrics = {f"test_{k}": v for k, v in self.evaluate(new_state).items()}
+        if self.val is not None:
+            metrics |= {f"val_{k}": v for k, v in self.evaluate(new_state, "val").items()}
+        if self.config.select == "best_val" and metrics["val_auc"] > new_state.best_val_auc:
+            new_state.best_round = round_number  # NaN AUC (one class) never counts as best
+            new_state.best_val_auc = metrics["val_auc"]
+            new_state.best_vector = new_state.global_vector.clone()
         losses = [u.train_loss for u in updates]
         trail_rows = list(rows.values())
         metrics.update(

@@ -223,6 +223,8 @@ class EvalParams(_Section):
     batch_size: int = Field(512, ge=1)
     target_acc: float = Field(0.8, ge=0, le=1)
     target_loss: float | None = Field(None, gt=0)  # rounds-to-target also needs loss <= this
+    # the model the run ends with: the last round's, or the best validation AUC round's
+    select: Literal["last", "best_val"] = "last"
 
 
 class TrackingParams(_Section):

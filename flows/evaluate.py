@@ -72,6 +72,7 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         results.update({f"{split_name}_{k}": v for k, v in scores.items()})
     run_info = json.loads(paths.run_info.read_text())
     results["rounds"] = run_info["rounds"]
+    results["selected_round"] = run_info.get("selected_round", run_info["rounds"])
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
     results["rounds_to_target"] = rounds_to_target(

@@ -170,7 +170,13 @@ def train_flow(
                 report.metrics["test_auc"],
             )
 
-    model = federation.global_model(state)
+    model = federation.selected_model(state)
+    if params.eval.select == "best_val":
+        logger.info(
+            "final model: round %d (best validation AUC %.4f)",
+            state.selected_round,
+            state.best_val_auc,
+        )
     paths.model.parent.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, paths.model)
     write_csv(paths.rounds, state.history)
@@ -191,6 +197,7 @@ def train_flow(
         "run_id": tracker.run_id,
         "params_hash": digest,
         "rounds": state.round,
+        "selected_round": state.selected_round,
         "tags": tags,
         "tracking_failed": tracker.failed,
     }

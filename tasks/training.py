@@ -87,6 +87,7 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
     model = build_global_model(params, data.info).to(device)
     train = params.train
     noniid = params.noniid
+    val = to_tensors(data.val, data.info, device=device)
     return Federation(
         model=model,
         clients=clients,
@@ -108,6 +109,7 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
             min_clients=train.min_clients,
             seed=params.seed,
             eval_batch_size=params.eval.batch_size,
+            select=params.eval.select,
         ),
         multi_label=data.info.multi_label,
         malicious=malicious,
@@ -121,7 +123,8 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
             exclude=noniid.exclude,
             z=noniid.z,
         ),
-        server_batch=to_tensors(data.val, data.info, device=device),  # Zeno's held-out batch
+        server_batch=val,  # Zeno's held-out batch
+        val=val,  # evaluated every round; eval.select=best_val picks the final model by it
         backend=train.backend,
         max_parallel=train.max_parallel,
     )

@@ -9,6 +9,7 @@ from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
 from federated.seeding import seeded_init
 from federated.server import Federation, FederationConfig, ServerState
+from federated.vectors import model_to_vector
 from models import build_model
 
 
@@ -231,3 +232,36 @@ def test_detection_counts_credit_a_selecting_rules_choice():
     assert counts["false_negatives"] == 1  # a malicious client the rule chose
     assert counts["precision"] == pytest.approx(2 / 3)
     assert counts["recall"] == pytest.approx(2 / 3)
+
+
+def test_best_val_selection_keeps_the_best_validation_round(medmnist_root):
+    data = load_medmnist("breastmnist", medmnist_root)
+    val = to_tensors(data.val, data.info)
+    federation = make_federation(
+        medmnist_root, rounds=4, val=val, config=FederationConfig(rounds=4, select="best_val")
+    )
+
+    state = run(federation, 4)
+
+    aucs = [row["val_auc"] for row in state.history]
+    assert state.best_round == 1 + aucs.index(max(aucs))  # the earliest best round
+    assert state.best_val_auc == max(aucs)
+    restored = ServerState.from_dict(state.to_dict())
+    assert restored.selected_round == state.best_round
+    selected = model_to_vector(federation.selected_model(restored))
+    assert torch.equal(selected, state.best_vector)
+    assert federation.evaluate(ServerState(
+        round=0, global_vector=selected, aggregator_state={}, filter_states=[]
+    ), "val")["auc"] == max(aucs)  # fmt: skip
+
+
+def test_last_selection_ends_with_the_last_round_and_best_val_needs_a_split(medmnist_root):
+    data = load_medmnist("breastmnist", medmnist_root)
+    federation = make_federation(medmnist_root, val=to_tensors(data.val, data.info))
+
+    state = run(federation, 2)
+
+    assert {"val_acc", "val_auc", "val_loss"} <= state.history[-1].keys()
+    assert state.selected_round == 2 and state.best_vector is None
+    with pytest.raises(ValueError, match="select='best_val' needs a validation split"):
+        make_federation(medmnist_root, config=FederationConfig(rounds=1, select="best_val"))
