@@ -35,7 +35,9 @@ def read_rounds(project: Path) -> list[dict[str, str]]:
 
 
 def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefect_server):
-    params = load_params(project / "params.yaml", [*SMALL, "train.rounds=2"])
+    params = load_params(
+        project / "params.yaml", [*SMALL, "train.rounds=2", "eval.select=best_val"]
+    )
 
     results = pipeline_flow(params, project)
 
@@ -45,6 +47,9 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         "rounds"
     ] == 2
     assert metrics["rounds_to_target"] == 1
+    val_aucs = [float(row["val_auc"]) for row in read_rounds(project)]
+    assert metrics["selected_round"] == 1 + val_aucs.index(max(val_aucs))
+    assert metrics["val_auc"] == pytest.approx(max(val_aucs))  # the selected round's model
     for name in (
         "partition.json",
         "partition.png",
