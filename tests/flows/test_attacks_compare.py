@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from fedsieve.config import load_params
@@ -17,6 +19,7 @@ from flows.partition import partition_flow
 from flows.train import train_flow
 
 pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_scaled_attackers_are_excluded_on_the_record(project, prefect_server):
@@ -78,11 +81,21 @@ def test_compare_grid_runs_children_under_one_parent(project, prefect_server):
     for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
         assert (summary / name).exists(), name
     assert "| median | sign_flip |" in (summary / "summary.md").read_text()
+    # experiments/compare/dvc.yaml declares exactly what the flow writes
+    stage = yaml.safe_load((REPO / "experiments" / "compare" / "dvc.yaml").read_text())
+    declared = [
+        next(iter(entry)) for key in ("outs", "plots") for entry in stage["stages"]["compare"][key]
+    ]
+    assert sorted(declared) == sorted(f"reports/compare/{p.name}" for p in summary.iterdir())
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("fedsieve").experiment_id
     [parent] = client.search_runs([experiment], "tags.kind = 'compare'")
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(c.data.tags["aggregator"] for c in children) == ["fedavg", "median"]
+    assert sorted(c.info.run_name for c in children) == [
+        "fedavg-sign_flip-f0.25-s0",
+        "median-sign_flip-f0.25-s0",
+    ]
     assert all(c.data.tags["attack"] == "sign_flip" for c in children)
     assert {"compare/summary.csv", "compare/heatmap.png"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id, "compare")
