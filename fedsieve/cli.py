@@ -2,7 +2,8 @@
 
 ``fedsieve run [--params FILE] [--set key=value ...] [--resume]`` runs the whole pipeline
 flow; ``fedsieve partition|train|evaluate`` run one stage (what dvc.yaml calls);
-``fedsieve list`` shows what can be named in params.yaml. A bad parameter, an unusable
+``fedsieve list`` shows what can be named in params.yaml; ``fedsieve dvc repro`` (``make
+run``) runs dvc with one Prefect server shared by every stage. A bad parameter, an unusable
 dataset or an impossible partition ends with exit code 2 and one line, before anything
 runs.
 
