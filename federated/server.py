@@ -225,25 +225,32 @@ class Federation:
         rng = np.random.default_rng(derive_seed(self.config.seed, round_number, SAMPLING))
         return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
+    def _load(self, vector: Tensor) -> nn.Module:
+        vector_to_model_(self.model, vector)
+        return self.model.eval()
+
     def global_model(self, state: ServerState) -> nn.Module:
         """The workspace model holding the state's global weights (eval mode)."""
-        vector_to_model_(self.model, state.global_vector)
-        return self.model.eval()
+        return self._load(state.global_vector)
 
     def selected_model(self, state: ServerState) -> nn.Module:
         """The model the run ends with: the last round's, or (``select="best_val"``) the
         best validation round's (eval mode)."""
-        vector = state.best_vector if state.best_vector is not None else state.global_vector
-        vector_to_model_(self.model, vector)
-        return self.model.eval()
+        best = state.best_vector
+        return self._load(best if best is not None else state.global_vector)
 
-    def evaluate(self, state: ServerState, split: str = "test") -> dict[str, float]:
-        model = self.global_model(state)
-        images, targets = self.test if split == "test" else self.val  # type: ignore[misc]
+    def _scores(self, model: nn.Module, split: tuple[Tensor, Tensor]) -> dict[str, float]:
+        images, targets = split
         return evaluate(
             model, images, targets, multi_label=self.multi_label,
             batch_size=self.config.eval_batch_size,
         )  # fmt: skip
+
+    def evaluate(self, state: ServerState, split: str = "test") -> dict[str, float]:
+        data = self.test if split == "test" else self.val
+        if data is None:
+            raise ValueError("this federation has no validation split (val=)")
+        return self._scores(self.global_model(state), data)
 
     def _noniid_screen(
         self, state: ServerState, round_number: int, positions: list[int]
@@ -443,9 +450,10 @@ class Federation:
             best_val_auc=state.best_val_auc,
             best_vector=state.best_vector,
         )
-        metrics = {f"test_{k}": v for k, v in self.evaluate(new_state).items()}
+        model = self.global_model(new_state)  # loaded once for both splits
+        metrics = {f"test_{k}": v for k, v in self._scores(model, self.test).items()}
         if self.val is not None:
-            metrics |= {f"val_{k}": v for k, v in self.evaluate(new_state, "val").items()}
+            metrics |= {f"val_{k}": v for k, v in self._scores(model, self.val).items()}
         if self.config.select == "best_val" and metrics["val_auc"] > new_state.best_val_auc:
             new_state.best_round = round_number  # NaN AUC (one class) never counts as best
             new_state.best_val_auc = metrics["val_auc"]
