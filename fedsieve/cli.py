@@ -44,7 +44,7 @@ def usage_errors() -> tuple[type[Exception], ...]:
     from federated.registry import RegistryError
     from fedsieve.config import ConfigError
 
-    return (ConfigError, DataError, PartitionError, RegistryError)
+    return (ConfigError, DataError, PartitionError, RegistryError, ops.OpsError)
 
 
 def add_params_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,11 +147,7 @@ def _compare(args: argparse.Namespace, workdir: Path) -> int:
         preflight(cell.params, workdir)
         _warn(cell.params, prefix=f"{cell.name}: ")
     if params.compare.dispatch == "deployment":
-        try:
-            ops.require_deployment(params.compare.deployment)
-        except ops.ServiceError as error:
-            print(f"fedsieve: error: {error}", file=sys.stderr)
-            return 1
+        ops.require_deployment(params.compare.deployment)
     _flow("flows.compare:compare_flow")(params, workdir)
     return 0
 
@@ -258,6 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except usage_errors() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
+    except ops.ServiceError as error:  # a tracking store or Prefect server that is not there
+        print(f"fedsieve: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ MLflow and Prefect are imported inside the handlers so other commands stay fast.
 from __future__ import annotations
 
 import argparse
-import functools
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -55,26 +53,6 @@ class OpsError(ValueError):
 
 class ServiceError(RuntimeError):
     """The tracking store or the Prefect server cannot be used (exit code 1)."""
-
-
-Handler = Callable[[argparse.Namespace, Path], int]
-
-
-def _one_line(handler: Handler) -> Handler:
-    """Turn :class:`OpsError` / :class:`ServiceError` into one line on stderr."""
-
-    @functools.wraps(handler)
-    def wrapped(args: argparse.Namespace, workdir: Path) -> int:
-        try:
-            return handler(args, workdir)
-        except OpsError as error:
-            print(f"fedsieve: error: {error}", file=sys.stderr)
-            return 2
-        except ServiceError as error:
-            print(f"fedsieve: error: {error}", file=sys.stderr)
-            return 1
-
-    return wrapped
 
 
 def _positive_int(text: str) -> int:
@@ -254,7 +232,6 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@_one_line
 def runs(args: argparse.Namespace, workdir: Path) -> int:
     sort = final_metric(args.sort) if args.sort else None
     client = _client()
@@ -381,7 +358,6 @@ def add_promote_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", help="only consider runs of this MLflow experiment")
 
 
-@_one_line
 def promote(args: argparse.Namespace, workdir: Path) -> int:
     metric = final_metric(args.metric)
     client = _client()
@@ -464,7 +440,6 @@ def require_deployment(name: str) -> None:
     response.raise_for_status()
 
 
-@_one_line
 def serve(args: argparse.Namespace, workdir: Path) -> int:
     from fedsieve.cli import params_from, preflight
 
