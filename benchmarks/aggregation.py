@@ -36,11 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from aggregation import build_aggregator, list_aggregators
+from benchmarks.common import versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOLERANCE = 1e-5
@@ -360,11 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": device_info,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-        },
+        "versions": versions(),
         "dtype": "float32",
         "quick": args.quick,
         "copy_bandwidth_GBps": bandwidth / 1e9,

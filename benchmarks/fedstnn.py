@@ -24,16 +24,14 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from benchmarks.common import cpu_environment
 from federated.fedstnn.experiments import EXPERIMENTS, Function1DConfig, run_experiment
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import smp_gradients
@@ -79,23 +77,6 @@ def _targets(name: str, metrics: dict[str, float]) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _environment() -> dict[str, Any]:
-    return {
-        "device": {
-            "kind": "cpu",
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-        },
-    }
-
-
 def run_one(name: str, overrides: dict[str, Any], out: Path) -> dict[str, Any]:
     wall, cpu = time.perf_counter(), time.process_time()
     result = run_experiment(name, **overrides)
@@ -117,7 +98,7 @@ def run_one(name: str, overrides: dict[str, Any], out: Path) -> dict[str, Any]:
         "experiment": name,
         "command": " ".join(["python -m benchmarks.fedstnn", *sys.argv[1:]]),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **_environment(),
+        **cpu_environment(),
         "cpu_seconds": round(cpu, 1),
         "wall_seconds": round(wall, 1),
         "config": dataclasses.asdict(result.config),
@@ -160,7 +141,7 @@ def gradient_cost(out: Path, steps: int = 30) -> dict[str, Any]:
         "experiment": "gradient",
         "command": " ".join(["python -m benchmarks.fedstnn", *sys.argv[1:]]),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **_environment(),
+        **cpu_environment(),
         "setting": "1-D default model, batch 110, K = train_paths, CPU time per gradient, best of 3",
         "ms_per_step": timings,
     }

@@ -32,8 +32,6 @@ import datetime as dt
 import importlib
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +44,7 @@ from torch import Tensor
 
 from aggregation import build_aggregator, list_aggregators
 from aggregation.filters.pid_made import PIDMADE, _weiszfeld
+from benchmarks.common import cpu_environment
 
 DEFAULT_NS = (5, 10, 20, 50, 100, 1000)
 OUT = Path(__file__).resolve().parent / "results" / "pid-cost-cpu.json"
@@ -184,18 +183,7 @@ def main() -> None:
         "benchmark": "pid_cost",
         "command": " ".join(["python -m benchmarks.pid_cost", *sys.argv[1:]]),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": {
-            "kind": "cpu",
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-        },
+        **cpu_environment(),
         "d": args.d,
         "dtype": "float32",
         "seed": args.seed,

@@ -23,23 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import scipy
-import torch
 from scipy import stats
 
+from benchmarks.common import cpu_model, versions
 from federated.stats import pretest_normality
 from federated.stats.normality import DEFAULT_CHUNK
 
 TARGET_S = 60.0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _client_updates(n_clients: int, n_coords: int, seed: int) -> np.ndarray:
@@ -101,16 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": {
             "kind": "cpu",
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "nproc": len(os.sched_getaffinity(0)),
             "platform": platform.platform(),
         },
-        "versions": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "scipy": scipy.__version__,
-            "torch": torch.__version__,
-        },
+        "versions": versions(scipy=scipy.__version__),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in load_after],
         "n_clients": args.clients,

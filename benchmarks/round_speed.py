@@ -39,11 +39,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from aggregation import build_aggregator
+from benchmarks.common import cpu_model, versions
 from federated.batched import auto_max_parallel
 from federated.client import ClientData, LocalTraining
 from federated.seeding import seeded_init, torch_generator
@@ -52,16 +52,6 @@ from models import build_model
 
 CLASSES, SHAPE = 8, (3, 28, 28)
 LOCAL = LocalTraining(epochs=1, lr=0.01, momentum=0.9, batch_size=32)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def synthetic_images(n: int, seed: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -80,6 +70,15 @@ def iid_clients(images: Tensor, labels: Tensor, n_clients: int, seed: int) -> li
         ClientData(i, images[part], labels[part])
         for i, part in enumerate(order.tensor_split(n_clients))
     ]
+
+
+def synthetic_federation(
+    n_images: int, n_clients: int, n_test: int, device: torch.device
+) -> tuple[Tensor, Tensor, list[ClientData], tuple[Tensor, Tensor]]:
+    """Training images and labels, their IID split over clients, and a test set."""
+    images, labels = synthetic_images(n_images, seed=1, device=device)
+    test = synthetic_images(n_test, seed=2, device=device)
+    return images, labels, iid_clients(images, labels, n_clients, seed=3), test
 
 
 def _sync(device: torch.device) -> None:
@@ -215,17 +214,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": {
             "kind": device.type,
-            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
+            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
             "nproc": len(os.sched_getaffinity(0)),
             "torch_threads": torch.get_num_threads(),
             "platform": platform.platform(),
         },
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "versions": versions(cuda=torch.version.cuda),
         "quick": quick,
         "repeats": repeats,
         "warmup_round": warmup,
@@ -236,9 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 1. small_cnn: sequential vs batched round
     n_images, n_clients, n_test = cnn_sizes
-    images, labels = synthetic_images(n_images, seed=1, device=device)
-    test = synthetic_images(n_test, seed=2, device=device)
-    clients = iid_clients(images, labels, n_clients, seed=3)
+    _, _, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
     def cnn() -> torch.nn.Module:
         return build_model("small_cnn", in_channels=3, num_classes=CLASSES)
@@ -264,9 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 2. ResNet-18: batched round vs one centralized epoch over the same images
     n_images, n_clients, n_test = resnet_sizes
-    images, labels = synthetic_images(n_images, seed=1, device=device)
-    test = synthetic_images(n_test, seed=2, device=device)
-    clients = iid_clients(images, labels, n_clients, seed=3)
+    images, labels, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
     def resnet() -> torch.nn.Module:
         return build_model("resnet18", in_channels=3, num_classes=CLASSES)
@@ -292,9 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 3. 100 clients of ResNet-18, batched, chunked to a 16 GB budget (GPU only)
     if device.type == "cuda":
-        images, labels = synthetic_images(12_000, seed=1, device=device)
-        test = synthetic_images(3_421, seed=2, device=device)
-        clients = iid_clients(images, labels, 100, seed=3)
+        images, _, clients, test = synthetic_federation(12_000, 100, 3_421, device)
         model = seeded_init(0, resnet).to(device)
         d = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
         deltas_gb = 100 * d * 4 / 1e9
