@@ -4,15 +4,36 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from federated.client import ClientData
+
 REPO = Path(__file__).resolve().parents[1]
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+class _BrokenClient(ClientData):
+    """Client data whose access fails, as a corrupt local dataset would."""
+
+    @property
+    def images(self):
+        raise OSError("disk read error")
+
+    @images.setter
+    def images(self, value):
+        pass
+
+
+@pytest.fixture
+def broken_client() -> Callable[[int, ClientData], ClientData]:
+    """``broken_client(client_id, like)``: a client shaped like ``like`` whose images
+    cannot be read (``OSError: disk read error``)."""
+    return lambda client_id, like: _BrokenClient(client_id, like.images, like.targets)
 
 
 @pytest.fixture(scope="session")

@@ -158,25 +158,13 @@ def test_support_check_names_what_the_batched_backend_cannot_train():
         )
 
 
-class BrokenClient(ClientData):
-    """Client data whose access fails, as a corrupt local dataset would."""
-
-    @property
-    def images(self):
-        raise OSError("disk read error")
-
-    @images.setter
-    def images(self, value):
-        pass
-
-
-def federation(medmnist_root, backend: str, *, broken: bool = False) -> Federation:
+def federation(medmnist_root, backend: str, *, broken_client=None) -> Federation:
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("dirichlet", alpha=1.0)(data.train.targets, 4, seed=0)
     clients = [ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)]
-    if broken:
-        clients[2] = BrokenClient(2, clients[2].images, clients[2].targets)
+    if broken_client is not None:
+        clients[2] = broken_client(2, clients[2])
     model = seeded_init(
         0, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=8, hidden=16)
     )
@@ -200,9 +188,10 @@ def run_rounds(fed: Federation, rounds: int):
 
 
 @pytest.mark.parametrize(("broken", "rounds"), [(False, 2), (True, 1)])
-def test_federation_rounds_match_across_backends(medmnist_root, broken, rounds):
-    sequential_fed = federation(medmnist_root, "sequential", broken=broken)
-    batched_fed = federation(medmnist_root, "batched", broken=broken)
+def test_federation_rounds_match_across_backends(medmnist_root, broken_client, broken, rounds):
+    breaking = broken_client if broken else None
+    sequential_fed = federation(medmnist_root, "sequential", broken_client=breaking)
+    batched_fed = federation(medmnist_root, "batched", broken_client=breaking)
     start = sequential_fed.initial_state().global_vector
 
     sequential, last_sequential = run_rounds(sequential_fed, rounds)

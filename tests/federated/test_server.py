@@ -13,18 +13,6 @@ from federated.vectors import model_to_vector
 from models import build_model
 
 
-class BrokenClient(ClientData):
-    """Client data whose access fails, as a corrupt local dataset would."""
-
-    @property
-    def images(self):
-        raise OSError("disk read error")
-
-    @images.setter
-    def images(self, value):
-        pass
-
-
 def make_federation(medmnist_root, *, rounds=2, num_clients=4, seed=0, **overrides):
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
@@ -95,10 +83,9 @@ def test_client_sampling_is_seeded_and_takes_the_fraction(medmnist_root):
     assert picks[0] == picks[2] and picks[0] != picks[1]
 
 
-def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root):
+def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root, broken_client):
     federation = make_federation(medmnist_root)
-    good = federation.clients[0]
-    federation.clients[1] = BrokenClient(1, good.images, good.targets)
+    federation.clients[1] = broken_client(1, federation.clients[0])
 
     state, report = federation.run_round(federation.initial_state())
 
@@ -201,10 +188,9 @@ def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
     assert report.metrics["clients_kept"] == 5
 
 
-def test_on_client_is_called_once_for_every_sampled_client(medmnist_root):
+def test_on_client_is_called_once_for_every_sampled_client(medmnist_root, broken_client):
     federation = make_federation(medmnist_root, num_clients=4)
-    good = federation.clients[0]
-    federation.clients[2] = BrokenClient(2, good.images, good.targets)
+    federation.clients[2] = broken_client(2, federation.clients[0])
     seen = []
 
     _, report = federation.run_round(federation.initial_state(), on_client=seen.append)
