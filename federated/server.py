@@ -216,10 +216,14 @@ class Federation:
             filter_states=[f.init_state() for f in self.filters],
         )
 
+    @property
+    def clients_per_round(self) -> int:
+        """``ceil(fraction * n)``, at least one: the same every round."""
+        return max(1, math.ceil(self.config.client_fraction * len(self.clients) - 1e-9))
+
     def sample_clients(self, round_number: int) -> list[int]:
-        """Seeded choice of ``ceil(fraction * n)`` client positions for a round."""
-        n = len(self.clients)
-        k = max(1, math.ceil(self.config.client_fraction * n - 1e-9))
+        """Seeded choice of :attr:`clients_per_round` client positions for a round."""
+        n, k = len(self.clients), self.clients_per_round
         if k == n:
             return list(range(n))
         rng = np.random.default_rng(derive_seed(self.config.seed, round_number, SAMPLING))

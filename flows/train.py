@@ -137,10 +137,16 @@ def train_flow(
         tqdm(
             total=rounds, initial=state.round, desc="rounds", unit="round", disable=not on_terminal
         ) as bar,
-        tqdm(desc="clients", unit="client", leave=False, disable=not on_terminal) as client_bar,
+        tqdm(
+            total=federation.clients_per_round,
+            desc="clients",
+            unit="client",
+            leave=False,
+            disable=not on_terminal,
+        ) as client_bar,
     ):
         while state.round < rounds:
-            client_bar.reset(total=len(federation.sample_clients(state.round + 1)))
+            client_bar.reset()
             state, report = train_round(
                 federation, state, on_client=lambda _client_id: client_bar.update(1)
             )
