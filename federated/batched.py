@@ -56,7 +56,14 @@ from torch.nn import functional
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from federated.client import ClientData, ClientUpdate, LocalTraining, batch_order, batches
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    LocalTraining,
+    batch_order,
+    batches,
+    sgd_step_,
+)
 from federated.seeding import derive_seed
 from federated.vectors import StateLayout, layout_of, vector_to_model_
 
@@ -321,7 +328,7 @@ def _train_chunk(
                     buffers = [momenta[k].index_select(0, group.members) for k in momenta]
                 grads, (losses, stats) = step_fn(dict(zip(names, weights, strict=True)), x, y)
                 with torch.no_grad():
-                    _sgd_(weights, [grads[k] for k in names], anchor_list, buffers, config)
+                    sgd_step_(weights, [grads[k] for k in names], anchor_list, buffers, config)
                     if not group.full:
                         for k, rows in zip(names, weights, strict=True):
                             params[k].index_copy_(0, group.members, rows)
@@ -361,30 +368,6 @@ def _train_chunk(
             columns.append(state[name].detach().reshape(1, -1).expand(count, -1))
     deltas = torch.cat(columns, dim=1).float().sub_(global_vector)  # (P, d)
     return deltas, mean_losses
-
-
-def _sgd_(
-    weights: list[Tensor],
-    grads: list[Tensor],
-    anchors: list[Tensor],
-    buffers: list[Tensor],
-    config: LocalTraining,
-) -> None:
-    """torch.optim.SGD's update (no dampening, no Nesterov) on stacked weights ``(G, ...)``
-    and momentum buffers, in place; ``anchors`` are the global weights for FedProx."""
-    if config.prox_mu > 0:
-        # ∇ μ/2‖w − w_g‖² = μ(w − w_g), added to the loss gradient as autograd would.
-        differences = torch._foreach_sub(weights, anchors)
-        torch._foreach_mul_(differences, config.prox_mu)
-        torch._foreach_add_(grads, differences)
-    if config.weight_decay:
-        torch._foreach_add_(grads, weights, alpha=config.weight_decay)
-    step = grads
-    if config.momentum:
-        torch._foreach_mul_(buffers, config.momentum)
-        torch._foreach_add_(buffers, grads)
-        step = buffers
-    torch._foreach_add_(weights, step, alpha=-config.lr)
 
 
 def train_clients_batched(

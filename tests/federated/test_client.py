@@ -65,3 +65,35 @@ def test_a_trailing_single_sample_batch_joins_the_previous_one():
 
     assert [len(c) for c in chunks] == [4, 5]
     assert torch.equal(torch.cat(chunks), order)
+
+
+def reference_with_torch_optim(model, start, data, config, seed):
+    """train_client's loop written with torch.optim.SGD, the semantics sgd_step_ copies."""
+    from federated.client import batch_order
+    from federated.seeding import derive_seed
+    from federated.vectors import vector_to_model_
+
+    vector_to_model_(model, start)
+    model.train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    loss_fn = loss_function(False)
+    for epoch in range(config.epochs):
+        for index in batches(batch_order(len(data), derive_seed(seed, epoch)), config.batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(data.images[index]), data.targets[index]).backward()
+            optimizer.step()
+    return model_to_vector(model) - start
+
+
+def test_local_sgd_is_torch_optim_sgd_bit_for_bit():
+    model, data = tiny_setup()
+    start = model_to_vector(model)
+    for config in (
+        LocalTraining(lr=0.1, momentum=0.9, weight_decay=1e-3, batch_size=8, epochs=2),
+        LocalTraining(lr=0.05, momentum=0.0, batch_size=16),
+    ):
+        ours = train_client(model, start, data, config, loss_function(False), seed=3).delta
+        reference = reference_with_torch_optim(model, start, data, config, seed=3)
+        assert torch.equal(ours, reference)
