@@ -1,13 +1,16 @@
-"""Prefect's temporary local server: started early, or shared by several processes.
+"""Prefect's temporary local server, started at the first instant and shared by children.
 
 With no ``PREFECT_API_URL``, Prefect starts a temporary server (a uvicorn subprocess on the
-SQLite database under PREFECT_HOME) at a process's first API call: 6-10 s on a 2-core
-machine, paid after torch, MLflow and the data have loaded, and paid again by every DVC
-stage. Two ways to pay less, both running Prefect's own server class:
+SQLite database under PREFECT_HOME) at a process's first API call: about 4 s of its own
+imports on a 2-core machine, paid after torch, the data and the flows have loaded, plus
+2 s for importing the server module into the calling process. Here the same server (the
+same uvicorn command and environment as Prefect's ``SubprocessASGIServer``) is launched by
+:class:`TemporaryServer` without importing the server module:
 
-- :func:`start_early` starts that server in a background thread at the top of the CLI, so
-  its start-up overlaps the imports and the data loading; :func:`wait_until_ready` joins it
-  before the first flow runs.
+- :func:`start_early` launches it at the top of a flow command, before the parameters are
+  even read, so its start-up overlaps everything the command does before its flow runs;
+  :func:`bind` waits for it to answer and runs the flow with ``PREFECT_API_URL`` pointing
+  at it. A usage error stops it silently (:func:`stop`): the user sees one line.
 - :func:`shared` runs one server for a block and hands its URL to child processes through
   ``PREFECT_API_URL`` (``fedsieve dvc repro``: one server for every stage).
 
@@ -16,16 +19,30 @@ Both do nothing when ``PREFECT_API_URL`` is set: a real server is already there.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
+import importlib.util
 import logging
 import os
-import threading
-from collections.abc import Iterator
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
-__all__ = ["shared", "start_early", "uses_temporary_server", "wait_until_ready"]
+__all__ = ["TemporaryServer", "bind", "shared", "start_early", "stop", "uses_temporary_server"]
 
-log = logging.getLogger(__name__)
-_early: threading.Thread | None = None
+log = logging.getLogger("prefect")  # Prefect's console logging shows it, like its own line
+F = TypeVar("F", bound=Callable[..., Any])
+_ADDRESS_IN_USE = 3  # uvicorn's exit code when the port was taken meanwhile
+# Set for child processes of a temporary server (``fedsieve dvc repro``'s stages).
+TEMPORARY_MARK = "FEDSIEVE_PREFECT_SERVER_IS_TEMPORARY"
+_early: TemporaryServer | None = None
 
 
 def uses_temporary_server() -> bool:
@@ -35,30 +52,158 @@ def uses_temporary_server() -> bool:
     return not PREFECT_API_URL.value() and bool(PREFECT_SERVER_EPHEMERAL_ENABLED.value())
 
 
-def _start_temporary_server() -> None:
-    from prefect.server.api.server import SubprocessASGIServer
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
-    try:
-        SubprocessASGIServer().start()
-    except Exception as error:  # Prefect tries again itself at the first API call
-        log.debug("early start of Prefect's temporary server failed: %s", error)
+
+class TemporaryServer:
+    """Prefect's temporary server as a subprocess we own: :meth:`launch` returns at once,
+    :meth:`wait_ready` blocks until ``/api/health`` answers, :meth:`stop` ends it."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def launch(self) -> None:
+        """Start the server process and return at once. Prefect need not be imported yet:
+        the process reads the same environment and profile as this one; settings changed
+        in this process (``temporary_settings``) are passed on when Prefect is loaded."""
+        prefect_spec = importlib.util.find_spec("prefect")
+        if prefect_spec is None or prefect_spec.origin is None:
+            raise RuntimeError("prefect is not installed; run `make setup`")
+        in_process: dict[str, str] = {}
+        if "prefect.settings" in sys.modules:
+            from prefect.settings import get_current_settings
+
+            in_process = get_current_settings().to_environment_variables(exclude_unset=True)
+        self.port = _free_port()
+        environment = {
+            **os.environ,
+            # what Prefect's SubprocessASGIServer sets: no UI, ephemeral mode, final settings
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **in_process,
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir",
+             str(Path(prefect_spec.origin).parent.parent),  # the folder holding `prefect`
+             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+            env=environment,
+        )  # fmt: skip
+        atexit.register(self.stop)  # before Prefect's own exit hooks, so it runs after them
+
+    def wait_ready(self) -> str:
+        """Block until the server answers; its API URL. Raises RuntimeError on timeout."""
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        if self.process is None:
+            self.launch()
+        deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            code = self.process.poll()
+            if code == _ADDRESS_IN_USE:  # another process took the port: try a new one
+                self.launch()
+            elif code is not None:
+                raise RuntimeError(f"Prefect's temporary server exited with code {code}")
+            if self._answers():
+                log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
+                return self.api_url
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("timed out waiting for Prefect's temporary server to start")
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
 
 def start_early() -> None:
-    """Start the temporary server in the background (once per process) if one is needed."""
+    """Launch the temporary server (once per process) if a flow here will need one.
+
+    Called before Prefect is imported (1 s), the check is only that ``PREFECT_API_URL``
+    is not in the environment; :func:`bind` stops the server again should Prefect's
+    profile name a real one."""
     global _early
-    if _early is None and uses_temporary_server():
-        _early = threading.Thread(
-            target=_start_temporary_server, name="prefect-temporary-server", daemon=True
-        )
-        _early.start()
-
-
-def wait_until_ready() -> None:
-    """Block until an early start has finished: Prefect treats a server that is still
-    starting as running, so no flow may begin before this returns."""
     if _early is not None:
-        _early.join()
+        return
+    needed = (
+        uses_temporary_server()
+        if "prefect.settings" in sys.modules
+        else not os.environ.get("PREFECT_API_URL")
+    )
+    if needed:
+        _early = TemporaryServer()
+        _early.launch()
+
+
+def stop() -> None:
+    """Stop an early-started server (a usage error ended the command before any flow)."""
+    global _early
+    if _early is not None:
+        _early.stop()
+        _early = None
+
+
+class _NoDeadLinks(logging.Filter):
+    """Drops Prefect's "View at <UI URL>" lines: a temporary server serves no UI."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("View at ")
+
+
+def bind(flow: F) -> F:
+    """``flow`` run against this command's temporary server, once it answers (unchanged
+    when a real server is configured). Child processes inherit the server through
+    ``PREFECT_API_URL``.
+
+    On a temporary server, flow-run heartbeats are off: they exist so a server can mark
+    crashed runs, a temporary server dies with its run, and Prefect 3.8 joins the heartbeat
+    thread, which sleeps in 1 s steps, at the end of every flow and subflow (0.5-1 s each).
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    if _early is not None and not uses_temporary_server():  # the profile names a server
+        stop()
+    updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if _early is not None:
+        updates[PREFECT_API_URL] = os.environ["PREFECT_API_URL"] = _early.wait_ready()
+        os.environ[TEMPORARY_MARK] = "1"
+    elif os.environ.get(TEMPORARY_MARK) != "1":
+        return flow
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(_NoDeadLinks())
+
+    @functools.wraps(flow)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from prefect.settings import temporary_settings
+
+        with temporary_settings(updates):
+            return flow(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -69,11 +214,8 @@ def shared() -> Iterator[dict[str, str]]:
 
         yield {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
-    server.start()
+    server = TemporaryServer()
     try:
-        yield {**os.environ, "PREFECT_API_URL": server.api_url}
+        yield {**os.environ, "PREFECT_API_URL": server.wait_ready(), TEMPORARY_MARK: "1"}
     finally:
         server.stop()

@@ -47,8 +47,8 @@ def stage_main(stage: str) -> Callable[[], None]:
     """``python -m flows.<stage>`` == ``fedsieve <stage>``."""
 
     def main() -> None:
-        from fedsieve.cli import main as cli_main
+        from fedsieve.cli import console
 
-        sys.exit(cli_main([stage, *sys.argv[1:]]))
+        console([stage, *sys.argv[1:]])
 
     return main

@@ -1,4 +1,5 @@
-"""Prefect's temporary server is left alone when a real one is configured."""
+"""Prefect's temporary server: launched at a flow command's start, stopped on a usage
+error, left alone when a real server is configured."""
 
 import os
 import shutil
@@ -17,7 +18,11 @@ def test_a_configured_server_is_used_and_nothing_is_started():
         assert not prefect_server.uses_temporary_server()
         prefect_server.start_early()
         assert prefect_server._early is None
-        prefect_server.wait_until_ready()  # nothing to wait for
+
+        def flow():
+            return 1
+
+        assert prefect_server.bind(flow) is flow  # runs against the configured server
         with prefect_server.shared() as env:
             assert env["PREFECT_API_URL"] == url
 
@@ -46,4 +51,42 @@ def test_a_stage_starts_its_temporary_server_early_and_only_once(tmp_path, medmn
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert output.count("Starting temporary server") == 1, output[-3000:]
+    assert "View at" not in output  # no links to a UI the temporary server does not serve
     assert (tmp_path / "reports" / "partition.json").exists()
+    assert not servers_for(tmp_path / ".prefect")  # stopped when the command ended
+
+
+def servers_for(prefect_home: Path) -> list[int]:
+    """Pids of Prefect server processes running on ``prefect_home``'s database."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes()
+            environment = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"create_app" in command and f"PREFECT_HOME={prefect_home}".encode() in environment:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_usage_error_stops_the_early_server_and_says_one_line(tmp_path, medmnist_root):
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(tmp_path / ".prefect")}
+
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "run", "--set", "train.rounds=0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr  # one line
+    assert "train.rounds" in result.stderr
+    assert "Starting temporary server" not in result.stdout + result.stderr
+    assert not servers_for(tmp_path / ".prefect")
