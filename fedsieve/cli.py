@@ -252,12 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefect_server.start_early()  # boots while the command reads and checks its input
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
-    except usage_errors() as error:
-        prefect_server.stop()  # quietly: the user sees one line
+    except usage_errors() as error:  # the temporary server stops silently at exit
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
     except ops.ServiceError as error:  # a tracking store or Prefect server that is not there
-        prefect_server.stop()
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 1
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -95,6 +97,12 @@ def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, d
 class Tracker:
     """A guarded MLflow run: ``start`` creates or resumes it, the rest log into it.
 
+    Calls run in order on one background thread: MLflow's import and store set-up (2-3 s
+    on a 2-core machine) overlap the data loading and the first round, and no write waits
+    for the store. :attr:`run_id`, :attr:`failed`, :meth:`flush` and :meth:`end` wait for
+    everything asked before them (the train flow reads ``run_id`` before each checkpoint,
+    so a checkpointed round's metrics are always in the store).
+
     A tracking URI that failed once in this process (or, via ``known_failure``, in an
     earlier stage of the same pipeline run) is not tried again: the failure was stated
     when it happened."""
@@ -106,39 +114,67 @@ class Tracker:
     ) -> None:
         self.uri = uri or tracking_uri()
         self.experiment = experiment
-        self.run_id: str | None = None
-        self.failed: str | None = known_failure or self._failed_uris.get(self.uri)
+        self._run_id: str | None = None
+        self._failed: str | None = known_failure or self._failed_uris.get(self.uri)
         self._client: Any = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracker")
+        self._pending: list[Future[None]] = []
 
     @property
-    def active(self) -> bool:
-        return self.run_id is not None and self.failed is None
+    def run_id(self) -> str | None:
+        self.flush()
+        return self._run_id
+
+    @property
+    def failed(self) -> str | None:
+        self.flush()
+        return self._failed
+
+    def flush(self) -> None:
+        """Wait until every call made so far has been carried out (or has failed)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def _active(self) -> bool:
+        return self._run_id is not None and self._failed is None
+
+    def _submit(self, what: str, action: Callable[[], Any], *, needs_run: bool = True) -> None:
+        """Queue ``action``; it is skipped if, when its turn comes, there is no live run."""
+
+        def carry_out() -> None:
+            if not needs_run or self._active():
+                self._guard(what, action)
+
+        self._pending.append(self._worker.submit(carry_out))
 
     def _guard(self, what: str, action: Callable[[], T]) -> T | None:
-        if self.failed is not None:
+        if self._failed is not None:
             return None
         try:
             with _quiet_http_retries():
                 return action()
         except Exception as error:  # tracking must never stop training
-            self.failed = (
+            self._failed = (
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             )
-            if self.run_id is None:  # the store itself is unreachable: don't try it again
-                self._failed_uris[self.uri] = self.failed
+            if self._run_id is None:  # the store itself is unreachable: don't try it again
+                self._failed_uris[self.uri] = self._failed
             log.warning(
                 "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
                 "checkpoints are still written, and further tracking calls are skipped",
                 self.uri,
                 what,
-                self.failed,
+                self._failed,
             )
             return None
 
-    def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> str | None:
-        """Resume ``run_id`` when it exists in the store, else create a run."""
+    def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
+        """Resume ``run_id`` when it exists in the store, else create a run (in the
+        background: read :attr:`run_id` for the outcome)."""
+        tags = dict(tags)
 
-        def _start() -> str:
+        def _start() -> None:
             import mlflow
             from mlflow import MlflowClient
 
@@ -148,7 +184,8 @@ class Tracker:
                 try:
                     self._client.get_run(run_id)
                     self._client.update_run(run_id, status="RUNNING")
-                    return run_id
+                    self._run_id = run_id
+                    return
                 except Exception:  # not in this store (e.g. another URI): start afresh
                     pass
             experiment = self._client.get_experiment_by_name(self.experiment)
@@ -157,56 +194,56 @@ class Tracker:
                 if experiment is not None
                 else self._client.create_experiment(self.experiment)
             )
-            run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
-            return run.info.run_id
+            run = self._client.create_run(experiment_id, run_name=run_name, tags=tags)
+            self._run_id = run.info.run_id
 
-        self.run_id = self._guard("starting the run", _start)
-        return self.run_id
+        self._submit("starting the run", _start, needs_run=False)
+
+    # MLflow is imported on the tracker's thread only: importing it on two threads at once
+    # fails with a partially initialised module.
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        if not self.active:
-            return
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        values = {k: str(v)[:6000] for k, v in params.items()}
 
         def _log() -> None:
-            for start in range(0, len(items), 100):
-                self._client.log_batch(self.run_id, params=items[start : start + 100])
+            from mlflow.entities import Param
 
-        self._guard("logging parameters", _log)
+            items = [Param(k, v) for k, v in values.items()]
+            for start in range(0, len(items), 100):
+                self._client.log_batch(self._run_id, params=items[start : start + 100])
+
+        self._submit("logging parameters", _log)
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
-        from mlflow.entities import Metric
-        from mlflow.utils.time import get_current_time_millis
+        now = int(time.time() * 1000)  # when they were measured, not when they are written
+        values = {k: float(v) for k, v in metrics.items() if v == v}  # NaN is not logged
 
-        if not self.active:
-            return
-        now = get_current_time_millis()
-        items = [
-            Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v == v
-        ]  # NaN (e.g. AUC of a one-class split) is not logged
-        self._guard("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
+        def _log() -> None:
+            from mlflow.entities import Metric
+
+            items = [Metric(k, v, now, step or 0) for k, v in values.items()]
+            self._client.log_batch(self._run_id, metrics=items)
+
+        self._submit("logging metrics", _log)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        if not self.active:
-            return
-        self._guard(
+        tags = dict(tags)
+        self._submit(
             "setting tags",
-            lambda: [self._client.set_tag(self.run_id, k, str(v)) for k, v in tags.items()],
+            lambda: [self._client.set_tag(self._run_id, k, str(v)) for k, v in tags.items()],
         )
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if not self.active or not Path(path).exists():
+        if not Path(path).exists():
             return
-        self._guard(
+        self._submit(
             f"logging {path}",
-            lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+            lambda: self._client.log_artifact(self._run_id, str(path), artifact_path),
         )
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         """Rows as an MLflow table (viewable and comparable in the UI's artifact view)."""
-        if not self.active or not rows:
+        if not rows:
             return
 
         def _log() -> None:
@@ -214,9 +251,9 @@ class Tracker:
             import pandas as pd
 
             mlflow.set_tracking_uri(self.uri)
-            mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self.run_id)
+            mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self._run_id)
 
-        self._guard(f"logging the table {artifact_file}", _log)
+        self._submit(f"logging the table {artifact_file}", _log)
 
     def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
         """Log the torch model as ``model`` and register it (when a name is given)."""
@@ -226,7 +263,7 @@ class Tracker:
             import mlflow.pytorch
             import torch
 
-            with mlflow.start_run(run_id=self.run_id):
+            with mlflow.start_run(run_id=self._run_id):
                 mlflow.pytorch.log_model(
                     model,
                     name="model",
@@ -236,11 +273,12 @@ class Tracker:
                     await_registration_for=0,
                 )
 
-        if self.active:
-            self._guard("logging the model", _log)
+        self._submit("logging the model", _log)
 
     def end(self, status: str = "FINISHED") -> None:
-        if self.active:
-            self._guard(
-                "closing the run", lambda: self._client.set_terminated(self.run_id, status=status)
-            )
+        """Close the run, waiting for every call before it."""
+        self._submit(
+            "closing the run", lambda: self._client.set_terminated(self._run_id, status=status)
+        )
+        self.flush()
+        self._worker.shutdown()

@@ -100,36 +100,36 @@ def train_flow(
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
     digest = params_hash(params)
-    data = load_verified_dataset(params.data, workdir)
-    federation = build_federation(params, data, read_partition(paths.partition))
-
-    state = federation.initial_state()
-    run_id = None
     checkpoint = load_checkpoint(paths.checkpoint) if resume else None
-    if checkpoint is not None and checkpoint["params_hash"] == digest:
-        state = ServerState.from_dict(checkpoint["state"], device=federation.device)
-        run_id = checkpoint["run_id"]
-        torch.set_rng_state(checkpoint["torch_rng"])
-        logger.info("resuming from the checkpoint after round %d", state.round)
-    elif checkpoint is not None:
+    resumable = checkpoint is not None and checkpoint["params_hash"] == digest
+    if checkpoint is not None and not resumable:
         logger.info(
             "checkpoint is for other params (hash %s); starting afresh", checkpoint["params_hash"]
         )
 
+    # The tracker works in the background: MLflow starts while the data loads and round 1 runs.
     tracker = Tracker(params.tracking.experiment)
     tags = run_tags(params, workdir)
     if parent_run_id is not None:
         tags["mlflow.parentRunId"] = parent_run_id
-    new_run = run_id is None
+    resumed_run_id = checkpoint["run_id"] if resumable else None
     tracker.start(
-        run_id=run_id,
+        run_id=resumed_run_id,
         run_name=run_name or f"{params.data.dataset}-{params.aggregate.name}",
         tags=tags,
     )
-    if new_run:
+    if resumed_run_id is None:
         tracker.log_params(flatten_params(params.model_dump(mode="json")))
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
+
+    data = load_verified_dataset(params.data, workdir)
+    federation = build_federation(params, data, read_partition(paths.partition))
+    state = federation.initial_state()
+    if resumable:
+        state = ServerState.from_dict(checkpoint["state"], device=federation.device)
+        torch.set_rng_state(checkpoint["torch_rng"])
+        logger.info("resuming from the checkpoint after round %d", state.round)
 
     rounds = params.train.rounds
     on_terminal = sys.stderr.isatty()
@@ -159,8 +159,9 @@ def train_flow(
                 for row in report.clients
                 if "noniid_loss" in row
             }
-            # Log before the checkpoint: a kill in between re-runs (and re-logs) this round
-            # identically on resume, so no round's metrics can go missing.
+            # Logged before the checkpoint (reading run_id waits for the tracker): a kill in
+            # between re-runs (and re-logs) this round identically on resume, so no round's
+            # metrics can go missing.
             tracker.log_metrics({**report.metrics, **client_losses}, step=report.round)
             save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
             bar.update(1)
