@@ -19,8 +19,10 @@ to exit (interpreter, imports, data, every round):
    environment benchmarks/.venv-flower: Flower's pins conflict with Prefect's
    (../shared/ENVIRONMENT.md). The setup step creates it when missing (``--setup``
    recreates it): ``flwr[simulation]==1.32.1`` and ``torch==2.13.0`` from the registry;
-3. ``fedsieve run`` (Prefect flows, MLflow tracking, pretest, model registration) in a
-   temporary project with the same settings, with a cold and then a warm PREFECT_HOME.
+3. ``fedsieve run`` (Prefect flows on Prefect's temporary server, MLflow tracking to the
+   project's SQLite store, the pipeline's own pre-test, non-IID screen and validation
+   scores, model registration) in a temporary project with the same settings: first in
+   a fresh project and PREFECT_HOME (cold), then again in the same one (warm).
 
 With ``--repeats N`` the contestants alternate N times and the medians are compared.
 Prints the wall times, the per-round accuracies side by side and ``flower_over_fedsieve``,
@@ -150,25 +152,24 @@ def round_seconds(rounds: list[dict[str, float]], start: float) -> list[float]:
     return [round(b - a, 3) for a, b in itertools.pairwise(times)]
 
 
-def fedsieve_run(clients: int, rounds: int, prefect_home: Path) -> dict[str, Any]:
-    """``fedsieve run`` end to end in a fresh temporary project."""
-    with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
-        project = Path(tmp)
-        shutil.copy(REPO / "params.yaml", project / "params.yaml")
-        env = {**os.environ, "MEDMNIST_ROOT": str(data_file().parent),
-               "PREFECT_HOME": str(prefect_home), "OMP_NUM_THREADS": "2"}  # fmt: skip
-        env.pop("MLFLOW_TRACKING_URI", None)  # the project's own sqlite store
-        overrides = [
-            f"partition.num_clients={clients}", f"train.rounds={rounds}", "train.local_epochs=1",
-            f"train.lr={LR}", f"train.batch_size={BATCH}", f"train.momentum={MOMENTUM}",
-            "train.weight_decay=0.0",
-        ]  # fmt: skip
-        command = [str(Path(sys.executable).parent / "fedsieve"), "run"]
-        for item in overrides:
-            command += ["--set", item]
-        wall, _ = timed(command, env=env, cwd=project)
-        with (project / "reports" / "rounds.csv").open() as handle:
-            accs = [float(row["test_acc"]) for row in csv.DictReader(handle)]
+def fedsieve_run(clients: int, rounds: int, project: Path, prefect_home: Path) -> dict[str, Any]:
+    """``fedsieve run`` end to end in ``project`` (its params.yaml copied in first)."""
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    env = {**os.environ, "MEDMNIST_ROOT": str(data_file().parent),
+           "PREFECT_HOME": str(prefect_home), "OMP_NUM_THREADS": "2"}  # fmt: skip
+    env.pop("MLFLOW_TRACKING_URI", None)  # the project's own sqlite store
+    env.pop("PREFECT_API_URL", None)  # Prefect's temporary server, as a user without one
+    overrides = [
+        f"partition.num_clients={clients}", f"train.rounds={rounds}", "train.local_epochs=1",
+        f"train.lr={LR}", f"train.batch_size={BATCH}", f"train.momentum={MOMENTUM}",
+        "train.weight_decay=0.0",
+    ]  # fmt: skip
+    command = [str(Path(sys.executable).parent / "fedsieve"), "run"]
+    for item in overrides:
+        command += ["--set", item]
+    wall, _ = timed(command, env=env, cwd=project)
+    with (project / "reports" / "rounds.csv").open() as handle:
+        accs = [float(row["test_acc"]) for row in csv.DictReader(handle)]
     return {"wall_s": round(wall, 2), "overrides": overrides, "acc": accs}
 
 
@@ -293,11 +294,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["targets"] = {"flower_over_fedsieve": 2.5, "flower_over_fedsieve_run": 1.5}
 
     if not args.skip_run:
-        with tempfile.TemporaryDirectory(prefix="flower-race-prefect-") as home:
+        with tempfile.TemporaryDirectory(prefix="flower-race-run-") as tmp:
+            project, home = Path(tmp) / "project", Path(tmp) / "prefect-home"
+            project.mkdir()
             runs: dict[str, Any] = {}
-            # a fresh PREFECT_HOME (a user's first run), then the same one (every later run)
+            # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
+            # databases created), then the same project again (every later run)
             for kind in ["cold"] + ["warm"] * args.repeats:
-                result = fedsieve_run(args.clients, args.rounds, Path(home))
+                result = fedsieve_run(args.clients, args.rounds, project, home)
                 entry = runs.setdefault(kind, {"walls_s": [], **result})
                 entry["walls_s"].append(result["wall_s"])
                 entry["wall_s"] = statistics.median(entry["walls_s"])

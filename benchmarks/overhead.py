@@ -9,12 +9,13 @@ per-round MLflow metrics and checkpoint, which the ``train`` flow body time incl
 
 Method, phase by phase (no flow is changed; nothing is patched):
 
-- imports: ``python -c "import X"`` for torch, prefect, mlflow, dvc.repo, medmnist and the
+- imports: ``python -c "import X"`` for torch, prefect, mlflow, dvc.repo, federated.data and the
   pipeline module, each minus a bare ``python -c pass`` (second of two runs: warm disk);
 - Prefect: a one-line ``@flow`` run as a script, so Prefect starts its temporary local
   server (SQLite under PREFECT_HOME): a fresh PREFECT_HOME (cold), the same one again
-  (warm), and against a running ``prefect server start`` (PREFECT_API_URL), each minus
-  the ``import prefect`` time;
+  (warm), the same flow as fedsieve's commands run it (``fedsieve.prefect_server``
+  launching the server before Prefect is imported, heartbeats off), and against a running
+  ``prefect server start`` (PREFECT_API_URL), each minus the ``import prefect`` time;
 - MLflow: ``fedsieve.tracking.Tracker`` doing what the train and evaluate flows do
   (create the store and run, log params, per-round metrics, the report artifacts, then
   ``log_model`` with registration), each call timed to its completion on the tracker's
@@ -58,6 +59,11 @@ BIN = Path(sys.executable).parent
 # what fedsieve.env sets: telemetry off, and a cold temporary server on a busy machine is slow
 SUBPROCESS_ENV = {**TELEMETRY_OFF, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 NOOP_FLOW = "from prefect import flow\n@flow\ndef noop():\n    return 1\nnoop()\n"
+# the same flow as a fedsieve command runs it: server launched first, heartbeats off
+NOOP_FLOW_FEDSIEVE = (
+    "from fedsieve import prefect_server\nprefect_server.start_early()\n"
+    "from prefect import flow\n@flow\ndef noop():\n    return 1\nprefect_server.bind(noop)()\n"
+)
 TRACKING = """
 import json, sys, time
 from pathlib import Path
@@ -124,7 +130,7 @@ def python_seconds(code: str, env: dict[str, str], cwd: Path | None = None, runs
 
 def import_costs(env: dict[str, str]) -> dict[str, float]:
     bare = python_seconds("pass", env, runs=3)
-    modules = ["torch", "prefect", "mlflow", "dvc.repo", "medmnist", "flows.pipeline"]
+    modules = ["torch", "prefect", "mlflow", "dvc.repo", "federated.data", "flows.pipeline"]
     costs = {m: round(python_seconds(f"import {m}", env, REPO) - bare, 2) for m in modules}
     return {"python_startup_s": round(bare, 2), **{f"import_{m}_s": s for m, s in costs.items()}}
 
@@ -146,6 +152,9 @@ def prefect_costs(env: dict[str, str], import_prefect: float, with_server: bool)
         out["noop_flow_warm_home_s"] = round(warm, 2)
         out["temporary_server_cold_s"] = round(cold - import_prefect, 2)
         out["temporary_server_warm_s"] = round(warm - import_prefect, 2)
+        launched = python_seconds(NOOP_FLOW_FEDSIEVE, flow_env, REPO, runs=2)
+        out["noop_flow_fedsieve_launcher_warm_home_s"] = round(launched, 2)
+        out["fedsieve_launcher_overhead_warm_s"] = round(launched - import_prefect, 2)
         if with_server:
             port = free_port()
             server = subprocess.Popen(

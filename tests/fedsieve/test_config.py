@@ -112,3 +112,14 @@ def test_cli_list_names_every_registry():
     assert result.returncode == 0
     for line in ("datasets:", "models:", "partition schemes:", "aggregators:", "filters:"):
         assert line in result.stdout
+
+
+def test_the_command_keeps_its_exit_status_and_output_when_it_ends_early():
+    # console() ends with os._exit after the exit hooks: output must be flushed and the
+    # status kept, whether main() returned or argparse exited.
+    listed = _cli("list")
+    assert listed.returncode == 0, listed.stderr
+    assert "aggregators" in listed.stdout and "fedavg" in listed.stdout
+    unknown = _cli("no-such-command")
+    assert unknown.returncode == 2
+    assert "invalid choice" in unknown.stderr
