@@ -1,16 +1,24 @@
-"""What every benchmark result records about the machine and software it ran on."""
+"""What every benchmark result records about the machine and software it ran on, and a
+running Prefect server for the benchmarks that compare against one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["cpu_environment", "cpu_model", "versions"]
+__all__ = ["cpu_environment", "cpu_model", "prefect_server_running", "versions"]
 
 
 def cpu_model() -> str:
@@ -45,3 +53,33 @@ def cpu_environment() -> dict[str, Any]:
         },
         "versions": versions(),
     }
+
+
+@contextlib.contextmanager
+def prefect_server_running(env: dict[str, str], timeout: float = 120) -> Iterator[str | None]:
+    """``prefect server start`` (no UI) on a free loopback port with ``env`` (its
+    PREFECT_HOME); yields the API URL once ``/health`` answers, or None on a time-out."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+         "--port", str(port), "--no-ui"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            yield None
+            return
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

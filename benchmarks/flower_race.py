@@ -22,7 +22,8 @@ to exit (interpreter, imports, data, every round):
 3. ``fedsieve run`` (Prefect flows on Prefect's temporary server, MLflow tracking to the
    project's SQLite store, the pipeline's own pre-test, non-IID screen and validation
    scores, model registration) in a temporary project with the same settings: first in
-   a fresh project and PREFECT_HOME (cold), then again in the same one (warm).
+   a fresh project and PREFECT_HOME (cold), then again in the same one (warm), then
+   against a running ``prefect server start`` (``PREFECT_API_URL``, as deployments run).
 
 With ``--repeats N`` the contestants alternate N times and the medians are compared.
 Prints the wall times, the per-round accuracies side by side and ``flower_over_fedsieve``,
@@ -152,13 +153,18 @@ def round_seconds(rounds: list[dict[str, float]], start: float) -> list[float]:
     return [round(b - a, 3) for a, b in itertools.pairwise(times)]
 
 
-def fedsieve_run(clients: int, rounds: int, project: Path, prefect_home: Path) -> dict[str, Any]:
-    """``fedsieve run`` end to end in ``project`` (its params.yaml copied in first)."""
+def fedsieve_run(
+    clients: int, rounds: int, project: Path, prefect_home: Path, api_url: str | None = None
+) -> dict[str, Any]:
+    """``fedsieve run`` end to end in ``project`` (its params.yaml copied in first), on
+    Prefect's temporary server, or on the running server at ``api_url``."""
     shutil.copy(REPO / "params.yaml", project / "params.yaml")
     env = {**os.environ, "MEDMNIST_ROOT": str(data_file().parent),
            "PREFECT_HOME": str(prefect_home), "OMP_NUM_THREADS": "2"}  # fmt: skip
     env.pop("MLFLOW_TRACKING_URI", None)  # the project's own sqlite store
-    env.pop("PREFECT_API_URL", None)  # Prefect's temporary server, as a user without one
+    env.pop("PREFECT_API_URL", None)
+    if api_url is not None:
+        env["PREFECT_API_URL"] = api_url
     overrides = [
         f"partition.num_clients={clients}", f"train.rounds={rounds}", "train.local_epochs=1",
         f"train.lr={LR}", f"train.batch_size={BATCH}", f"train.momentum={MOMENTUM}",
@@ -171,6 +177,17 @@ def fedsieve_run(clients: int, rounds: int, project: Path, prefect_home: Path) -
     with (project / "reports" / "rounds.csv").open() as handle:
         accs = [float(row["test_acc"]) for row in csv.DictReader(handle)]
     return {"wall_s": round(wall, 2), "overrides": overrides, "acc": accs}
+
+
+def record_run(runs: dict[str, Any], kind: str, result: dict[str, Any]) -> None:
+    entry = runs.setdefault(kind, {"walls_s": [], **result})
+    entry["walls_s"].append(result["wall_s"])
+    entry["wall_s"] = statistics.median(entry["walls_s"])
+    print(f"fedsieve run ({kind}): {result['wall_s']:.2f} s", flush=True)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -200,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     common = ["--clients", str(args.clients), "--rounds", str(args.rounds),
               "--threads", str(args.threads)]  # fmt: skip
-    load: dict[str, list[float]] = {"start": [round(x, 2) for x in os.getloadavg()]}
+    load: dict[str, list[float]] = {"start": _load()}
     report: dict[str, Any] = {
         "benchmark": "flower_race",
         "command": " ".join(["python -m benchmarks.flower_race", *(argv or sys.argv[1:])]),
@@ -243,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     partition_digest=result["partition_digest"],
                 )
                 print(f"[{repeat}] fedsieve engine ({backend}): {wall:.2f} s wall", flush=True)
-            load[f"after_engines_{repeat}"] = [round(x, 2) for x in os.getloadavg()]
+            load[f"after_engines_{repeat}"] = _load()
 
             out = Path(tmp) / "flower.json"
             wall, _ = timed(
@@ -266,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 init_digest=result["init_digest"],
             )
             print(f"[{repeat}] flower simulation: {wall:.2f} s wall", flush=True)
-            load[f"after_flower_{repeat}"] = [round(x, 2) for x in os.getloadavg()]
+            load[f"after_flower_{repeat}"] = _load()
 
     for backend, engine in engines.items():
         engine["wall_s"] = statistics.median(walls[backend])
@@ -300,15 +317,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs: dict[str, Any] = {}
             # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
             # databases created), then the same project again (every later run)
-            for kind in ["cold"] + ["warm"] * args.repeats:
-                result = fedsieve_run(args.clients, args.rounds, project, home)
-                entry = runs.setdefault(kind, {"walls_s": [], **result})
-                entry["walls_s"].append(result["wall_s"])
-                entry["wall_s"] = statistics.median(entry["walls_s"])
-                print(f"fedsieve run ({kind} PREFECT_HOME): {result['wall_s']:.2f} s", flush=True)
-                load[f"after_fedsieve_run_{kind}_{len(entry['walls_s'])}"] = [
-                    round(x, 2) for x in os.getloadavg()
-                ]
+            # and against a running `prefect server start`, as scheduled deployments run
+            # (imported here: the engine's own process must not pay for torch early)
+            from benchmarks.common import prefect_server_running
+            from fedsieve.env import TELEMETRY_OFF
+
+            server_env = {**os.environ, "PREFECT_HOME": str(home), **TELEMETRY_OFF}
+            server_env.pop("PREFECT_API_URL", None)
+            kinds = ["cold"] + ["warm"] * args.repeats
+            for kind in kinds:
+                record_run(runs, kind, fedsieve_run(args.clients, args.rounds, project, home))
+                load[f"after_fedsieve_run_{kind}_{len(runs[kind]['walls_s'])}"] = _load()
+            with prefect_server_running(server_env) as url:
+                if url is not None:
+                    for _ in range(args.repeats):
+                        result = fedsieve_run(args.clients, args.rounds, project, home, url)
+                        record_run(runs, "running_server", result)
+                    load["after_fedsieve_run_running_server"] = _load()
         report["fedsieve_run"] = runs
         report["flower_over_fedsieve_run"] = {
             k: round(flower["wall_s"] / r["wall_s"], 2) for k, r in runs.items()

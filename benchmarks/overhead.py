@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import prefect_server_running
 from fedsieve.env import TELEMETRY_OFF
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,34 +157,14 @@ def prefect_costs(env: dict[str, str], import_prefect: float, with_server: bool)
         out["noop_flow_fedsieve_launcher_warm_home_s"] = round(launched, 2)
         out["fedsieve_launcher_overhead_warm_s"] = round(launched - import_prefect, 2)
         if with_server:
-            port = free_port()
-            server = subprocess.Popen(
-                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                 "--port", str(port), "--no-ui"],
-                env=flow_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            try:
-                url = f"http://127.0.0.1:{port}/api"
-                started = time.perf_counter()
-                ready = None
-                while time.perf_counter() - started < 120:
-                    probe = subprocess.run(
-                        [sys.executable, "-c",
-                         f"import urllib.request; urllib.request.urlopen('{url}/health', timeout=1)"],
-                        capture_output=True,
-                    )  # fmt: skip
-                    if probe.returncode == 0:
-                        ready = time.perf_counter() - started
-                        break
-                    time.sleep(0.5)
-                out["server_start_s"] = round(ready, 2) if ready is not None else None
-                if ready is not None:
+            started = time.perf_counter()
+            with prefect_server_running(flow_env) as url:
+                ready = time.perf_counter() - started
+                out["server_start_s"] = round(ready, 2) if url is not None else None
+                if url is not None:
                     served = python_seconds(NOOP_FLOW, {**flow_env, "PREFECT_API_URL": url})
                     out["noop_flow_running_server_s"] = round(served, 2)
                     out["running_server_overhead_s"] = round(served - import_prefect, 2)
-            finally:
-                server.terminate()
-                server.wait(timeout=30)
     return out
 
 
