@@ -39,7 +39,9 @@ __all__ = ["TemporaryServer", "bind", "shared", "start_early", "stop", "uses_tem
 
 log = logging.getLogger("prefect")  # Prefect's console logging shows it, like its own line
 F = TypeVar("F", bound=Callable[..., Any])
-_ADDRESS_IN_USE = 3  # uvicorn's exit code when the port was taken meanwhile
+# uvicorn's exit code when start-up failed: the port was taken meanwhile (worth another
+# port), or the app itself could not start (no use trying again and again)
+_STARTUP_FAILED = 3
 # Set for child processes of a temporary server (``fedsieve dvc repro``'s stages).
 TEMPORARY_MARK = "FEDSIEVE_PREFECT_SERVER_IS_TEMPORARY"
 _early: TemporaryServer | None = None
@@ -101,25 +103,37 @@ class TemporaryServer:
         atexit.register(self.stop)  # before Prefect's own exit hooks, so it runs after them
 
     def wait_ready(self) -> str:
-        """Block until the server answers; its API URL. Raises RuntimeError on timeout."""
+        """Block until the server answers; its API URL. A server that exits or does not
+        answer in time (its own log is on stderr) is a ServiceError: one line, exit 1."""
         from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        from fedsieve.ops import ServiceError
 
         if self.process is None:
             self.launch()
-        deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        deadline = time.monotonic() + timeout
+        problem = f"did not answer within {timeout} s"
+        relaunches = 0
         while time.monotonic() < deadline:
             assert self.process is not None
             code = self.process.poll()
-            if code == _ADDRESS_IN_USE:  # another process took the port: try a new one
+            if code == _STARTUP_FAILED and relaunches < 2:  # the port may have been taken
+                relaunches += 1
                 self.launch()
             elif code is not None:
-                raise RuntimeError(f"Prefect's temporary server exited with code {code}")
+                problem = f"exited with code {code}"
+                break
             if self._answers():
                 log.info("Starting temporary server on http://127.0.0.1:%d", self.port)
                 return self.api_url
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError("timed out waiting for Prefect's temporary server to start")
+        raise ServiceError(
+            f"Prefect's temporary server {problem} (its log is above); check that "
+            f"PREFECT_HOME ({os.environ.get('PREFECT_HOME', '~/.prefect')}) is a writable "
+            "folder, or set PREFECT_API_URL to a running Prefect server"
+        )
 
     def _answers(self) -> bool:
         try:

@@ -90,3 +90,28 @@ def test_a_usage_error_stops_the_early_server_and_says_one_line(tmp_path, medmni
     assert "train.rounds" in result.stderr
     assert "Starting temporary server" not in result.stdout + result.stderr
     assert not servers_for(tmp_path / ".prefect")
+
+
+def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_path, medmnist_root):
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
+    not_a_folder = tmp_path / "prefect-home"
+    not_a_folder.write_text("")  # the server cannot create its database under a file
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(not_a_folder)}
+
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "partition"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fedsieve: error: Prefect's temporary server exited"), last
+    assert str(not_a_folder) in last and "PREFECT_API_URL" in last
+    assert not (tmp_path / "reports" / "partition.json").exists()  # nothing half-ran
+    assert not servers_for(not_a_folder)
