@@ -32,28 +32,27 @@ def test_without_a_server_url_a_temporary_server_is_needed():
         assert prefect_server.uses_temporary_server()
 
 
-def test_a_stage_starts_its_temporary_server_early_and_only_once(tmp_path, medmnist_root):
+def fedsieve_in_project(
+    project: Path, medmnist_root: Path, prefect_home: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The ``fedsieve`` command in a project holding the repository's params.yaml, with
+    no PREFECT_API_URL (so it needs a temporary server) and its own MLflow store."""
     repo = Path(__file__).resolve().parents[2]
-    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
+    shutil.copy(repo / "params.yaml", project / "params.yaml")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(tmp_path / ".prefect")}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "fedsieve"), "partition"],
-        cwd=tmp_path,
+    env |= {
+        "MEDMNIST_ROOT": str(medmnist_root),
+        "PREFECT_HOME": str(prefect_home),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), *args],
+        cwd=project,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-    assert output.count("Starting temporary server") == 1, output[-3000:]
-    assert "View at" not in output  # no links to a UI the temporary server does not serve
-    assert (tmp_path / "reports" / "partition.json").exists()
-    assert not servers_for(tmp_path / ".prefect")  # stopped when the command ended
 
 
 def servers_for(prefect_home: Path) -> list[int]:
@@ -70,44 +69,33 @@ def servers_for(prefect_home: Path) -> list[int]:
     return pids
 
 
-def test_a_usage_error_stops_the_early_server_and_says_one_line(tmp_path, medmnist_root):
-    repo = Path(__file__).resolve().parents[2]
-    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(tmp_path / ".prefect")}
+def test_a_stage_starts_its_temporary_server_early_and_only_once(tmp_path, medmnist_root):
+    result = fedsieve_in_project(tmp_path, medmnist_root, tmp_path / ".prefect", "partition")
 
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "fedsieve"), "run", "--set", "train.rounds=0"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert output.count("Starting temporary server") == 1, output[-3000:]
+    assert "View at" not in output  # no links to a UI the temporary server does not serve
+    assert (tmp_path / "reports" / "partition.json").exists()
+    assert not servers_for(tmp_path / ".prefect")  # stopped when the command ended
+
+
+def test_a_usage_error_stops_the_early_server_and_says_one_line(tmp_path, medmnist_root):
+    home = tmp_path / ".prefect"
+    result = fedsieve_in_project(tmp_path, medmnist_root, home, "run", "--set", "train.rounds=0")
 
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr  # one line
     assert "train.rounds" in result.stderr
     assert "Starting temporary server" not in result.stdout + result.stderr
-    assert not servers_for(tmp_path / ".prefect")
+    assert not servers_for(home)
 
 
 def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_path, medmnist_root):
-    repo = Path(__file__).resolve().parents[2]
-    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
     not_a_folder = tmp_path / "prefect-home"
     not_a_folder.write_text("")  # the server cannot create its database under a file
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(not_a_folder)}
 
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "fedsieve"), "partition"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = fedsieve_in_project(tmp_path, medmnist_root, not_a_folder, "partition")
 
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
