@@ -10,7 +10,8 @@ same uvicorn command and environment as Prefect's ``SubprocessASGIServer``) is l
 - :func:`start_early` launches it at the top of a flow command, before the parameters are
   even read, so its start-up overlaps everything the command does before its flow runs;
   :func:`bind` waits for it to answer and runs the flow with ``PREFECT_API_URL`` pointing
-  at it. A usage error stops it silently (:func:`stop`): the user sees one line.
+  at it. It stops in an exit hook, after Prefect's own (its log and event workers drain
+  first), and silently, so a usage error still shows the user one line.
 - :func:`shared` runs one server for a block and hands its URL to child processes through
   ``PREFECT_API_URL`` (``fedsieve dvc repro``: one server for every stage).
 
@@ -174,7 +175,7 @@ def start_early() -> None:
 
 
 def stop() -> None:
-    """Stop an early-started server (a usage error ended the command before any flow)."""
+    """Stop the early-started server now (a real server turned out to be configured)."""
     global _early
     if _early is not None:
         _early.stop()
@@ -186,6 +187,9 @@ class _NoDeadLinks(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("View at ")
+
+
+_NO_DEAD_LINKS = _NoDeadLinks()  # one instance: adding it again is a no-op
 
 
 def bind(flow: F) -> F:
@@ -208,7 +212,7 @@ def bind(flow: F) -> F:
     elif os.environ.get(TEMPORARY_MARK) != "1":
         return flow
     for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).addFilter(_NoDeadLinks())
+        logging.getLogger(name).addFilter(_NO_DEAD_LINKS)
 
     @functools.wraps(flow)
     def run(*args: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from task import SHUFFLE, SmallCNN, derive_seed, iid_partition, load_split, train
+from task import SHUFFLE, derive_seed, iid_partition, load_split, small_cnn, train
 
 app = ClientApp()
 
@@ -22,7 +22,7 @@ def partition(partition_id: int, num_partitions: int) -> tuple[torch.Tensor, tor
     """This node's training data, loaded once per actor process."""
     images, labels = load_split(Path(os.environ["FLOWER_RACE_DATA"]), "train")
     seed = int(os.environ["FLOWER_RACE_SEED"])
-    index = torch.from_numpy(iid_partition(len(labels), num_partitions, seed)[partition_id])
+    index = torch.from_numpy(iid_partition(labels.numpy(), num_partitions, seed)[partition_id])
     return images[index], labels[index]
 
 
@@ -33,9 +33,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     partition_id = int(context.node_config["partition-id"])
     images, labels = partition(partition_id, int(context.node_config["num-partitions"]))
     server_round = int(msg.content["config"]["server-round"])
-    model = SmallCNN(
-        in_channels=images.shape[1], num_classes=int(os.environ["FLOWER_RACE_CLASSES"])
-    )
+    model = small_cnn(images.shape[1], int(os.environ["FLOWER_RACE_CLASSES"]))
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loss = train(
         model,

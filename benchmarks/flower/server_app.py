@@ -12,7 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from task import SmallCNN, build_model, digest, evaluate, load_split
+from task import build_model, digest, evaluate, load_split, small_cnn
 
 app = ServerApp()
 
@@ -28,7 +28,7 @@ def main(grid: Grid, context: Context) -> None:
     rounds: list[dict[str, float]] = []
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        net = SmallCNN(in_channels=images.shape[1], num_classes=classes)
+        net = small_cnn(images.shape[1], classes)
         net.load_state_dict(arrays.to_torch_state_dict())
         accuracy, loss = evaluate(net, images, labels)
         rounds.append({"round": server_round, "acc": accuracy, "loss": loss, "time": time.time()})
