@@ -68,6 +68,9 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        # registered before Prefect's own exit hooks (its workers start with the first
+        # flow), so it runs after them: their logs and events reach the server first
+        atexit.register(self.stop)
 
     @property
     def api_url(self) -> str:
@@ -101,7 +104,6 @@ class TemporaryServer:
              "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
             env=environment,
         )  # fmt: skip
-        atexit.register(self.stop)  # before Prefect's own exit hooks, so it runs after them
 
     def wait_ready(self) -> str:
         """Block until the server answers; its API URL. A server that exits or does not
