@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["cpu_environment", "cpu_model", "prefect_server_running", "versions"]
+__all__ = ["cpu_environment", "cpu_model", "free_port", "prefect_server_running", "versions"]
 
 
 def cpu_model() -> str:
@@ -55,13 +55,18 @@ def cpu_environment() -> dict[str, Any]:
     }
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @contextlib.contextmanager
 def prefect_server_running(env: dict[str, str], timeout: float = 120) -> Iterator[str | None]:
     """``prefect server start`` (no UI) on a free loopback port with ``env`` (its
     PREFECT_HOME); yields the API URL once ``/health`` answers, or None on a time-out."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
          "--port", str(port), "--no-ui"],

@@ -315,19 +315,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             project, home = Path(tmp) / "project", Path(tmp) / "prefect-home"
             project.mkdir()
             runs: dict[str, Any] = {}
-            # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
-            # databases created), then the same project again (every later run)
-            # and against a running `prefect server start`, as scheduled deployments run
-            # (imported here: the engine's own process must not pay for torch early)
+            # imported here: the engine's own process must not pay for torch early
             from benchmarks.common import prefect_server_running
             from fedsieve.env import TELEMETRY_OFF
 
-            server_env = {**os.environ, "PREFECT_HOME": str(home), **TELEMETRY_OFF}
-            server_env.pop("PREFECT_API_URL", None)
-            kinds = ["cold"] + ["warm"] * args.repeats
-            for kind in kinds:
+            # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
+            # databases created), then the same project again (every later run)
+            for kind in ["cold"] + ["warm"] * args.repeats:
                 record_run(runs, kind, fedsieve_run(args.clients, args.rounds, project, home))
                 load[f"after_fedsieve_run_{kind}_{len(runs[kind]['walls_s'])}"] = _load()
+            # and against a running `prefect server start`, as scheduled deployments run
+            server_env = {**os.environ, "PREFECT_HOME": str(home), **TELEMETRY_OFF}
+            server_env.pop("PREFECT_API_URL", None)
             with prefect_server_running(server_env) as url:
                 if url is not None:
                     for _ in range(args.repeats):

@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -52,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import prefect_server_running
+from benchmarks.common import free_port, prefect_server_running
 from fedsieve.env import TELEMETRY_OFF
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,12 +133,6 @@ def import_costs(env: dict[str, str]) -> dict[str, float]:
     modules = ["torch", "prefect", "mlflow", "dvc.repo", "federated.data", "flows.pipeline"]
     costs = {m: round(python_seconds(f"import {m}", env, REPO) - bare, 2) for m in modules}
     return {"python_startup_s": round(bare, 2), **{f"import_{m}_s": s for m, s in costs.items()}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def prefect_costs(env: dict[str, str], import_prefect: float, with_server: bool) -> dict[str, Any]:
