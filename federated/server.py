@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from aggregation.base import AggregationRule, Filter, drop_non_finite
 from federated.batched import batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
 from federated.seeding import ATTACK, SAMPLING, SHUFFLE, derive_seed
 from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
@@ -183,7 +184,7 @@ class Federation:
             raise ValueError(f"backend 'batched' cannot train this model: {unsupported}")
         if max_parallel is not None and max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1 or None, got {max_parallel}")
-        self.model = model
+        self.model = use_fast_layout_(model, test[0].device)  # the workspace every client uses
         self.clients = list(clients)
         self.test = test
         self.rule = rule

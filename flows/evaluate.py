@@ -12,6 +12,7 @@ import torch
 from prefect import flow, get_run_logger
 
 from federated.data import to_tensors
+from federated.layout import use_fast_layout_
 from federated.metrics import evaluate
 from fedsieve.config import Params
 from fedsieve.reports import ProjectPaths, write_json
@@ -58,7 +59,7 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     device = resolve_device(params.train.device)
     model = build_global_model(params, data.info)
     model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
-    model.to(device)
+    use_fast_layout_(model.to(device), device)  # as the train stage evaluated it
     results: dict[str, Any] = {}
     for split_name in ("test", "val"):
         images, targets = to_tensors(getattr(data, split_name), data.info, device=device)

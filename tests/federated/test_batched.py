@@ -227,3 +227,21 @@ def test_backend_choice_is_validated_and_auto_falls_back_for_unsupported_models(
         Federation(**settings, backend="batched")
     with pytest.raises(ValueError, match="backend must be one of"):
         Federation(**settings, backend="vectorised")  # type: ignore[arg-type]
+
+
+def test_cpu_federation_trains_channels_last_weights_and_reads_them_in_logical_order(
+    medmnist_root,
+):
+    fed = federation(medmnist_root, "sequential")
+    contiguous = seeded_init(
+        0, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=8, hidden=16)
+    )
+
+    start = fed.initial_state()
+    state, _ = fed.run_round(start)
+    round_trip = model_to_vector(fed.global_model(state))
+
+    conv = fed.model.features[3].weight  # (16, 8, 3, 3): the oneDNN route on CPU
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert torch.equal(start.global_vector, model_to_vector(contiguous))
+    assert torch.equal(round_trip, state.global_vector)

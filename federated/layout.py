@@ -1,0 +1,24 @@
+"""The memory layout convolution weights are trained and evaluated in.
+
+On a CPU, PyTorch sends convolutions whose weights are channels-last to oneDNN; with the
+default (contiguous) weights of these small models it takes a slower path. Measured on
+the 2-core CI machine, one local epoch of the small CNN over 546 BreastMNIST images:
+training 1.6x and evaluation 3.7x faster. Only the layout changes: state_dicts and the
+flat vectors of :mod:`federated.vectors` are read in logical order, so the numbers differ
+from the contiguous layout by float rounding only. On CUDA the layout is left alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["use_fast_layout_"]
+
+
+def use_fast_layout_(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """``model`` (changed in place) in the layout its convolutions run fastest in on
+    ``device``."""
+    if torch.device(device).type == "cpu":
+        model.to(memory_format=torch.channels_last)  # 4-D weights only
+    return model
