@@ -110,7 +110,9 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     example = images[:1].cpu().numpy()
     registered = f"fedsieve-{params.data.dataset}" if params.tracking.register_model else None
     if registered is not None:  # (comparison cells skip the model: the parent compares metrics)
-        tracker.log_model(model.cpu().eval(), input_example=example, registered_name=registered)
+        # the default layout: torch.export's archive warns about channels-last weights
+        logged = model.cpu().to(memory_format=torch.contiguous_format).eval()
+        tracker.log_model(logged, input_example=example, registered_name=registered)
     tracker.end()
     if tracker.failed:  # already stated as a warning when it happened
         logger.info(

@@ -185,7 +185,10 @@ def train_flow(
             state.best_val_auc,
         )
     paths.model.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, paths.model)
+    # contiguous: the file does not depend on the layout training used (federated.layout)
+    torch.save(
+        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, paths.model
+    )
     write_csv(paths.rounds, state.history)
     write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
     write_noniid_report(paths, state, params)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,16 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         project / "params.yaml", [*SMALL, "train.rounds=2", "eval.select=best_val"]
     )
 
-    results = pipeline_flow(params, project)
+    with warnings.catch_warnings(record=True) as caught:  # (the tracking thread's too)
+        warnings.simplefilter("always")
+        results = pipeline_flow(params, project)
 
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics == results
+    # trained channels-last on CPU, saved and logged in the default layout
+    saved = torch.load(project / "artifacts/model/model.pt", weights_only=True)
+    assert all(tensor.is_contiguous() for tensor in saved.values())
+    assert not [w for w in caught if "No complete tensor" in str(w.message)]
     assert {"test_acc", "test_auc", "test_loss", "rounds"} <= set(metrics) and metrics[
         "rounds"
     ] == 2
