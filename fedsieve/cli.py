@@ -18,6 +18,7 @@ import atexit
 import importlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -273,6 +274,7 @@ def console(argv: Sequence[str] | None = None) -> None:
     """
     global _exit_status
     atexit.register(_end_now)  # registered before every hook but logging's: runs after them
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         _exit_status = main(argv)
     except SystemExit as stop:  # argparse and `fedsieve dvc` exit this way
@@ -283,6 +285,13 @@ def console(argv: Sequence[str] | None = None) -> None:
         _exit_status = 130
         raise
     sys.exit(_exit_status)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM (how Prefect workers and ``kill`` cancel a run) ends the command like an
+    error does, through the exit hooks: the temporary server stops and a flow run is
+    marked crashed. By default the signal skips them and the server is left running."""
+    raise SystemExit(128 + signum)
 
 
 def _end_now() -> None:

@@ -3,8 +3,10 @@ error, left alone when a real server is configured."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -32,23 +34,30 @@ def test_without_a_server_url_a_temporary_server_is_needed():
         assert prefect_server.uses_temporary_server()
 
 
-def fedsieve_in_project(
-    project: Path, medmnist_root: Path, prefect_home: Path, *args: str
-) -> subprocess.CompletedProcess[str]:
-    """The ``fedsieve`` command in a project holding the repository's params.yaml, with
-    no PREFECT_API_URL (so it needs a temporary server) and its own MLflow store."""
+def project_environment(project: Path, medmnist_root: Path, prefect_home: Path) -> dict[str, str]:
+    """A project holding the repository's params.yaml, with no PREFECT_API_URL (so the
+    command needs a temporary server) and its own MLflow store."""
     repo = Path(__file__).resolve().parents[2]
     shutil.copy(repo / "params.yaml", project / "params.yaml")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {
+    return env | {
         "MEDMNIST_ROOT": str(medmnist_root),
         "PREFECT_HOME": str(prefect_home),
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
     }
+
+
+FEDSIEVE = str(Path(sys.executable).parent / "fedsieve")
+
+
+def fedsieve_in_project(
+    project: Path, medmnist_root: Path, prefect_home: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The ``fedsieve`` command run to its end in such a project."""
     return subprocess.run(
-        [str(Path(sys.executable).parent / "fedsieve"), *args],
+        [FEDSIEVE, *args],
         cwd=project,
-        env=env,
+        env=project_environment(project, medmnist_root, prefect_home),
         capture_output=True,
         text=True,
         timeout=300,
@@ -103,3 +112,32 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_pat
     assert str(not_a_folder) in last and "PREFECT_API_URL" in last
     assert not (tmp_path / "reports" / "partition.json").exists()  # nothing half-ran
     assert not servers_for(not_a_folder)
+
+
+def test_a_terminated_command_stops_its_temporary_server(tmp_path, medmnist_root):
+    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
+    # skips Python's exit hooks, which left the server running with no one to stop it.
+    home = tmp_path / ".prefect"
+    env = project_environment(tmp_path, medmnist_root, home)
+    command = subprocess.Popen(
+        [FEDSIEVE, "run", "--set", "train.rounds=200"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not servers_for(home) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert servers_for(home), "the command never started its server"
+        while not (tmp_path / "reports" / "rounds.csv").exists() and (
+            not (tmp_path / "artifacts" / "checkpoints").exists()
+        ):  # well inside the train stage's flow
+            assert time.monotonic() < deadline and command.poll() is None
+            time.sleep(0.2)
+        command.terminate()
+        assert command.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        command.kill()
+    assert not servers_for(home)
