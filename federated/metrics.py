@@ -5,8 +5,9 @@ at 0.5); per-label accuracy at 0.5, averaged, for multi-label tasks. AUC (scikit
 ``roc_auc_score``, computed here as the Mann–Whitney statistic with tied scores sharing
 their mean rank, which is the same number; importing scikit-learn would cost every
 process about 1.3 s): p(class 1) for binary tasks, the mean one-vs-rest AUC over classes
-for multi-class tasks, the mean over labels for multi-label tasks. A class absent from the targets (no
-positives or no negatives) has no AUC and is left out of the mean; NaN if none is left.
+for multi-class tasks, the mean over labels for multi-label tasks. A class absent from
+the targets (no positives or no negatives) has no AUC and is left out of the mean; NaN if
+none is left.
 """
 
 from __future__ import annotations

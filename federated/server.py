@@ -19,7 +19,7 @@ A round with fewer than ``min_clients`` survivors is skipped: the global model i
 :func:`~federated.client.train_client` call per client), ``batched`` (all in one
 :func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
 ``auto`` (batched on a CUDA device when :func:`~federated.batched.supports_batched` says
-the model allows it, sequential otherwise: on a CPU the batched backend measured 0.87x
+the model allows it, sequential otherwise: on a CPU the batched backend measured 0.29x
 the sequential speed, ``benchmarks/round_speed.py``). If the batched call raises, the
 round falls back to training each client alone, so a broken client is still dropped alone
 as ``client_error``.

@@ -131,9 +131,7 @@ def test_a_terminated_command_stops_its_temporary_server(tmp_path, medmnist_root
         while not servers_for(home) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert servers_for(home), "the command never started its server"
-        while not (tmp_path / "reports" / "rounds.csv").exists() and (
-            not (tmp_path / "artifacts" / "checkpoints").exists()
-        ):  # well inside the train stage's flow
+        while not (tmp_path / "artifacts" / "checkpoints").exists():  # inside the train flow
             assert time.monotonic() < deadline and command.poll() is None
             time.sleep(0.2)
         command.terminate()
