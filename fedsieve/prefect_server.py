@@ -29,12 +29,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from fedsieve.die_with_parent import guarded_command
 
 __all__ = ["TemporaryServer", "bind", "shared", "start_early", "stop", "uses_temporary_server"]
 
@@ -97,13 +100,17 @@ class TemporaryServer:
             "PREFECT__SERVER_FINAL": "1",
             **in_process,
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir",
-             str(Path(prefect_spec.origin).parent.parent),  # the folder holding `prefect`
-             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
-            env=environment,
-        )  # fmt: skip
+        server = [
+            sys.executable, "-m", "uvicorn", "--app-dir",
+            str(Path(prefect_spec.origin).parent.parent),  # the folder holding `prefect`
+            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+            "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
+        ]  # fmt: skip
+        if threading.current_thread() is threading.main_thread():
+            # the server ends with this process even when it is SIGKILLed (Linux: the
+            # kernel's signal follows the starting thread, so only the main thread's)
+            server = guarded_command(server)
+        self.process = subprocess.Popen(server, env=environment)
 
     def wait_ready(self) -> str:
         """Block until the server answers; its API URL. A server that exits or does not

@@ -119,6 +119,7 @@ class Tracker:
         self._client: Any = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracker")
         self._pending: list[Future[None]] = []
+        self._ended = False
 
     @property
     def run_id(self) -> str | None:
@@ -275,10 +276,28 @@ class Tracker:
 
         self._submit("logging the model", _log)
 
+    @contextlib.contextmanager
+    def ended_on_failure(self) -> Iterator[None]:
+        """Close the run as FAILED (an error) or KILLED (a signal: Ctrl-C, or SIGTERM from a
+        worker or ``kill``, which Prefect raises as its own ``TerminationSignal``) should
+        the block raise, after logging what was asked before, so the UI does not show a
+        dead run as still running. ``--resume`` reopens it."""
+        try:
+            yield
+        except Exception:
+            self.end("FAILED")
+            raise
+        except BaseException:
+            self.end("KILLED")
+            raise
+
     def end(self, status: str = "FINISHED") -> None:
-        """Close the run, waiting for every call before it."""
+        """Close the run, waiting for every call before it (once: later calls do nothing)."""
+        if self._ended:
+            return
         self._submit(
             "closing the run", lambda: self._client.set_terminated(self._run_id, status=status)
         )
         self.flush()
         self._worker.shutdown()
+        self._ended = True

@@ -55,7 +55,28 @@ def detection_totals(rounds: list[dict[str, str]]) -> dict[str, float]:
 def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
     logger = get_run_logger()
     paths = ProjectPaths(workdir)
-    data = load_verified_dataset(params.data, workdir)
+    run_info = json.loads(paths.run_info.read_text())
+    # Tracking that failed during training was stated then; the model and metrics are in
+    # artifacts/ and reports/, so this stage does not try (and warn) again.
+    tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
+    tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
+    with tracker.ended_on_failure():
+        results = _evaluate_and_log(params, paths, run_info, tracker)
+        tracker.end()
+    if tracker.failed:  # already stated as a warning when it happened
+        logger.info(
+            "tracking was off (%s); %s holds the final metrics", tracker.failed, paths.metrics
+        )
+    return results
+
+
+def _evaluate_and_log(
+    params: Params, paths: ProjectPaths, run_info: dict[str, Any], tracker: Tracker
+) -> dict[str, Any]:
+    """The final scores to reports/metrics.json and the run; the model logged last (in the
+    background: :meth:`Tracker.end` waits for it)."""
+    logger = get_run_logger()
+    data = load_verified_dataset(params.data, paths.root)
     device = resolve_device(params.train.device)
     model = build_global_model(params, data.info)
     model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
@@ -71,7 +92,6 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
             batch_size=params.eval.batch_size,
         )
         results.update({f"{split_name}_{k}": v for k, v in scores.items()})
-    run_info = json.loads(paths.run_info.read_text())
     results["rounds"] = run_info["rounds"]
     results["selected_round"] = run_info.get("selected_round", run_info["rounds"])
     with paths.rounds.open() as handle:
@@ -90,10 +110,6 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         results["val_auc"],
     )
 
-    # Tracking that failed during training was stated then; the model and metrics are in
-    # artifacts/ and reports/, so this stage does not try (and warn) again.
-    tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
-    tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
     if paths.pretest.exists():
@@ -113,11 +129,6 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         # the default layout: torch.export's archive warns about channels-last weights
         logged = model.cpu().to(memory_format=torch.contiguous_format).eval()
         tracker.log_model(logged, input_example=example, registered_name=registered)
-    tracker.end()
-    if tracker.failed:  # already stated as a warning when it happened
-        logger.info(
-            "tracking was off (%s); %s holds the final metrics", tracker.failed, paths.metrics
-        )
     return results
 
 

@@ -123,86 +123,91 @@ def train_flow(
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
 
-    data = load_verified_dataset(params.data, workdir)
-    federation = build_federation(params, data, read_partition(paths.partition))
-    state = federation.initial_state()
-    if resumable:
-        state = ServerState.from_dict(checkpoint["state"], device=federation.device)
-        torch.set_rng_state(checkpoint["torch_rng"])
-        logger.info("resuming from the checkpoint after round %d", state.round)
+    with tracker.ended_on_failure():
+        data = load_verified_dataset(params.data, workdir)
+        federation = build_federation(params, data, read_partition(paths.partition))
+        state = federation.initial_state()
+        if resumable:
+            state = ServerState.from_dict(checkpoint["state"], device=federation.device)
+            torch.set_rng_state(checkpoint["torch_rng"])
+            logger.info("resuming from the checkpoint after round %d", state.round)
 
-    rounds = params.train.rounds
-    on_terminal = sys.stderr.isatty()
-    with (
-        tqdm(
-            total=rounds, initial=state.round, desc="rounds", unit="round", disable=not on_terminal
-        ) as bar,
-        tqdm(
-            total=federation.clients_per_round,
-            desc="clients",
-            unit="client",
-            leave=False,
-            disable=not on_terminal,
-        ) as client_bar,
-    ):
-        while state.round < rounds:
-            client_bar.reset()
-            state, report = train_round(
-                federation, state, on_client=lambda _client_id: client_bar.update(1)
-            )
-            client_losses = {
-                f"client_loss/{row['client']}": row["train_loss"]
-                for row in report.clients
-                if "train_loss" in row
-            } | {
-                f"noniid_loss/{row['client']}": row["noniid_loss"]
-                for row in report.clients
-                if "noniid_loss" in row
-            }
-            # Logged before the checkpoint (reading run_id waits for the tracker): a kill in
-            # between re-runs (and re-logs) this round identically on resume, so no round's
-            # metrics can go missing.
-            tracker.log_metrics({**report.metrics, **client_losses}, step=report.round)
-            save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
-            bar.update(1)
-            bar.set_postfix(
-                acc=f"{report.metrics['test_acc']:.3f}", auc=f"{report.metrics['test_auc']:.3f}"
-            )
+        rounds = params.train.rounds
+        on_terminal = sys.stderr.isatty()
+        with (
+            tqdm(
+                total=rounds,
+                initial=state.round,
+                desc="rounds",
+                unit="round",
+                disable=not on_terminal,
+            ) as bar,
+            tqdm(
+                total=federation.clients_per_round,
+                desc="clients",
+                unit="client",
+                leave=False,
+                disable=not on_terminal,
+            ) as client_bar,
+        ):
+            while state.round < rounds:
+                client_bar.reset()
+                state, report = train_round(
+                    federation, state, on_client=lambda _client_id: client_bar.update(1)
+                )
+                client_losses = {
+                    f"client_loss/{row['client']}": row["train_loss"]
+                    for row in report.clients
+                    if "train_loss" in row
+                } | {
+                    f"noniid_loss/{row['client']}": row["noniid_loss"]
+                    for row in report.clients
+                    if "noniid_loss" in row
+                }
+                # Logged before the checkpoint (reading run_id waits for the tracker): a kill in
+                # between re-runs (and re-logs) this round identically on resume, so no round's
+                # metrics can go missing.
+                tracker.log_metrics({**report.metrics, **client_losses}, step=report.round)
+                save_checkpoint(paths.checkpoint, state=state, digest=digest, run_id=tracker.run_id)
+                bar.update(1)
+                bar.set_postfix(
+                    acc=f"{report.metrics['test_acc']:.3f}", auc=f"{report.metrics['test_auc']:.3f}"
+                )
+                logger.info(
+                    "round %d/%d: test loss %.4f acc %.4f auc %.4f",
+                    report.round,
+                    rounds,
+                    report.metrics["test_loss"],
+                    report.metrics["test_acc"],
+                    report.metrics["test_auc"],
+                )
+
+        model = federation.selected_model(state)
+        if params.eval.select == "best_val":
             logger.info(
-                "round %d/%d: test loss %.4f acc %.4f auc %.4f",
-                report.round,
-                rounds,
-                report.metrics["test_loss"],
-                report.metrics["test_acc"],
-                report.metrics["test_auc"],
+                "final model: round %d (best validation AUC %.4f)",
+                state.selected_round,
+                state.best_val_auc,
             )
-
-    model = federation.selected_model(state)
-    if params.eval.select == "best_val":
-        logger.info(
-            "final model: round %d (best validation AUC %.4f)",
-            state.selected_round,
-            state.best_val_auc,
+        paths.model.parent.mkdir(parents=True, exist_ok=True)
+        # contiguous: the file does not depend on the layout training used (federated.layout)
+        torch.save(
+            {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, paths.model
         )
-    paths.model.parent.mkdir(parents=True, exist_ok=True)
-    # contiguous: the file does not depend on the layout training used (federated.layout)
-    torch.save(
-        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, paths.model
-    )
-    write_csv(paths.rounds, state.history)
-    write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
-    write_noniid_report(paths, state, params)
-    plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
-    tracker.log_table(state.trail, "exclusions.json")
-    plot_curves(state.history, paths.curves)
-    for path in (
-        paths.rounds,
-        paths.exclusions,
-        paths.curves,
-        paths.exclusion_heatmap,
-        paths.noniid,
-    ):
-        tracker.log_artifact(path, "reports")
+        write_csv(paths.rounds, state.history)
+        write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
+        write_noniid_report(paths, state, params)
+        plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
+        tracker.log_table(state.trail, "exclusions.json")
+        plot_curves(state.history, paths.curves)
+        for path in (
+            paths.rounds,
+            paths.exclusions,
+            paths.curves,
+            paths.exclusion_heatmap,
+            paths.noniid,
+        ):
+            tracker.log_artifact(path, "reports")
     info = {
         "run_id": tracker.run_id,
         "params_hash": digest,

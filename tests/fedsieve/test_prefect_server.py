@@ -114,28 +114,54 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_pat
     assert not servers_for(not_a_folder)
 
 
-def test_a_terminated_command_stops_its_temporary_server(tmp_path, medmnist_root):
-    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
-    # skips Python's exit hooks, which left the server running with no one to stop it.
-    home = tmp_path / ".prefect"
-    env = project_environment(tmp_path, medmnist_root, home)
+def training_command(project: Path, medmnist_root: Path, home: Path) -> subprocess.Popen[bytes]:
+    """``fedsieve run`` started in ``project`` and returned once it is in the train flow
+    (its first checkpoint is written), with its temporary server running."""
     command = subprocess.Popen(
         [FEDSIEVE, "run", "--set", "train.rounds=200"],
-        cwd=tmp_path,
-        env=env,
+        cwd=project,
+        env=project_environment(project, medmnist_root, home),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 120
+    while not (project / "artifacts" / "checkpoints").exists():
+        if time.monotonic() > deadline or command.poll() is not None:
+            command.kill()
+            raise AssertionError(f"the run never reached its first round ({command.poll()})")
+        time.sleep(0.2)
+    assert servers_for(home), "the command never started its server"
+    return command
+
+
+def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_path, medmnist_root):
+    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
+    # skips Python's exit hooks, which left the server running with no one to stop it,
+    # and the MLflow run showing RUNNING forever.
+    home = tmp_path / ".prefect"
+    command = training_command(tmp_path, medmnist_root, home)
     try:
-        deadline = time.monotonic() + 120
-        while not servers_for(home) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert servers_for(home), "the command never started its server"
-        while not (tmp_path / "artifacts" / "checkpoints").exists():  # inside the train flow
-            assert time.monotonic() < deadline and command.poll() is None
-            time.sleep(0.2)
         command.terminate()
         assert command.wait(timeout=60) == 128 + signal.SIGTERM
     finally:
         command.kill()
+    assert not servers_for(home)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert [run.info.status for run in client.search_runs(experiments)] == ["KILLED"]
+
+
+def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root):
+    # SIGKILL (the OOM killer, `kill -9`, a container's timeout) runs no exit hook at all:
+    # the server ends by the kernel's parent-death signal instead.
+    home = tmp_path / ".prefect"
+    command = training_command(tmp_path, medmnist_root, home)
+    command.kill()
+    command.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while servers_for(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not servers_for(home)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_calls_made_while_mlflow_is_still_loading_all_land_in_order(tmp_path):
     # A fresh interpreter: MLflow is imported by the tracker's thread while this thread
@@ -40,3 +42,30 @@ def test_calls_made_while_mlflow_is_still_loading_all_land_in_order(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [
+        (RuntimeError("disk full"), "FAILED"),
+        (SystemExit(143), "KILLED"),
+        (KeyboardInterrupt(), "KILLED"),
+    ],
+)
+def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path, raised, status):
+    from mlflow import MlflowClient
+
+    from fedsieve.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("dies", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    with pytest.raises(type(raised)), tracker.ended_on_failure():
+        tracker.log_metrics({"test_acc": 0.5}, step=1)
+        raise raised
+    tracker.end()  # a second close changes nothing
+
+    client = MlflowClient(uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == status
+    assert run.data.metrics == {"test_acc": 0.5}  # what was asked before the failure landed

@@ -147,6 +147,7 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(
     assert sorted({m.step for m in client.get_metric_history(run_id, "test_acc")}) == list(
         range(1, 9)
     )
+    assert client.get_run(run_id).info.status == "FINISHED"  # reopened, then closed
 
 
 def _git(cwd: Path, *args: str) -> None:
