@@ -331,7 +331,16 @@ def load_params(path: Path | str = "params.yaml", overrides: list[str] | None = 
         key, sep, text = override.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {override!r}: expected key=value, e.g. train.rounds=3")
-        _set_dotted(raw, key.strip(), yaml.safe_load(text))
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            problem = str(error).splitlines()[0]
+            raise ConfigError(
+                f"--set {key.strip()}: the value {text!r} is not valid YAML ({problem}); "
+                "quote the whole option and close every bracket, e.g. "
+                "--set 'compare.seeds=[0, 1]'"
+            ) from None
+        _set_dotted(raw, key.strip(), value)
     return validate_params(raw, str(path))
 
 

@@ -12,6 +12,7 @@ shared MLflow server (a worker's files stay on its machine).
 from __future__ import annotations
 
 import csv
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from fedsieve.config import Params
 from fedsieve.plots import plot_compare_curves, plot_compare_heatmap
 from fedsieve.reports import write_csv, write_json
 from fedsieve.tracking import Tracker, child_run_results, flatten_params
-from flows.common import run_tags, stage_main
+from flows.common import RunStopped, run_tags, stage_main, stop_if_requested, stoppable_runs
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
@@ -33,6 +34,7 @@ from tasks.data import data_root
 
 __all__ = ["Cell", "compare_flow", "grid_cells"]
 
+WORKER_POLL_SECONDS = 2  # how often a dispatched cell's state is read
 SUMMARY_COLUMNS = (
     "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
     "rounds_to_target", "total_false_positives", "total_false_negatives",
@@ -98,8 +100,11 @@ def run_cell_on_worker(
     cell: Cell, deployment: str, parent_run_id: str, configured_data_root: str
 ) -> None:
     """One cell as a deployment run (blocks until it ends); its MLflow run is the parent's
-    child named after the cell, in ``artifacts/compare/<cell>`` of the worker's checkout."""
+    child named after the cell, in ``artifacts/compare/<cell>`` of the worker's checkout.
+    Should the grid be stopped meanwhile, the run is cancelled (its worker stops it)."""
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
 
     params = cell.params.model_dump(mode="json")
     params["data"]["root"] = configured_data_root  # resolved on the worker, not here
@@ -112,9 +117,19 @@ def run_cell_on_worker(
             "run_name": cell.name,
         },
         flow_run_name=cell.name,
-        timeout=None,
-        poll_interval=2,
+        timeout=0,  # created, not awaited: the wait below can be stopped
     )
+    with get_client(sync_client=True) as client:
+        while flow_run.state is None or not flow_run.state.is_final():
+            try:
+                stop_if_requested()
+            except RunStopped:
+                client.set_flow_run_state(
+                    flow_run.id, Cancelling(message="its comparison was stopped"), force=True
+                )
+                raise
+            time.sleep(WORKER_POLL_SECONDS)
+            flow_run = client.read_flow_run(flow_run.id)
     state = flow_run.state
     if state is None or not state.is_completed():
         raise RuntimeError(
@@ -133,7 +148,7 @@ def run_cells_on_workers(
             "compare.dispatch: deployment reads the cells' results from MLflow, and tracking "
             "is off for this run; set MLFLOW_TRACKING_URI to the workers' tracking server"
         )
-    with ThreadPoolTaskRunner(max_workers=len(cells)) as runner:
+    with ThreadPoolTaskRunner(max_workers=len(cells)) as runner, stoppable_runs():
         futures = [
             runner.submit(
                 run_cell_on_worker,
@@ -194,48 +209,56 @@ def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
         run_name=f"compare-{params.data.dataset}",
         tags=run_tags(params, workdir) | {"kind": "compare", "cells": str(len(cells))},
     )
-    parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
-    if params.compare.dispatch == "deployment":
-        logger.info(
-            "comparison grid: %d runs dispatched to deployment %s",
-            len(cells),
-            params.compare.deployment,
-        )
-        results = run_cells_on_workers(params, cells, parent.run_id)
-    else:
-        logger.info(
-            "comparison grid: %d runs, up to %d at a time", len(cells), params.compare.max_parallel
-        )
-        with ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner:
-            futures = [
-                runner.submit(run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id})
-                for c in cells
-            ]
-            results = [future.result() for future in futures]
+    with parent.ended_on_failure():  # a cancelled or failed grid is not left RUNNING
+        parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
+        if params.compare.dispatch == "deployment":
+            logger.info(
+                "comparison grid: %d runs dispatched to deployment %s",
+                len(cells),
+                params.compare.deployment,
+            )
+            results = run_cells_on_workers(params, cells, parent.run_id)
+        else:
+            logger.info(
+                "comparison grid: %d runs, up to %d at a time",
+                len(cells),
+                params.compare.max_parallel,
+            )
+            with (
+                ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner,
+                stoppable_runs(),
+            ):
+                futures = [
+                    runner.submit(
+                        run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id}
+                    )
+                    for c in cells
+                ]
+                results = [future.result() for future in futures]
 
-    rows, markdown = summarise(cells, results)
-    write_csv(reports / "summary.csv", rows, columns=SUMMARY_COLUMNS)
-    (reports / "summary.md").write_text(markdown)
-    write_json(reports / "summary.json", {"runs": rows})
-    methods = list(params.compare.methods)
-    scenarios = list(dict.fromkeys(c.scenario for c in cells))
-    curves: dict[str, dict[str, list[float]]] = {s: {} for s in scenarios}
-    heat = np.full((len(scenarios), len(methods)), np.nan)
-    for i, scenario in enumerate(scenarios):
-        for j, method in enumerate(methods):
-            mine = [
-                r
-                for c, r in zip(cells, results, strict=True)
-                if c.scenario == scenario and c.method == method
-            ]
-            curves[scenario][method] = np.mean([r["accuracy"] for r in mine], axis=0).tolist()
-            heat[i, j] = float(np.mean([r["metrics"]["test_acc"] for r in mine]))
-    plot_compare_curves(curves, reports / "accuracy.png")
-    plot_compare_heatmap(heat, scenarios, methods, reports / "heatmap.png")
-    for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
-        parent.log_artifact(reports / name, "compare")
-    parent.log_table(rows, "compare_summary.json")
-    parent.end()
+        rows, markdown = summarise(cells, results)
+        write_csv(reports / "summary.csv", rows, columns=SUMMARY_COLUMNS)
+        (reports / "summary.md").write_text(markdown)
+        write_json(reports / "summary.json", {"runs": rows})
+        methods = list(params.compare.methods)
+        scenarios = list(dict.fromkeys(c.scenario for c in cells))
+        curves: dict[str, dict[str, list[float]]] = {s: {} for s in scenarios}
+        heat = np.full((len(scenarios), len(methods)), np.nan)
+        for i, scenario in enumerate(scenarios):
+            for j, method in enumerate(methods):
+                mine = [
+                    r
+                    for c, r in zip(cells, results, strict=True)
+                    if c.scenario == scenario and c.method == method
+                ]
+                curves[scenario][method] = np.mean([r["accuracy"] for r in mine], axis=0).tolist()
+                heat[i, j] = float(np.mean([r["metrics"]["test_acc"] for r in mine]))
+        plot_compare_curves(curves, reports / "accuracy.png")
+        plot_compare_heatmap(heat, scenarios, methods, reports / "heatmap.png")
+        for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
+            parent.log_artifact(reports / name, "compare")
+        parent.log_table(rows, "compare_summary.json")
+        parent.end()
     logger.info("comparison summary:\n%s", markdown)
     return rows
 

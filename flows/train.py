@@ -20,7 +20,7 @@ from fedsieve.config import Params, params_hash
 from fedsieve.plots import plot_curves, plot_exclusion_heatmap
 from fedsieve.reports import ProjectPaths, read_partition, write_csv, write_json
 from fedsieve.tracking import Tracker, flatten_params
-from flows.common import run_tags, stage_main
+from flows.common import run_tags, stage_main, stop_if_requested
 from tasks.data import load_verified_dataset
 from tasks.training import build_federation, train_round
 
@@ -151,6 +151,7 @@ def train_flow(
             ) as client_bar,
         ):
             while state.round < rounds:
+                stop_if_requested()  # a cancelled comparison stops its cells between rounds
                 client_bar.reset()
                 state, report = train_round(
                     federation, state, on_client=lambda _client_id: client_bar.update(1)

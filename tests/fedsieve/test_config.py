@@ -47,6 +47,7 @@ BAD = [
     ("train.max_parallel=0", "train.max_parallel", "greater than or equal to 1"),
     ("train.roundz=3", "train.roundz", "keys allowed in train: rounds"),
     ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),
+    ("compare.methods={fedavg: {}", "compare.methods", "not valid YAML"),  # unclosed
 ]
 
 

@@ -134,12 +134,8 @@ def training_command(project: Path, medmnist_root: Path, home: Path) -> subproce
     return command
 
 
-def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_path, medmnist_root):
-    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
-    # skips Python's exit hooks, which left the server running with no one to stop it,
-    # and the MLflow run showing RUNNING forever.
-    home = tmp_path / ".prefect"
-    command = training_command(tmp_path, medmnist_root, home)
+def terminate_and_check_the_server_stops(command: subprocess.Popen[bytes], home: Path) -> None:
+    """SIGTERM ``command``: it must exit with 143 within a minute, its server gone."""
     try:
         command.terminate()
         assert command.wait(timeout=60) == 128 + signal.SIGTERM
@@ -147,11 +143,24 @@ def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_pat
         command.kill()
     assert not servers_for(home)
 
+
+def mlflow_run_statuses(project: Path) -> dict[str, str]:
+    """Every run in the project's MLflow store: name -> status."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
-    assert [run.info.status for run in client.search_runs(experiments)] == ["KILLED"]
+    return {run.info.run_name: run.info.status for run in client.search_runs(experiments)}
+
+
+def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_path, medmnist_root):
+    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
+    # skips Python's exit hooks, which left the server running with no one to stop it,
+    # and the MLflow run showing RUNNING forever.
+    home = tmp_path / ".prefect"
+    command = training_command(tmp_path, medmnist_root, home)
+    terminate_and_check_the_server_stops(command, home)
+    assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
 
 
 def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root):
@@ -165,3 +174,37 @@ def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root):
     while servers_for(home) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not servers_for(home)
+
+
+def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
+    tmp_path, medmnist_root
+):
+    # A grid's cells train on the task runner's threads, which the runner waits for when
+    # the grid is cancelled: each cell trained to its end (here 500 rounds) before exit.
+    home = tmp_path / ".prefect"
+    grid = (
+        "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
+        "attacks: [{name: none}], fractions: [0.0], seeds: [0], max_parallel: 2}"
+    )
+    command = subprocess.Popen(
+        [FEDSIEVE, "compare", "--set", "train.rounds=500", "--set", grid],
+        cwd=tmp_path,
+        env=project_environment(tmp_path, medmnist_root, home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        cells = tmp_path / "artifacts" / "compare"
+        deadline = time.monotonic() + 180
+        while len(list(cells.glob("*/artifacts/checkpoints"))) < 2:  # both cells training
+            assert time.monotonic() < deadline and command.poll() is None
+            time.sleep(0.2)
+    except BaseException:
+        command.kill()
+        raise
+    terminate_and_check_the_server_stops(command, home)
+    assert mlflow_run_statuses(tmp_path) == {
+        "compare-breastmnist": "KILLED",
+        "fedavg-none-f0-s0": "KILLED",
+        "median-none-f0-s0": "KILLED",
+    }

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -189,6 +190,57 @@ def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
     assert all(start.endswith(":00Z") for start in starts), starts  # on the minute
 
 
+DISPATCHED = ("dispatched_fedavg", "dispatched_median")
+CANCELLED = ("cancelled_fedavg", "cancelled_median")
+
+
+def cancel_a_dispatched_grid(
+    project: Path, env: dict[str, str], tracking: str, ops: Any, tiny: list[str]
+) -> dict[str, str]:
+    """A long grid dispatched to the worker, stopped (SIGTERM) once both cells train; the
+    final Prefect state of each cell's run (the worker stops the cancelled runs)."""
+    methods = "{cancelled_fedavg: {aggregate: {name: fedavg}}, cancelled_median: {aggregate: {name: median}}}"
+    grid = [*tiny, "train.rounds=500", "compare.dispatch=deployment", f"compare.methods={methods}"]
+    grid += ["compare.attacks=[{name: none}]", "tracking.experiment=cancelled-grid"]
+    command = subprocess.Popen(
+        [str(ops.bin / "fedsieve"), "compare", *(f"--set={o}" for o in grid)],
+        cwd=project,
+        env={**env, "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"], "MLFLOW_TRACKING_URI": tracking},
+        stdout=(project / "cancelled-grid.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    cells = [ops.repo / "artifacts" / "compare" / f"{m}-none-f0-s0" for m in CANCELLED]
+    try:
+        poll(
+            "both cells training on the worker",
+            lambda: (
+                command.poll() is not None
+                or all((cell / "artifacts" / "checkpoints").exists() for cell in cells)
+            ),
+            timeout=300,
+            interval=0.5,
+        )
+        assert command.poll() is None, (project / "cancelled-grid.log").read_text()[-3000:]
+        command.terminate()
+        assert command.wait(timeout=60) == 143  # at once: it does not wait for 500 rounds
+    finally:
+        command.kill()
+    names = [cell.name for cell in cells]
+
+    def final_states() -> dict[str, str] | None:
+        runs = api(env, "POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": names}}})
+        states = {run["name"]: run["state_type"] for run in runs}
+        return (
+            states
+            if len(states) == 2
+            and "RUNNING" not in states.values()
+            and ("CANCELLING" not in states.values())
+            else None
+        )
+
+    return poll("the cancelled cells' runs to stop", final_states, timeout=120)
+
+
 @pytest.mark.e2e
 def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
     project, prefect_api, processes, ops
@@ -270,12 +322,21 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
         cells = ops.repo / "artifacts" / "compare"  # in the worker's checkout
         on_worker = {
             method: json.loads((cells / f"{method}-none-f0-s0/reports/metrics.json").read_text())
-            for method in ("dispatched_fedavg", "dispatched_median")
+            for method in DISPATCHED
         }
+        cancelled_runs = cancel_a_dispatched_grid(project, env, tracking, ops, TINY)
     finally:
         processes.stop(worker)
-        for method in ("dispatched_fedavg", "dispatched_median"):  # the worker's checkout
+        for method in (*DISPATCHED, *CANCELLED):  # the worker's checkout
             shutil.rmtree(ops.repo / "artifacts" / "compare" / f"{method}-none-f0-s0", True)
+    # stopped on the worker (SIGTERM), not trained to the end
+    assert cancelled_runs == {f"{m}-none-f0-s0": "CANCELLED" for m in CANCELLED}
+    client = MlflowClient(tracking)
+    stopped = client.search_runs([client.get_experiment_by_name("cancelled-grid").experiment_id])
+    assert {r.info.run_name: r.info.status for r in stopped} == {
+        "compare-breastmnist": "KILLED",
+        **{f"{m}-none-f0-s0": "KILLED" for m in CANCELLED},
+    }
 
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 1
