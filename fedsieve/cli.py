@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,7 +188,41 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
         print(
             f"fedsieve: Prefect server for every stage: {env['PREFECT_API_URL']}", file=sys.stderr
         )
-        return subprocess.run([sys.executable, "-m", "dvc", *args.dvc_args], env=env).returncode
+        # In a process group of its own, so that the stage dvc is running can be stopped
+        # with it: on its own it would train on, orphaned, against a stopped server.
+        dvc = subprocess.Popen(
+            [sys.executable, "-m", "dvc", *args.dvc_args], env=env, process_group=0
+        )
+        try:
+            return dvc.wait()
+        except BaseException as stopping:  # SIGTERM (SystemExit 143) or Ctrl-C
+            interrupt = isinstance(stopping, KeyboardInterrupt)
+            _stop_process_group(dvc, signal.SIGINT if interrupt else signal.SIGTERM)
+            raise
+
+
+STAGE_STOP_SECONDS = 30  # a stopping stage's exit hooks: tracker flush, Prefect's workers
+
+
+def _stop_process_group(leader: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to ``leader``'s process group and wait for every process in it to
+    exit (a stage may outlive dvc by its exit hooks); SIGKILL what is left after
+    :data:`STAGE_STOP_SECONDS`."""
+    group = leader.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signum)
+    deadline = time.monotonic() + STAGE_STOP_SECONDS
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        leader.wait(timeout=STAGE_STOP_SECONDS)
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)  # anyone left?
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    leader.wait()
 
 
 def _list(args: argparse.Namespace, workdir: Path) -> int:

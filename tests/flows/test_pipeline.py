@@ -154,8 +154,10 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_server):
-    repo = tmp_path / "repo"
+def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, dict[str, str]]:
+    """A git repository holding the DVC pipeline (3 clients, ``rounds`` rounds); the
+    environment to run dvc in it with its own MLflow store and no Prefect server."""
+    repo = root / "repo"
     repo.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         if (REPO / name).exists():
@@ -167,22 +169,65 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
             ignore=shutil.ignore_patterns("__pycache__", "tmp", "cache"),
         )
     text = (repo / "params.yaml").read_text()
-    text = text.replace("num_clients: 10", "num_clients: 3").replace("rounds: 20", "rounds: 2")
+    text = text.replace("num_clients: 10", "num_clients: 3").replace(
+        "rounds: 20", f"rounds: {rounds}"
+    )
     (repo / "params.yaml").write_text(text.replace("local_epochs: 2", "local_epochs: 1"))
     _git(repo, "init", "-q")
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "add", "-A")
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "pipeline")
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "PREFECT_API_URL": prefect_server,
         "MEDMNIST_ROOT": str(medmnist_root),
         "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
     }
+    return repo, env
+
+
+def test_a_terminated_make_run_stops_the_stage_it_was_running(tmp_path, medmnist_root):
+    # `fedsieve dvc repro` stopped by SIGTERM (kill, a scheduler): the stage dvc was running
+    # used to train on, orphaned, against the server its parent had stopped.
+    repo, env = pipeline_repo(tmp_path, medmnist_root, rounds=500)
+    command = subprocess.Popen(
+        [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (repo / "artifacts" / "checkpoints").exists():  # in the train stage
+            assert time.monotonic() < deadline and command.poll() is None
+            time.sleep(0.2)
+        command.terminate()
+        assert command.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        command.kill()
+    assert not [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _cwd_of(pid) == repo  # no stage, no dvc left in the project
+    ]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+
+
+def _cwd_of(pid: str) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_server):
+    repo, shared_server_env = pipeline_repo(tmp_path, medmnist_root, rounds=2)
+    env = {**shared_server_env, "PREFECT_API_URL": prefect_server}
     dvc = [str(Path(sys.executable).parent / "dvc")]
 
     # `make run`: no PREFECT_API_URL, one temporary server shared by the four stages
-    shared_server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     repro = subprocess.run(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
         cwd=repo,
