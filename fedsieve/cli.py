@@ -317,9 +317,10 @@ def console(argv: Sequence[str] | None = None) -> None:
         code = stop.code
         _exit_status = code if isinstance(code, int) else int(code is not None)
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: Prefect has logged the crash; no traceback
+        print("fedsieve: interrupted", file=sys.stderr)
         _exit_status = 130
-        raise
+        sys.exit(_exit_status)
     sys.exit(_exit_status)
 
 

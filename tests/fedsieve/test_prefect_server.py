@@ -114,7 +114,9 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_pat
     assert not servers_for(not_a_folder)
 
 
-def training_command(project: Path, medmnist_root: Path, home: Path) -> subprocess.Popen[bytes]:
+def training_command(
+    project: Path, medmnist_root: Path, home: Path, stderr: int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
     """``fedsieve run`` started in ``project`` and returned once it is in the train flow
     (its first checkpoint is written), with its temporary server running."""
     command = subprocess.Popen(
@@ -122,7 +124,7 @@ def training_command(project: Path, medmnist_root: Path, home: Path) -> subproce
         cwd=project,
         env=project_environment(project, medmnist_root, home),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
     deadline = time.monotonic() + 120
     while not (project / "artifacts" / "checkpoints").exists():
@@ -160,6 +162,21 @@ def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_pat
     home = tmp_path / ".prefect"
     command = training_command(tmp_path, medmnist_root, home)
     terminate_and_check_the_server_stops(command, home)
+    assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+
+
+def test_an_interrupted_command_says_one_line_and_closes_its_run(tmp_path, medmnist_root):
+    home = tmp_path / ".prefect"
+    command = training_command(tmp_path, medmnist_root, home, stderr=subprocess.PIPE)
+    try:
+        command.send_signal(signal.SIGINT)  # Ctrl-C
+        _, stderr = command.communicate(timeout=60)
+    finally:
+        command.kill()
+    assert command.returncode == 130
+    assert stderr.decode().strip().splitlines()[-1] == "fedsieve: interrupted"
+    assert "Traceback" not in stderr.decode()
+    assert not servers_for(home)
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
 
 
