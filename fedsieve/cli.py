@@ -320,7 +320,6 @@ def console(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:  # Ctrl-C: Prefect has logged the crash; no traceback
         print("fedsieve: interrupted", file=sys.stderr)
         _exit_status = 130
-        sys.exit(_exit_status)
     sys.exit(_exit_status)
 
 

@@ -114,26 +114,42 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(tmp_pat
     assert not servers_for(not_a_folder)
 
 
-def training_command(
-    project: Path, medmnist_root: Path, home: Path, stderr: int = subprocess.DEVNULL
+def started_command(
+    project: Path,
+    medmnist_root: Path,
+    home: Path,
+    *args: str,
+    trainings: int = 1,
+    within: float = 120,
+    stderr: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
-    """``fedsieve run`` started in ``project`` and returned once it is in the train flow
-    (its first checkpoint is written), with its temporary server running."""
+    """``fedsieve ARGS`` started in ``project`` and returned once ``trainings`` train
+    flows are running (each has written its first checkpoint; killed if not ``within``
+    seconds), with its temporary server up."""
     command = subprocess.Popen(
-        [FEDSIEVE, "run", "--set", "train.rounds=200"],
+        [FEDSIEVE, *args],
         cwd=project,
         env=project_environment(project, medmnist_root, home),
         stdout=subprocess.DEVNULL,
         stderr=stderr,
     )
-    deadline = time.monotonic() + 120
-    while not (project / "artifacts" / "checkpoints").exists():
+    deadline = time.monotonic() + within
+    while len(list(project.glob("**/artifacts/checkpoints"))) < trainings:
         if time.monotonic() > deadline or command.poll() is not None:
             command.kill()
-            raise AssertionError(f"the run never reached its first round ({command.poll()})")
+            raise AssertionError(f"the training never reached its first round ({command.poll()})")
         time.sleep(0.2)
     assert servers_for(home), "the command never started its server"
     return command
+
+
+def training_command(
+    project: Path, medmnist_root: Path, home: Path, stderr: int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    """``fedsieve run`` (200 rounds) in its first rounds."""
+    return started_command(
+        project, medmnist_root, home, "run", "--set", "train.rounds=200", stderr=stderr
+    )
 
 
 def terminate_and_check_the_server_stops(command: subprocess.Popen[bytes], home: Path) -> None:
@@ -203,22 +219,10 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
         "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
         "attacks: [{name: none}], fractions: [0.0], seeds: [0], max_parallel: 2}"
     )
-    command = subprocess.Popen(
-        [FEDSIEVE, "compare", "--set", "train.rounds=500", "--set", grid],
-        cwd=tmp_path,
-        env=project_environment(tmp_path, medmnist_root, home),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        cells = tmp_path / "artifacts" / "compare"
-        deadline = time.monotonic() + 180
-        while len(list(cells.glob("*/artifacts/checkpoints"))) < 2:  # both cells training
-            assert time.monotonic() < deadline and command.poll() is None
-            time.sleep(0.2)
-    except BaseException:
-        command.kill()
-        raise
+    command = started_command(
+        tmp_path, medmnist_root, home, "compare", "--set", "train.rounds=500", "--set", grid,
+        trainings=2, within=180,  # both cells training
+    )  # fmt: skip
     terminate_and_check_the_server_stops(command, home)
     assert mlflow_run_statuses(tmp_path) == {
         "compare-breastmnist": "KILLED",

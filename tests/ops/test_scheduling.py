@@ -194,21 +194,26 @@ DISPATCHED = ("dispatched_fedavg", "dispatched_median")
 CANCELLED = ("cancelled_fedavg", "cancelled_median")
 
 
+def grid_for_the_worker(ops: Any, prefix: str, experiment: str, *extra: str) -> list[str]:
+    """``fedsieve compare`` of FedAvg and median (methods named ``<prefix>_<rule>``), its
+    cells dispatched to the deployment and tracked in ``experiment``."""
+    rules = ("fedavg", "median")
+    methods = ", ".join(f"{prefix}_{rule}: {{aggregate: {{name: {rule}}}}}" for rule in rules)
+    grid = [*TINY, *extra, "compare.dispatch=deployment", f"compare.methods={{{methods}}}"]
+    grid += ["compare.attacks=[{name: none}]", f"tracking.experiment={experiment}"]
+    return [str(ops.bin / "fedsieve"), "compare", *(f"--set={o}" for o in grid)]
+
+
 def cancel_a_dispatched_grid(
-    project: Path, env: dict[str, str], tracking: str, ops: Any, tiny: list[str]
+    project: Path, env: dict[str, str], compare_env: dict[str, str], ops: Any
 ) -> dict[str, str]:
     """A long grid dispatched to the worker, stopped (SIGTERM) once both cells train; the
     final Prefect state of each cell's run (the worker stops the cancelled runs)."""
-    methods = "{cancelled_fedavg: {aggregate: {name: fedavg}}, cancelled_median: {aggregate: {name: median}}}"
-    grid = [*tiny, "train.rounds=500", "compare.dispatch=deployment", f"compare.methods={methods}"]
-    grid += ["compare.attacks=[{name: none}]", "tracking.experiment=cancelled-grid"]
-    command = subprocess.Popen(
-        [str(ops.bin / "fedsieve"), "compare", *(f"--set={o}" for o in grid)],
-        cwd=project,
-        env={**env, "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"], "MLFLOW_TRACKING_URI": tracking},
-        stdout=(project / "cancelled-grid.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    grid = grid_for_the_worker(ops, "cancelled", "cancelled-grid", "train.rounds=500")
+    with (project / "cancelled-grid.log").open("w") as output:  # the child keeps its copy
+        command = subprocess.Popen(
+            grid, cwd=project, env=compare_env, stdout=output, stderr=subprocess.STDOUT
+        )
     cells = [ops.repo / "artifacts" / "compare" / f"{m}-none-f0-s0" for m in CANCELLED]
     try:
         poll(
@@ -230,13 +235,8 @@ def cancel_a_dispatched_grid(
     def final_states() -> dict[str, str] | None:
         runs = api(env, "POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": names}}})
         states = {run["name"]: run["state_type"] for run in runs}
-        return (
-            states
-            if len(states) == 2
-            and "RUNNING" not in states.values()
-            and ("CANCELLING" not in states.values())
-            else None
-        )
+        still_going = {"RUNNING", "CANCELLING"} & set(states.values())
+        return states if len(states) == 2 and not still_going else None
 
     return poll("the cancelled cells' runs to stop", final_states, timeout=120)
 
@@ -303,17 +303,15 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
             f"{flow_run.state}\n{processes.log('worker')[-4000:]}"
         )
         # compare.dispatch: deployment -- every cell a run of that deployment on the worker
-        methods = "{dispatched_fedavg: {aggregate: {name: fedavg}}, dispatched_median: {aggregate: {name: median}}}"
-        grid = [*TINY, "compare.dispatch=deployment", f"compare.methods={methods}"]
-        grid += ["compare.attacks=[{name: none}]", "tracking.experiment=grid"]
+        compare_env = {
+            **env,
+            "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"],
+            "MLFLOW_TRACKING_URI": tracking,
+        }
         compare = subprocess.run(
-            [str(ops.bin / "fedsieve"), "compare", *(f"--set={o}" for o in grid)],
+            grid_for_the_worker(ops, "dispatched", "grid"),
             cwd=project,
-            env={
-                **env,
-                "MEDMNIST_ROOT": os.environ["MEDMNIST_ROOT"],
-                "MLFLOW_TRACKING_URI": tracking,
-            },
+            env=compare_env,
             capture_output=True,
             text=True,
             timeout=600,
@@ -324,7 +322,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
             method: json.loads((cells / f"{method}-none-f0-s0/reports/metrics.json").read_text())
             for method in DISPATCHED
         }
-        cancelled_runs = cancel_a_dispatched_grid(project, env, tracking, ops, TINY)
+        cancelled_runs = cancel_a_dispatched_grid(project, env, compare_env, ops)
     finally:
         processes.stop(worker)
         for method in (*DISPATCHED, *CANCELLED):  # the worker's checkout
