@@ -1,6 +1,7 @@
 """Benchmark: whole federated rounds, sequential vs batched client training (not a test).
 
     python -m benchmarks.round_speed [--device cpu|cuda] [--quick] [--threads N]
+                                     [--channels-last] [--skip-memory]
 
 Workload (issue 8): a BloodMNIST-sized set of 12,000 synthetic 3x28x28 images in 8
 classes (class prototypes plus noise, so training means something), split IID over 50
@@ -14,6 +15,10 @@ from the same state.
    (plain torch SGD, batch 32) (target: the round within 1.15x of the epoch).
 3. On CUDA only: the peak memory of a 100-client ResNet-18 batched round with the chunk
    size sized to a 16 GB budget (target: fits in 16 GB).
+
+``--channels-last`` builds every model with channels-last convolution weights. The engine
+does that itself on a CPU (:mod:`federated.layout`) and leaves CUDA models contiguous;
+on CUDA the flag measures whether it should. ``--skip-memory`` leaves out part 3.
 
 Peak memory: ``torch.cuda.max_memory_allocated`` on GPU; on CPU the peak resident set
 size above the level before the phase, sampled every 5 ms (tracemalloc does not see
@@ -191,6 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--channels-last", action="store_true", help="channels-last models")
+    parser.add_argument("--skip-memory", action="store_true", help="leave out part 3 (CUDA)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA device")
@@ -203,9 +210,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # (images, clients, test images) per part; --quick keeps ~1-2 minutes a part on 2 cores
     cnn_sizes = (3_200, 50, 1_000) if quick else (12_000, 50, 3_421)
     resnet_sizes = (192, 6, 200) if quick else (12_000, 50, 3_421)
-    out = args.out or Path(
-        f"benchmarks/results/round-speed-{device.type}{'-quick' if quick else ''}.json"
-    )
+    layout = "channels_last" if args.channels_last else "default"
+    suffix = ("-quick" if quick else "") + ("-channels-last" if args.channels_last else "")
+    out = args.out or Path(f"benchmarks/results/round-speed-{device.type}{suffix}.json")
+
+    def in_layout(model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(memory_format=torch.channels_last) if args.channels_last else model
 
     load_before = os.getloadavg()
     report: dict[str, Any] = {
@@ -220,6 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "platform": platform.platform(),
         },
         "versions": versions(cuda=torch.version.cuda),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_fp32_precision": torch.get_float32_matmul_precision(),
+        "model_layout": layout,
         "quick": quick,
         "repeats": repeats,
         "warmup_round": warmup,
@@ -233,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _, _, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
     def cnn() -> torch.nn.Module:
-        return build_model("small_cnn", in_channels=3, num_classes=CLASSES)
+        return in_layout(build_model("small_cnn", in_channels=3, num_classes=CLASSES))
 
     part: dict[str, Any] = {"images": n_images, "clients": n_clients, "test_images": n_test}
     finals = {}
@@ -259,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     images, labels, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
     def resnet() -> torch.nn.Module:
-        return build_model("resnet18", in_channels=3, num_classes=CLASSES)
+        return in_layout(build_model("resnet18", in_channels=3, num_classes=CLASSES))
 
     part = {"images": n_images, "clients": n_clients, "test_images": n_test, "norm": "batch"}
     fed = federation(resnet, clients, test, "batched")
@@ -281,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["resnet18_round_vs_centralized_epoch"] = part
 
     # 3. 100 clients of ResNet-18, batched, chunked to a 16 GB budget (GPU only)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.skip_memory:
         images, _, clients, test = synthetic_federation(12_000, 100, 3_421, device)
         model = seeded_init(0, resnet).to(device)
         d = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
@@ -305,7 +318,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "fits_16gb": memory["peak_allocated_gb"] <= 16.0,
         }
     else:
-        report["resnet18_100_clients_memory"] = "not measured: needs --device cuda"
+        report["resnet18_100_clients_memory"] = (
+            "not measured: needs --device cuda (and no --skip-memory)"
+        )
 
     report["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     out.parent.mkdir(parents=True, exist_ok=True)

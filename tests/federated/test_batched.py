@@ -8,10 +8,13 @@ with oneDNN convolutions and one without, differ by ~1e-3 after three steps at l
 So the float32 ResNet test takes two local steps per client; runs with aggressive
 settings (lr 0.05, momentum, weight decay, FedProx, two epochs of uneven batches of 3-4,
 BatchNorm and GroupNorm) are checked in float64, where both backends agree to the last
-float32 bit of the update.
+float32 bit of the update. The exactness tests also run on CUDA where a GPU is present,
+with cuDNN's TF32 convolutions turned off (they round to 10 mantissa bits, ~1e-3 a step).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -33,11 +36,28 @@ AGGRESSIVE = LocalTraining(
 )
 
 
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ]
+)
+def device(request: pytest.FixtureRequest) -> Iterator[torch.device]:
+    """Each exactness test on the CPU and, where one is present, on a CUDA GPU (exact
+    float32: no TF32 convolutions)."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield torch.device(request.param)
+
+
 def make_clients(
     sizes: list[int],
     shape: tuple[int, int, int],
     num_classes: int,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> list[ClientData]:
     """Clients of the given sizes; the last one's labels are flipped (y -> C-1-y)."""
     generator = torch.Generator().manual_seed(0)
@@ -47,7 +67,7 @@ def make_clients(
         if client_id == len(sizes) - 1:
             targets = num_classes - 1 - targets  # a label-flipping client
         images = torch.randn(n, *shape, generator=generator, dtype=dtype)
-        clients.append(ClientData(10 + client_id, images, targets))
+        clients.append(ClientData(10 + client_id, images.to(device), targets.to(device)))
     return clients
 
 
@@ -88,23 +108,24 @@ def assert_same_updates(
         (LocalTraining(lr=0.05, momentum=0.0, batch_size=8), None),  # plain SGD, one chunk
     ],
 )
-def test_small_cnn_batched_updates_equal_sequential_ones(config, max_parallel):
+def test_small_cnn_batched_updates_equal_sequential_ones(config, max_parallel, device):
     # sizes 3, 9, 17, 24, 30 at batch 8: 1 to 4 batches, the last ones of 3, 9 (8 + 1
     # merged), 9, 8 and 6 samples; chunks of 3 train clients of unequal batch counts together
-    clients = make_clients([3, 9, 17, 24, 30], (1, 28, 28), num_classes=4)
+    clients = make_clients([3, 9, 17, 24, 30], (1, 28, 28), num_classes=4, device=device)
     model = seeded_init(
         0, lambda: build_model("small_cnn", in_channels=1, num_classes=4, width=8, hidden=16)
-    )
+    ).to(device)
 
     sequential, batched = both_backends(model, clients, config, max_parallel)
 
     assert_same_updates(sequential, batched, rtol=1e-5)
 
 
-def test_resnet18_batchnorm_float32_updates_equal_sequential_ones():
+def test_resnet18_batchnorm_float32_updates_equal_sequential_ones(device):
     # one batch per epoch, two epochs: chunks of sizes 8 and 8 (one vmap call) and 12
-    clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3)
+    clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3, device=device)
     model = seeded_init(0, lambda: build_model("resnet18", in_channels=1, num_classes=3))
+    model.to(device)
     config = LocalTraining(
         epochs=2, lr=0.01, momentum=0.9, weight_decay=1e-3, batch_size=12, prox_mu=0.1
     )
@@ -115,13 +136,13 @@ def test_resnet18_batchnorm_float32_updates_equal_sequential_ones():
 
 
 @pytest.mark.parametrize("norm", ["batch", "group"])
-def test_resnet18_float64_updates_are_identical_under_aggressive_settings(norm):
+def test_resnet18_float64_updates_are_identical_under_aggressive_settings(norm, device):
     # 12x12 images keep ResNet-18 cheap (2x2 maps in the last stage); at batch 3 the
     # clients see batches of [4] (3 + 1 merged) and [3, 4]
-    clients = make_clients([4, 7], (1, 12, 12), num_classes=3, dtype=torch.float64)
+    clients = make_clients([4, 7], (1, 12, 12), num_classes=3, dtype=torch.float64, device=device)
     model = seeded_init(
         0, lambda: build_model("resnet18", in_channels=1, num_classes=3, norm=norm, groups=8)
-    ).double()
+    ).to(device, torch.float64)
     config = LocalTraining(
         epochs=2, lr=0.05, momentum=0.9, weight_decay=1e-3, batch_size=3, prox_mu=0.1
     )
