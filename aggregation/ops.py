@@ -12,13 +12,19 @@ O(block·n²), and they hold the two primitives most rules reduce to:
 - ``centered_gram`` / ``squared_distances``: the clients' Gram matrix after subtracting
   the column mean block by block (so a common offset of the updates costs no precision),
   accumulated in float64, and the pairwise squared distances derived from it.
+- On a CUDA GPU with Triton installed, one-pass kernels replace the torch paths where
+  they apply (float32 or half precision, not too many clients): ``centered_gram`` uses
+  :mod:`aggregation.gram_kernel`, and ``order_kernels_for`` hands the rules that reduce
+  sorted columns to one value (median, trimmed mean, EMA) :mod:`aggregation.order_kernels`.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from collections.abc import Iterator
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -29,6 +35,7 @@ __all__ = [
     "column_blocks",
     "compute_dtype",
     "krum_scores",
+    "order_kernels_for",
     "ranking",
     "sort_columns",
     "squared_distances",
@@ -104,13 +111,49 @@ def sort_columns(block: Tensor) -> Tensor:
     return torch.sort(block, dim=0).values
 
 
+@functools.cache
+def _triton_module(name: str) -> ModuleType | None:
+    """``aggregation.<name>``, or None where Triton is not installed (CPU-only installs:
+    CI, `make setup`)."""
+    try:
+        return importlib.import_module(f"aggregation.{name}")
+    except ImportError:
+        return None
+
+
+def _kernels_for(name: str, updates: Tensor) -> ModuleType | None:
+    # Ampere or newer: the Gram kernel's split-TF32 products need tensor cores with TF32,
+    # and the kernels were verified on Hopper only.
+    if (
+        updates.device.type != "cuda"
+        or updates.dtype == torch.float64
+        or torch.cuda.get_device_capability(updates.device) < (8, 0)
+    ):
+        return None
+    kernels = _triton_module(name)
+    if kernels is None or updates.shape[0] > kernels.MAX_CLIENTS:
+        return None
+    return kernels
+
+
+def order_kernels_for(updates: Tensor) -> ModuleType | None:
+    """:mod:`aggregation.order_kernels` where it applies to ``updates`` (a CUDA tensor of
+    float32 or half precision from at most ``MAX_CLIENTS`` clients, Triton installed),
+    else None: the caller then sorts with :func:`sort_columns`."""
+    return _kernels_for("order_kernels", updates)
+
+
 def centered_gram(updates: Tensor) -> Tensor:
     """Gram matrix ``(n, n)`` float64 of the updates minus their column mean.
 
     Computed block by block in the updates' precision and summed in float64; if that
     overflows (huge finite attack vectors in float32), it is recomputed in float64.
     """
-    gram = _centered_gram(updates, compute_dtype(updates.dtype))
+    kernel = _kernels_for("gram_kernel", updates)
+    if kernel is not None:  # one pass on a CUDA GPU
+        gram = kernel.centered_gram(updates)
+    else:
+        gram = _centered_gram(updates, compute_dtype(updates.dtype))
     if not bool(torch.isfinite(gram).all()) and updates.dtype != torch.float64:
         gram = _centered_gram(updates, torch.float64)
     return gram
