@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from aggregation.base import AggregationRule, State, check_updates, normalised_weights
-from aggregation.ops import block_columns, column_blocks, sort_columns
+from aggregation.ops import block_columns, column_blocks, fedlag_kernel_for, sort_columns
 from aggregation.registry import register_aggregator
 
 __all__ = ["FedLag", "direct_scores", "fedlag_direct"]
@@ -205,6 +205,9 @@ class FedLag(AggregationRule):
             chosen = np.sort(rng.choice(n_pairs, size=self.max_candidates, replace=False))
             pairs = torch.triu_indices(n, n, 1)[:, torch.from_numpy(chosen)].to(updates.device)
         screen = _screen_dtype(n, updates.device)
+        kernel = fedlag_kernel_for(updates)
+        if kernel is not None and pairs is None and screen == torch.float32 and n > 1:
+            return self._on_gpu(kernel, updates, w), {"round": round_ + 1}, {}
         if pairs is not None:
             per_column = 8 * n * (3 * pairs.shape[1] + 4)
         elif screen is not None:
@@ -224,3 +227,13 @@ class FedLag(AggregationRule):
                 fused = fedlag_direct(values, w, self.eps)
             out[columns] = fused.to(updates.dtype)
         return out, {"round": round_ + 1}, {}
+
+    def _on_gpu(self, kernel: Any, updates: Tensor, w: Tensor) -> Tensor:
+        """The Triton kernels (:mod:`aggregation.fedlag_kernel`); the few parameters whose
+        survivors overflow its lists go through the torch path."""
+        out, unresolved = kernel.fedlag(updates, w, self.eps, TIE)
+        if unresolved.numel():
+            values = updates[:, unresolved].T.to(torch.float64).contiguous()
+            fused = _fedlag_factorised(values, w, self.eps, torch.float32)
+            out[unresolved] = fused.to(updates.dtype)
+        return out

@@ -14,8 +14,9 @@ O(block·n²), and they hold the two primitives most rules reduce to:
   accumulated in float64, and the pairwise squared distances derived from it.
 - On a CUDA GPU with Triton installed, one-pass kernels replace the torch paths where
   they apply (float32 or half precision, not too many clients): ``centered_gram`` uses
-  :mod:`aggregation.gram_kernel`, and ``order_kernels_for`` hands the rules that reduce
-  sorted columns to one value (median, trimmed mean, EMA) :mod:`aggregation.order_kernels`.
+  :mod:`aggregation.gram_kernel`, ``order_kernels_for`` hands the rules that reduce
+  sorted columns to one value (median, trimmed mean, EMA) :mod:`aggregation.order_kernels`,
+  and ``fedlag_kernel_for`` hands FedLag :mod:`aggregation.fedlag_kernel`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "centered_gram",
     "column_blocks",
     "compute_dtype",
+    "fedlag_kernel_for",
     "krum_scores",
     "order_kernels_for",
     "ranking",
@@ -141,6 +143,12 @@ def order_kernels_for(updates: Tensor) -> ModuleType | None:
     float32 or half precision from at most ``MAX_CLIENTS`` clients, Triton installed),
     else None: the caller then sorts with :func:`sort_columns`."""
     return _kernels_for("order_kernels", updates)
+
+
+def fedlag_kernel_for(updates: Tensor) -> ModuleType | None:
+    """:mod:`aggregation.fedlag_kernel` where it applies to ``updates`` (as
+    :func:`order_kernels_for`, for at most its ``MAX_CLIENTS`` clients), else None."""
+    return _kernels_for("fedlag_kernel", updates)
 
 
 def centered_gram(updates: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """Launch settings of the Triton aggregation kernels on the GPU at hand (not a test).
 
-    python -m benchmarks.gpu_kernels_tune [--order] [--gram]
+    python -m benchmarks.gpu_kernels_tune [--order] [--gram] [--fedlag]
 
 At n = 10, 50, 100 clients and d = 11.2M (a ResNet-18), median of
 ``triton.testing.do_bench`` (CUDA events):
@@ -8,9 +8,12 @@ At n = 10, 50, 100 clients and d = 11.2M (a ResNet-18), median of
 - ``--order``: the median, trimmed mean and EMA kernels (:mod:`aggregation.order_kernels`)
   for every (TILE_ELEMENTS, NUM_WARPS) pair;
 - ``--gram``: the centered Gram kernel (:mod:`aggregation.gram_kernel`) for every
-  (BLOCK, PRECISION, PROGRAMS_PER_SM) triple.
+  (BLOCK, PRECISION, PROGRAMS_PER_SM) triple;
+- ``--fedlag``: the FedLag kernels (:mod:`aggregation.fedlag_kernel`) for every
+  (SCREEN_WARPS, CHOOSE_BLOCK, MAX_SURVIVORS) triple, at n = 10 and 50 only (it takes at
+  most 64 clients).
 
-Prints each setting's time and the best per n beside the read floor. Neither flag: both.
+Prints each setting's time and the best per n beside the read floor. No flag: all.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import triton.testing
 from torch import Tensor
 
-from aggregation import gram_kernel, order_kernels
+from aggregation import fedlag_kernel, gram_kernel, order_kernels
 
 D = 11_200_000
 
@@ -64,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--order", action="store_true")
     parser.add_argument("--gram", action="store_true")
+    parser.add_argument("--fedlag", action="store_true")
     args = parser.parse_args(argv)
-    both = not (args.order or args.gram)
+    every = not (args.order or args.gram or args.fedlag)
     copy = torch.empty(256 * 2**20, device="cuda")
     seconds = triton.testing.do_bench(lambda: copy.clone(), return_mode="median") / 1e3
     bandwidth = 2 * copy.numel() * 4 / seconds
@@ -78,15 +82,25 @@ def main(argv: list[str] | None = None) -> None:
     for n in (10, 50, 100):
         updates = torch.randn(n, D, device="cuda")
         floor_ms = n * D * 4 / bandwidth * 1e3
-        if args.order or both:
+        if args.order or every:
             for name, kernel in statistics.items():
                 settings = itertools.product((512, 1024, 2048, 4096), (1, 2))
                 sweep(f"{name} n={n}", order_kernels, ("TILE_ELEMENTS", "NUM_WARPS"),
                       settings, kernel, updates, floor_ms)  # fmt: skip
-        if args.gram or both:
+        if args.gram or every:
             settings = itertools.product((32, 64, 128), ("ieee", "tf32x3"), (2, 4, 8))
             sweep(f"gram n={n}", gram_kernel, ("BLOCK", "PRECISION", "PROGRAMS_PER_SM"),
                   settings, gram_kernel.centered_gram, updates, floor_ms)  # fmt: skip
+        if (args.fedlag or every) and n <= fedlag_kernel.MAX_CLIENTS:
+            weights = torch.full((n,), 1.0 / n, dtype=torch.float64, device="cuda")
+
+            def fused(u: Tensor, weights: Tensor = weights) -> Tensor:
+                return fedlag_kernel.fedlag(u, weights, 1e-12, 1e-12)[0]
+
+            settings = itertools.product((2, 4, 8), (32, 64, 128), (16, 32))
+            sweep(f"fedlag n={n}", fedlag_kernel,
+                  ("SCREEN_WARPS", "CHOOSE_BLOCK", "MAX_SURVIVORS"),
+                  settings, fused, updates, floor_ms)  # fmt: skip
 
 
 if __name__ == "__main__":

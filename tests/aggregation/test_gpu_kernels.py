@@ -2,7 +2,7 @@
 
 The kernels (:mod:`aggregation.order_kernels` for median, trimmed mean and EMA,
 :mod:`aggregation.gram_kernel` for the centered Gram matrix behind Krum, Multi-Krum,
-Bulyan and the geometric median) run only on CUDA with Triton installed; on such a
+Bulyan and the geometric median, :mod:`aggregation.fedlag_kernel` for FedLag) run only on CUDA with Triton installed; on such a
 machine these tests hold the GPU results to the CPU results over the shapes that stress
 a tile: one client, even and odd counts, a count just above a power of two, ties, a
 common offset far larger than the spread, a column count that leaves a partial last
@@ -85,3 +85,33 @@ def test_gram_based_rules_choose_on_gpu_as_on_cpu(name):
     rule = build_aggregator(name, f=6) if name != "geometric_median" else build_aggregator(name)
 
     torch.testing.assert_close(rule(updates.cuda()).cpu(), rule(updates), rtol=1e-5, atol=1e-6)
+
+
+@needs_cuda
+@pytest.mark.parametrize("n", [2, 3, 10, 16, 50])  # 50: past the kernels' MAX_CLIENTS
+@pytest.mark.parametrize("values", ["normal", "ties", "outliers"])
+def test_gpu_fedlag_chooses_the_cpu_midpoint(n, values):
+    generator = torch.Generator().manual_seed(n)
+    updates = torch.randn(n, 5_003, generator=generator)
+    if values == "ties":  # many equal midpoints: survivor lists overflow, the torch path
+        updates = updates.mul(2).round()  # resolves those parameters
+    elif values == "outliers":
+        updates[: max(1, n // 5)] *= 1e3
+    weights = torch.randint(1, 50, (n,), generator=generator).float()
+    rule = build_aggregator("fedlag")
+
+    assert torch.equal(rule(updates.cuda(), weights.cuda()).cpu(), rule(updates, weights))
+
+
+@needs_cuda
+def test_gpu_fedlag_resolves_overflowing_survivor_lists_on_the_torch_path(monkeypatch):
+    from aggregation import fedlag_kernel
+
+    monkeypatch.setattr(fedlag_kernel, "MAX_SURVIVORS", 2)
+    updates = torch.randn(16, 4_000, generator=torch.Generator().manual_seed(0))
+    weights = torch.full((16,), 1.0 / 16, dtype=torch.float64, device="cuda")
+    _, unresolved = fedlag_kernel.fedlag(updates.cuda(), weights, 1e-12, 1e-12)
+    assert unresolved.numel() > 100  # most parameters overflow a 2-entry list
+    rule = build_aggregator("fedlag")
+
+    assert torch.equal(rule(updates.cuda()).cpu(), rule(updates))
