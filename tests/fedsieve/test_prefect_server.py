@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from fedsieve import prefect_server
@@ -48,6 +49,35 @@ def project_environment(project: Path, medmnist_root: Path, prefect_home: Path) 
 
 
 FEDSIEVE = str(Path(sys.executable).parent / "fedsieve")
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+@pytest.fixture(scope="module")
+def migrated_prefect_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty Prefect database with every migration applied, made once. A temporary
+    server on a fresh PREFECT_HOME first creates its tables (~6 s on a 2-core machine);
+    the termination tests, which are about stopping that server, start theirs on a copy
+    (:func:`prefect_home`). The tests above keep a fresh PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("migrated-prefect-home")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    upgrade = subprocess.run(
+        [PREFECT, "server", "database", "upgrade", "-y"],
+        env=env | {"PREFECT_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert upgrade.returncode == 0, upgrade.stdout[-3000:] + upgrade.stderr[-3000:]
+    return home / "prefect.db"
+
+
+def prefect_home(project: Path, migrated_db: Path) -> Path:
+    """``project/.prefect`` holding a copy of the migrated database: a PREFECT_HOME of
+    this test's own (its servers are told apart by it) whose server answers sooner."""
+    home = project / ".prefect"
+    home.mkdir()
+    shutil.copy(migrated_db, home / "prefect.db")
+    return home
 
 
 def fedsieve_in_project(
@@ -171,18 +201,22 @@ def mlflow_run_statuses(project: Path) -> dict[str, str]:
     return {run.info.run_name: run.info.status for run in client.search_runs(experiments)}
 
 
-def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(tmp_path, medmnist_root):
+def test_a_terminated_command_stops_its_server_and_closes_its_mlflow_run(
+    tmp_path, medmnist_root, migrated_prefect_db
+):
     # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run; by default it
     # skips Python's exit hooks, which left the server running with no one to stop it,
     # and the MLflow run showing RUNNING forever.
-    home = tmp_path / ".prefect"
+    home = prefect_home(tmp_path, migrated_prefect_db)
     command = training_command(tmp_path, medmnist_root, home)
     terminate_and_check_the_server_stops(command, home)
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
 
 
-def test_an_interrupted_command_says_one_line_and_closes_its_run(tmp_path, medmnist_root):
-    home = tmp_path / ".prefect"
+def test_an_interrupted_command_says_one_line_and_closes_its_run(
+    tmp_path, medmnist_root, migrated_prefect_db
+):
+    home = prefect_home(tmp_path, migrated_prefect_db)
     command = training_command(tmp_path, medmnist_root, home, stderr=subprocess.PIPE)
     try:
         command.send_signal(signal.SIGINT)  # Ctrl-C
@@ -196,10 +230,10 @@ def test_an_interrupted_command_says_one_line_and_closes_its_run(tmp_path, medmn
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
 
 
-def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root):
+def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root, migrated_prefect_db):
     # SIGKILL (the OOM killer, `kill -9`, a container's timeout) runs no exit hook at all:
     # the server ends by the kernel's parent-death signal instead.
-    home = tmp_path / ".prefect"
+    home = prefect_home(tmp_path, migrated_prefect_db)
     command = training_command(tmp_path, medmnist_root, home)
     command.kill()
     command.wait(timeout=60)
@@ -210,11 +244,11 @@ def test_a_killed_command_takes_its_server_with_it(tmp_path, medmnist_root):
 
 
 def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
-    tmp_path, medmnist_root
+    tmp_path, medmnist_root, migrated_prefect_db
 ):
     # A grid's cells train on the task runner's threads, which the runner waits for when
     # the grid is cancelled: each cell trained to its end (here 500 rounds) before exit.
-    home = tmp_path / ".prefect"
+    home = prefect_home(tmp_path, migrated_prefect_db)
     grid = (
         "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
         "attacks: [{name: none}], fractions: [0.0], seeds: [0], max_parallel: 2}"
