@@ -28,10 +28,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
-# make runs the setup target; nothing else is needed from the distribution.
+# make runs the setup target. The CUDA variant also gets a C compiler: Triton (in PyTorch's
+# CUDA wheel; it runs the aggregation rules' GPU kernels) builds a small C launcher per
+# kernel on first use, and without one the rules fall back to their slower torch path.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make \
+        $(if [ "$TORCH_VARIANT" = cuda ]; then echo gcc libc6-dev; fi) \
     && rm -rf /var/lib/apt/lists/*
 
 # A non-root user owns the project and the servers' state directories (named volumes

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import math
+import os
+import shutil
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -42,6 +45,8 @@ __all__ = [
     "sort_columns",
     "squared_distances",
 ]
+
+_log = logging.getLogger(__name__)
 
 # Scratch memory a rule may use per block of columns, beyond its input and output.
 _BLOCK_BYTES_CPU = 16 * 2**20
@@ -113,10 +118,23 @@ def sort_columns(block: Tensor) -> Tensor:
     return torch.sort(block, dim=0).values
 
 
+def _c_compiler_found() -> bool:
+    """Triton builds a small C launcher for each kernel on first use, with ``$CC``, gcc or
+    clang: without one every launch fails (e.g. a slim container image)."""
+    return bool(os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"))
+
+
 @functools.cache
 def _triton_module(name: str) -> ModuleType | None:
     """``aggregation.<name>``, or None where Triton is not installed (CPU-only installs:
-    CI, `make setup`)."""
+    CI, `make setup`) or cannot build its launchers (no C compiler: said once)."""
+    if not _c_compiler_found():
+        _log.warning(
+            "no C compiler (CC, gcc or clang) for Triton: aggregation.%s is not used, the "
+            "rules take their slower torch path on the GPU (install gcc to use it)",
+            name,
+        )
+        return None
     try:
         return importlib.import_module(f"aggregation.{name}")
     except ImportError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, ops
 from aggregation.ops import _centered_gram, centered_gram, order_kernels_for
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -26,6 +26,23 @@ def test_the_kernels_are_never_chosen_for_cpu_or_float64_updates():
     if torch.cuda.is_available():
         assert order_kernels_for(torch.zeros(5, 3, dtype=torch.float64, device="cuda")) is None
         assert order_kernels_for(torch.zeros(300, 3, device="cuda")) is None  # > MAX_CLIENTS
+
+
+def test_without_a_c_compiler_the_kernels_are_not_loaded_and_the_user_is_told(monkeypatch, caplog):
+    # Triton compiles a C launcher at a kernel's first launch; without a compiler (a slim
+    # container) every launch would fail mid-round, so the torch path must be kept.
+    def no_import(name):
+        raise AssertionError(f"{name} imported without a C compiler")
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(ops.shutil, "which", lambda _program: None)
+    monkeypatch.setattr(ops.importlib, "import_module", no_import)
+    ops._triton_module.cache_clear()
+    try:
+        assert ops._triton_module("order_kernels") is None
+    finally:
+        ops._triton_module.cache_clear()
+    assert "no C compiler (CC, gcc or clang) for Triton" in caplog.text
 
 
 @needs_cuda

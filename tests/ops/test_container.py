@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -186,3 +187,22 @@ def test_the_deploy_service_registers_prefect_yaml_with_the_placeholder_kept(com
     assert deployment["work_pool"]["name"] == "fedsieve"
     module, _, function = deployment["entrypoint"].partition(":")
     assert (REPO / module).exists() and f"def {function}(" in (REPO / module).read_text()
+
+
+@pytest.mark.parametrize(("variant", "compiler"), [("cpu", False), ("cuda", True)])
+def test_the_cuda_variant_gets_the_c_compiler_triton_needs(variant, compiler):
+    # Triton (the aggregation rules' GPU kernels) builds a C launcher on first use; the
+    # slim base has no compiler, and the CPU image does not need one.
+    parser = parse({"TORCH_VARIANT": variant})
+    [apt] = [i["value"] for i in instructions(parser, "RUN") if "apt-get install" in i["value"]]
+    arguments = apt.split("apt-get install", 1)[1].split("&&", 1)[0]
+    shell = subprocess.run(
+        ["bash", "-c", f"echo {arguments}"],
+        env={"PATH": os.environ["PATH"], "TORCH_VARIANT": variant},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    packages = shell.stdout.split()
+    assert "make" in packages
+    assert ("gcc" in packages and "libc6-dev" in packages) is compiler
