@@ -47,16 +47,9 @@ def run_fedstnn(name: str, overrides: dict[str, Any]) -> ExperimentResult:
 @flow(name="fedstnn")
 def fedstnn_flow(name: str, overrides: dict[str, Any], workdir: Path) -> dict[str, float]:
     logger = get_run_logger()
-    result = run_fedstnn(name, overrides)
-    out = workdir / "reports" / "fedstnn"
-    figures = {}
-    for key, figure in result.figures.items():
-        path = out / f"{name}-{key}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=110)
-        figures[key] = path
-    config = dataclasses.asdict(result.config)
-    write_json(out / f"{name}.json", {"experiment": name, **result.metrics, "config": config})
+    config = dataclasses.asdict(dataclasses.replace(EXPERIMENTS[name], **overrides))
+    # The run exists from the start, so a failed or killed experiment is on the record too
+    # (closed FAILED or KILLED), with its parameters.
     tracker = Tracker("fedsieve-fedstnn")
     tracker.start(
         run_id=None,
@@ -64,14 +57,25 @@ def fedstnn_flow(name: str, overrides: dict[str, Any], workdir: Path) -> dict[st
         tags={"kind": "fedstnn", "experiment": name, "git_commit": git_commit(workdir)},
     )
     tracker.log_params(flatten_params({k: v for k, v in config.items() if v is not None}))
-    for step, row in enumerate(result.history, start=1):
-        tracker.log_metrics(
-            {k: float(v) for k, v in row.items() if isinstance(v, int | float)}, step=step
-        )
-    tracker.log_metrics(result.metrics)
-    tracker.log_artifact(out / f"{name}.json", "fedstnn")
-    for path in figures.values():
-        tracker.log_artifact(path, "fedstnn")
+    with tracker.ended_on_failure():
+        result = run_fedstnn(name, overrides)
+        out = workdir / "reports" / "fedstnn"
+        figures = {}
+        for key, figure in result.figures.items():
+            path = out / f"{name}-{key}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path, dpi=110)
+            figures[key] = path
+        report = {"experiment": name, **result.metrics, "config": config}
+        write_json(out / f"{name}.json", report)
+        for step, row in enumerate(result.history, start=1):
+            tracker.log_metrics(
+                {k: float(v) for k, v in row.items() if isinstance(v, int | float)}, step=step
+            )
+        tracker.log_metrics(result.metrics)
+        tracker.log_artifact(out / f"{name}.json", "fedstnn")
+        for path in figures.values():
+            tracker.log_artifact(path, "fedstnn")
     tracker.end()
     logger.info(
         "FedStNN %s: %s", name, ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())

@@ -8,6 +8,7 @@ import os
 import pytest
 from mlflow import MlflowClient
 
+import flows.fedstnn
 from flows.fedstnn import fedstnn_flow, load_fedstnn_params
 
 pytestmark = pytest.mark.e2e
@@ -31,6 +32,22 @@ def test_fedstnn_flow_writes_its_report_and_tracks_the_run(project, prefect_serv
     assert run.data.tags["experiment"] == "1d_noniid_60"
     assert run.data.metrics["coverage_2sigma"] == pytest.approx(metrics["coverage_2sigma"])
     assert len(client.get_metric_history(run.info.run_id, "global_mse")) == 2
+    assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2"
+
+
+def test_a_failed_experiment_is_on_the_record_as_failed(project, prefect_server, monkeypatch):
+    def broken(name, **overrides):
+        raise RuntimeError("diverged")
+
+    monkeypatch.setattr(flows.fedstnn, "run_experiment", broken)
+
+    with pytest.raises(RuntimeError, match="diverged"):
+        fedstnn_flow("2d", {"rounds": 3}, project)
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve-fedstnn").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["experiment"] == "2d" and run.data.params["rounds"] == "3"
 
 
 def test_unknown_settings_are_refused_naming_the_key(tmp_path):
