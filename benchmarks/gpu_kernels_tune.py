@@ -10,8 +10,8 @@ At n = 10, 50, 100 clients and d = 11.2M (a ResNet-18), median of
 - ``--gram``: the centered Gram kernel (:mod:`aggregation.gram_kernel`) for every
   (BLOCK, PRECISION, PROGRAMS_PER_SM) triple;
 - ``--fedlag``: the FedLag kernels (:mod:`aggregation.fedlag_kernel`) for every
-  (SCREEN_WARPS, CHOOSE_BLOCK, MAX_SURVIVORS) triple, at n = 10 and 50 only (it takes at
-  most 64 clients).
+  (SCREEN_WARPS, CHOOSE_BLOCK, MAX_SURVIVORS) triple, at the n it takes (at most its
+  MAX_CLIENTS: n = 10 only).
 
 Prints each setting's time and the best per n beside the read floor. No flag: all.
 """

@@ -12,7 +12,12 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from federated.fedstnn.experiments import EXPERIMENTS, ExperimentResult, run_experiment
+from federated.fedstnn.experiments import (
+    EXPERIMENTS,
+    ExperimentResult,
+    experiment_config,
+    run_experiment,
+)
 from fedsieve.reports import write_json
 from fedsieve.tracking import Tracker, flatten_params
 from flows.common import git_commit
@@ -35,7 +40,7 @@ def load_fedstnn_params(path: Path, name: str) -> dict[str, Any]:
         raise ValueError(
             f"{path}: {name}.{unknown[0]} is not a setting of this experiment; allowed: {', '.join(sorted(fields))}"
         )
-    dataclasses.replace(EXPERIMENTS[name], **overrides)  # validates the values
+    experiment_config(name, **overrides)  # validates the values
     return overrides
 
 
@@ -47,7 +52,7 @@ def run_fedstnn(name: str, overrides: dict[str, Any]) -> ExperimentResult:
 @flow(name="fedstnn")
 def fedstnn_flow(name: str, overrides: dict[str, Any], workdir: Path) -> dict[str, float]:
     logger = get_run_logger()
-    config = dataclasses.asdict(dataclasses.replace(EXPERIMENTS[name], **overrides))
+    config = dataclasses.asdict(experiment_config(name, **overrides))
     # The run exists from the start, so a failed or killed experiment is on the record too
     # (closed FAILED or KILLED), with its parameters.
     tracker = Tracker("fedsieve-fedstnn")

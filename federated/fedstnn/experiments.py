@@ -90,6 +90,7 @@ __all__ = [
     "Function1DConfig",
     "Function2DConfig",
     "ImageConfig",
+    "experiment_config",
     "function_1d",
     "function_2d",
     "make_function_1d_data",
@@ -710,11 +711,16 @@ EXPERIMENTS: dict[str, ExperimentConfig] = {
 }
 
 
-def run_experiment(name: str, **overrides: Any) -> ExperimentResult:
-    """Run the preset ``name`` (a key of :data:`EXPERIMENTS`) with field ``overrides``."""
+def experiment_config(name: str, **overrides: Any) -> ExperimentConfig:
+    """The preset ``name`` (a key of :data:`EXPERIMENTS`) with field ``overrides``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
-    config = dataclasses.replace(EXPERIMENTS[name], **overrides)
+    return dataclasses.replace(EXPERIMENTS[name], **overrides)
+
+
+def run_experiment(name: str, **overrides: Any) -> ExperimentResult:
+    """Run the preset ``name`` (a key of :data:`EXPERIMENTS`) with field ``overrides``."""
+    config = experiment_config(name, **overrides)
     if isinstance(config, Function1DConfig):
         result = run_function_1d(config)
     elif isinstance(config, Function2DConfig):

@@ -2,11 +2,11 @@
 
 The kernels (:mod:`aggregation.order_kernels` for median, trimmed mean and EMA,
 :mod:`aggregation.gram_kernel` for the centered Gram matrix behind Krum, Multi-Krum,
-Bulyan and the geometric median, :mod:`aggregation.fedlag_kernel` for FedLag) run only on CUDA with Triton installed; on such a
-machine these tests hold the GPU results to the CPU results over the shapes that stress
-a tile: one client, even and odd counts, a count just above a power of two, ties, a
-common offset far larger than the spread, a column count that leaves a partial last
-tile, half precision and a non-contiguous input.
+Bulyan and the geometric median, :mod:`aggregation.fedlag_kernel` for FedLag) run only
+on CUDA with Triton installed; on such a machine these tests hold the GPU results to the
+CPU results over the shapes that stress a tile: one client, even and odd counts, a count
+just above a power of two, ties, a common offset far larger than the spread, a column
+count that leaves a partial last tile, half precision and a non-contiguous input.
 """
 
 from __future__ import annotations
