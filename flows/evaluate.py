@@ -123,7 +123,9 @@ def _evaluate_and_log(
         )
         for path in (paths.pretest, paths.pretest_plot):
             tracker.log_artifact(path, "pretest")
-    example = images[:1].cpu().numpy()
+    # two images: torch.export fixes a batch dimension of size 1, and the registered model
+    # would then take one image at a time
+    example = images[:2].cpu().numpy()
     registered = f"fedsieve-{params.data.dataset}" if params.tracking.register_model else None
     if registered is not None:  # (comparison cells skip the model: the parent compares metrics)
         # the default layout: torch.export's archive warns about channels-last weights

@@ -14,15 +14,18 @@ import time
 import warnings
 from pathlib import Path
 
+import mlflow.pytorch
 import pytest
 import torch
 from mlflow import MlflowClient
 
+from federated.data import load_medmnist, to_tensors
 from fedsieve.config import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
 from flows.train import load_checkpoint, train_flow
+from tasks.training import build_global_model
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["partition.num_clients=3", "train.local_epochs=1", "eval.target_acc=0.5"]
@@ -95,6 +98,20 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
     assert version.run_id == run.info.run_id
+
+    # what a user does next: load the registered model and predict with it (the safe pt2
+    # format: MLflow refuses to load pickled models unless told to); it is the saved model
+    data = load_medmnist(params.data.dataset, Path(os.environ["MEDMNIST_ROOT"]))
+    images, _ = to_tensors(data.test, data.info)
+    registered = mlflow.pytorch.load_model(f"models:/fedsieve-breastmnist/{version.version}")
+    saved_model = build_global_model(params, data.info)
+    saved_model.load_state_dict(saved)
+    with torch.no_grad():
+        expected = saved_model.eval()(images)
+        assert torch.allclose(registered(images), expected, atol=1e-5)
+    assert metrics["test_acc"] == pytest.approx(
+        (expected.argmax(1) == torch.as_tensor(data.test.targets).view(-1)).float().mean().item()
+    )
 
 
 def test_a_killed_run_resumes_to_the_same_final_metrics(
