@@ -27,7 +27,9 @@ to exit (interpreter, imports, data, every round):
 
 With ``--repeats N`` the contestants alternate N times and the medians are compared.
 Prints the wall times, the per-round accuracies side by side and ``flower_over_fedsieve``,
-and writes ``benchmarks/results/flower-race-cpu.json`` (device, versions, date, load).
+and writes ``benchmarks/results/flower-race-cpu.json`` (device, versions, date, load). Each
+run also records its CPU seconds, and each ``fedsieve run`` where its wall time went
+(before the pipeline flow, each stage's flow, after it: from the Prefect database).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import itertools
 import json
 import os
 import platform
+import resource
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -138,14 +142,49 @@ def engine_main(backend: str, out: Path, clients: int, rounds: int, threads: int
 
 
 def timed(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
-    """(wall seconds, completed process) of a subprocess; raises with its output tail."""
+    """(wall seconds, CPU seconds, completed process) of a subprocess; raises with its
+    output tail. CPU counts the processes the command waited for (for ``fedsieve run``, its
+    Prefect server too; Ray's daemons detach, so Flower's figure is a lower bound)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-4000:]
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{tail}")
-    return wall, done
+    return wall, cpu, done
+
+
+def pipeline_phases(db: Path, started: float, finished: float) -> dict[str, float]:
+    """Where the latest ``fedsieve run``'s wall time went, read from its Prefect database:
+    before the pipeline flow started (interpreter, imports, input checks, the server),
+    each stage's flow, the pipeline's own time between them, and after it ended (exit
+    hooks, stopping the server). ``started``/``finished``: the command's epoch seconds."""
+
+    def epoch(value: str) -> float:
+        moment = dt.datetime.fromisoformat(value.replace(" ", "T").replace("Z", "+00:00"))
+        return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).timestamp()
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        runs = connection.execute(
+            "select f.name, r.start_time, r.end_time, r.parent_task_run_id from flow_run r "
+            "join flow f on f.id = r.flow_id where r.end_time is not null order by r.start_time"
+        ).fetchall()
+    _, first, last, _ = [r for r in runs if r[0] == "pipeline" and r[3] is None][-1]
+    start, end = epoch(first), epoch(last)
+    stages = {
+        f"{name}_s": round(epoch(stage_end) - epoch(stage_start), 2)
+        for name, stage_start, stage_end, parent in runs
+        if parent is not None and start <= epoch(stage_start) <= end
+    }
+    return {
+        "before_pipeline_s": round(start - started, 2),
+        **stages,
+        "pipeline_between_stages_s": round(end - start - sum(stages.values()), 2),
+        "after_pipeline_s": round(finished - end, 2),
+    }
 
 
 def round_seconds(rounds: list[dict[str, float]], start: float) -> list[float]:
@@ -173,17 +212,24 @@ def fedsieve_run(
     command = [str(Path(sys.executable).parent / "fedsieve"), "run"]
     for item in overrides:
         command += ["--set", item]
-    wall, _ = timed(command, env=env, cwd=project)
+    started = time.time()
+    wall, cpu, _ = timed(command, env=env, cwd=project)
+    phases = pipeline_phases(prefect_home / "prefect.db", started, time.time())
     with (project / "reports" / "rounds.csv").open() as handle:
         accs = [float(row["test_acc"]) for row in csv.DictReader(handle)]
-    return {"wall_s": round(wall, 2), "overrides": overrides, "acc": accs}
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "phases": phases,
+            "overrides": overrides, "acc": accs}  # fmt: skip
 
 
 def record_run(runs: dict[str, Any], kind: str, result: dict[str, Any]) -> None:
-    entry = runs.setdefault(kind, {"walls_s": [], **result})
+    entry = runs.setdefault(kind, {"walls_s": [], "cpus_s": [], "phases_each": [], **result})
     entry["walls_s"].append(result["wall_s"])
+    entry["cpus_s"].append(result["cpu_s"])
+    entry["phases_each"].append(result["phases"])
     entry["wall_s"] = statistics.median(entry["walls_s"])
-    print(f"fedsieve run ({kind}): {result['wall_s']:.2f} s", flush=True)
+    entry["cpu_s"] = statistics.median(entry["cpus_s"])
+    print(f"fedsieve run ({kind}): {result['wall_s']:.2f} s wall, {result['cpu_s']:.1f} s CPU, "
+          f"{result['phases']}", flush=True)  # fmt: skip
 
 
 def _load() -> list[float]:
@@ -241,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for repeat in range(args.repeats):  # contestants alternate: load drifts hit all
             for backend in ("sequential", "batched"):
                 out = Path(tmp) / f"engine-{backend}.json"
-                wall, _ = timed(
+                wall, cpu, _ = timed(
                     [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
                      "--engine-out", str(out), *common],
                     cwd=REPO,
@@ -250,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result = json.loads(out.read_text())
                 engine_runs = engines.setdefault(backend, {"runs": []})["runs"]
                 engine_runs.append(
-                    {"wall_s": round(wall, 2),
+                    {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                      "startup_s": round(result["ready"] - result["started"], 2),
                      "round_s": round_seconds(result["rounds"], result["ready"])}
                 )  # fmt: skip
@@ -263,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             load[f"after_engines_{repeat}"] = _load()
 
             out = Path(tmp) / "flower.json"
-            wall, _ = timed(
+            wall, cpu, _ = timed(
                 [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
                  "--out", str(out), *common],
                 cwd=REPO,
@@ -272,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result = json.loads(out.read_text())
             first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
             flower.setdefault("runs", []).append(
-                {"wall_s": round(wall, 2),
+                {"wall_s": round(wall, 2), "cpu_s_lower_bound": round(cpu, 2),
                  "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
                  "round_s": round_seconds(result["rounds"][1:], first_eval),
                  "client_training_s": round(result["client_seconds"], 2)}
