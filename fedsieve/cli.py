@@ -40,6 +40,11 @@ Handler = Callable[[argparse.Namespace, Path], int]
 FLOW_COMMANDS = frozenset(
     {"run", "partition", "pretest", "train", "evaluate", "compare", "fedstnn"}
 )
+# Commands that track: the tracking process warms up from the start too (and prepares
+# log_model where the command logs the model).
+TRACKING_COMMANDS = {
+    "run": True, "train": False, "evaluate": True, "compare": False, "fedstnn": False
+}  # fmt: skip
 
 
 def usage_errors() -> tuple[type[Exception], ...]:
@@ -287,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command in FLOW_COMMANDS:
         prefect_server.start_early()  # boots while the command reads and checks its input
+    if args.command in TRACKING_COMMANDS:
+        from fedsieve import tracking
+
+        tracking.warm_up(model=TRACKING_COMMANDS[args.command])
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
     except usage_errors() as error:  # the temporary server stops silently at exit

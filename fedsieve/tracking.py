@@ -1,9 +1,10 @@
 """MLflow at the edge: one :class:`Tracker` per pipeline run, and nothing else logs.
 
 Tracking must never stop training: every call is guarded, and the first failure (server
-unreachable, store broken) is stated once, clearly, after which the tracker goes quiet.
-Local reports (``reports/``) and checkpoints do not depend on it, so nothing the run
-produced is lost when tracking is down.
+unreachable, store broken, the tracking process gone, a model that cannot be sent to it)
+is stated once, clearly, after which the tracker goes quiet. Local reports (``reports/``)
+and checkpoints do not depend on it, so nothing the run produced is lost when tracking
+is down. MLflow itself runs in :mod:`fedsieve.tracking_process` (why: see there).
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -23,11 +29,11 @@ __all__ = [
     "child_run_results",
     "flatten_params",
     "tracking_uri",
+    "warm_up",
 ]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 log = logging.getLogger("fedsieve.tracking")
-T = TypeVar("T")
 
 
 def tracking_uri() -> str:
@@ -56,18 +62,6 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-@contextlib.contextmanager
-def _quiet_http_retries() -> Iterator[None]:
-    """urllib3 warns on every retry; the tracker states a failure itself, once."""
-    pool = logging.getLogger("urllib3.connectionpool")
-    level = pool.level
-    pool.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        pool.setLevel(level)
-
-
 def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, dict[str, Any]]:
     """The child runs of ``parent_run_id`` by run name: final metrics (``final_*`` without
     the prefix, as in reports/metrics.json) and the per-round ``test_acc``. How a grid run
@@ -94,14 +88,102 @@ def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, d
     return results
 
 
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class _TrackingProcess:
+    """The parent's end of :mod:`fedsieve.tracking_process`: one per process, started by
+    the first tracker (or :func:`warm_up`), shared by every tracker after it."""
+
+    _shared: ClassVar[_TrackingProcess | None] = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> _TrackingProcess:
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared.gone is not None:
+                cls._shared = cls()
+            return cls._shared
+
+    def __init__(self) -> None:
+        answers_in, answers_out = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "fedsieve.tracking_process", str(answers_out)],
+                stdin=subprocess.PIPE,
+                pass_fds=(answers_out,),
+            )  # in this session: Linux's autogroup gives a new session as large a CPU share
+            # as this whole command, which slowed runs on 2 cores
+        finally:
+            os.close(answers_out)
+        self._answers = os.fdopen(answers_in, "rb")
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._waiting: dict[int, tuple[Tracker | None, str, Future[None]]] = {}
+        self.gone: str | None = None
+        threading.Thread(target=self._read_answers, name="mlflow-answers", daemon=True).start()
+        self.send(None, "hello", [p for p in sys.path if p])
+
+    def send(self, tracker: Tracker | None, op: str, args: Any, what: str = "") -> Future[None]:
+        """Ask for ``op`` (``what``, in words); the future is done once it has been carried
+        out there."""
+        # pickled before the lock: a model that cannot be pickled fails here, the pipe intact
+        payload = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        future: Future[None] = Future()
+        with self._lock:
+            if self.gone is not None:
+                raise ConnectionError(self.gone)
+            self._seq += 1
+            self._waiting[self._seq] = (tracker, what, future)
+            request = (self._seq, tracker.id if tracker else "", op, payload)
+            try:
+                assert self._process.stdin is not None
+                pickle.dump(request, self._process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                self._process.stdin.flush()
+            except OSError as error:
+                del self._waiting[self._seq]
+                raise ConnectionError(f"the tracking process is gone ({error})") from error
+        return future
+
+    def _read_answers(self) -> None:
+        while True:
+            try:
+                seq, run_id, failed, failed_here = pickle.load(self._answers)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                break
+            with self._lock:
+                tracker, what, future = self._waiting.pop(seq)
+            if tracker is not None:
+                tracker._answered(run_id, failed, what if failed_here else None)
+            future.set_result(None)
+        code = self._process.wait()
+        with self._lock:
+            self.gone = f"the tracking process ended (exit code {code})"
+            waiting, self._waiting = self._waiting, {}
+        for tracker, what, future in waiting.values():
+            if tracker is not None:
+                tracker._answered(None, self.gone, what)
+            future.set_result(None)
+
+
+def warm_up(*, model: bool) -> None:
+    """Start the tracking process now and have it import MLflow (and, with ``model``, what
+    ``log_model`` needs) while this process does other work."""
+    with contextlib.suppress(Exception):  # the first tracker states any failure
+        _TrackingProcess.shared().send(None, "warm_up", {"model": model})
+
+
 class Tracker:
     """A guarded MLflow run: ``start`` creates or resumes it, the rest log into it.
 
-    Calls run in order on one background thread: MLflow's import and store set-up (2-3 s
-    on a 2-core machine) overlap the data loading and the first round, and no write waits
-    for the store. :attr:`run_id`, :attr:`failed`, :meth:`flush` and :meth:`end` wait for
-    everything asked before them (the train flow reads ``run_id`` before each checkpoint,
-    so a checkpointed round's metrics are always in the store).
+    Calls are carried out in order by the tracking process (:mod:`fedsieve.tracking_process`),
+    off this process's GIL: MLflow's import and store set-up overlap the data loading and
+    the first round, and no write waits for the store. :attr:`run_id`, :attr:`failed`,
+    :meth:`flush` and :meth:`end` wait for everything asked before them (the train flow
+    reads ``run_id`` before each checkpoint, so a checkpointed round's metrics are always
+    in the store).
 
     A tracking URI that failed once in this process (or, via ``known_failure``, in an
     earlier stage of the same pipeline run) is not tried again: the failure was stated
@@ -114,12 +196,14 @@ class Tracker:
     ) -> None:
         self.uri = uri or tracking_uri()
         self.experiment = experiment
+        self.id = uuid.uuid4().hex
         self._run_id: str | None = None
         self._failed: str | None = known_failure or self._failed_uris.get(self.uri)
-        self._client: Any = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-tracker")
         self._pending: list[Future[None]] = []
         self._ended = False
+        self._request(
+            "starting the tracker", "new", uri=self.uri, experiment=experiment, failed=self._failed
+        )
 
     @property
     def run_id(self) -> str | None:
@@ -137,144 +221,83 @@ class Tracker:
         for future in pending:
             future.result()
 
-    def _active(self) -> bool:
-        return self._run_id is not None and self._failed is None
-
-    def _submit(self, what: str, action: Callable[[], Any], *, needs_run: bool = True) -> None:
-        """Queue ``action``; it is skipped if, when its turn comes, there is no live run."""
-
-        def carry_out() -> None:
-            if not needs_run or self._active():
-                self._guard(what, action)
-
-        self._pending.append(self._worker.submit(carry_out))
-
-    def _guard(self, what: str, action: Callable[[], T]) -> T | None:
+    def _request(self, what: str, op: str, /, **args: Any) -> None:
+        """Ask the tracking process for ``op``; nothing is asked once tracking has failed
+        (there, a call is also skipped when its turn comes and there is no live run)."""
         if self._failed is not None:
-            return None
+            return
         try:
-            with _quiet_http_retries():
-                return action()
-        except Exception as error:  # tracking must never stop training
-            self._failed = (
-                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            )
-            if self._run_id is None:  # the store itself is unreachable: don't try it again
-                self._failed_uris[self.uri] = self._failed
+            self._pending.append(_TrackingProcess.shared().send(self, op, args, what))
+        except Exception as error:  # a model that cannot be pickled, a process that died
+            self._answered(self._run_id, _describe(error), what)
+
+    def _answered(self, run_id: str | None, failed: str | None, failed_while: str | None) -> None:
+        """The tracking process's state of this run after a request (its answer thread)."""
+        if run_id is not None:
+            self._run_id = run_id
+        if failed is None or self._failed is not None:
+            return
+        self._failed = failed
+        if self._run_id is None:  # the store itself is unreachable: don't try it again
+            self._failed_uris[self.uri] = failed
+        if failed_while is not None:
             log.warning(
                 "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
                 "checkpoints are still written, and further tracking calls are skipped",
                 self.uri,
-                what,
-                self._failed,
+                failed_while,
+                failed,
             )
-            return None
 
     def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
         """Resume ``run_id`` when it exists in the store, else create a run (in the
         background: read :attr:`run_id` for the outcome)."""
-        tags = dict(tags)
-
-        def _start() -> None:
-            import mlflow
-            from mlflow import MlflowClient
-
-            mlflow.set_tracking_uri(self.uri)
-            self._client = MlflowClient(self.uri)
-            if run_id is not None:
-                try:
-                    self._client.get_run(run_id)
-                    self._client.update_run(run_id, status="RUNNING")
-                    self._run_id = run_id
-                    return
-                except Exception:  # not in this store (e.g. another URI): start afresh
-                    pass
-            experiment = self._client.get_experiment_by_name(self.experiment)
-            experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self._client.create_experiment(self.experiment)
-            )
-            run = self._client.create_run(experiment_id, run_name=run_name, tags=tags)
-            self._run_id = run.info.run_id
-
-        self._submit("starting the run", _start, needs_run=False)
-
-    # MLflow is imported on the tracker's thread only: importing it on two threads at once
-    # fails with a partially initialised module.
+        self._request(
+            "starting the run", "start", run_id=run_id, run_name=run_name, tags=dict(tags)
+        )
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         values = {k: str(v)[:6000] for k, v in params.items()}
-
-        def _log() -> None:
-            from mlflow.entities import Param
-
-            items = [Param(k, v) for k, v in values.items()]
-            for start in range(0, len(items), 100):
-                self._client.log_batch(self._run_id, params=items[start : start + 100])
-
-        self._submit("logging parameters", _log)
+        self._request("logging parameters", "log_params", values=values)
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
         now = int(time.time() * 1000)  # when they were measured, not when they are written
         values = {k: float(v) for k, v in metrics.items() if v == v}  # NaN is not logged
-
-        def _log() -> None:
-            from mlflow.entities import Metric
-
-            items = [Metric(k, v, now, step or 0) for k, v in values.items()]
-            self._client.log_batch(self._run_id, metrics=items)
-
-        self._submit("logging metrics", _log)
+        self._request(
+            "logging metrics", "log_metrics", values=values, timestamp=now, step=step or 0
+        )
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        tags = dict(tags)
-        self._submit(
-            "setting tags",
-            lambda: [self._client.set_tag(self._run_id, k, str(v)) for k, v in tags.items()],
-        )
+        self._request("setting tags", "set_tags", tags={k: str(v) for k, v in tags.items()})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not Path(path).exists():
             return
-        self._submit(
-            f"logging {path}",
-            lambda: self._client.log_artifact(self._run_id, str(path), artifact_path),
+        self._request(
+            f"logging {path}", "log_artifact", path=str(path), artifact_path=artifact_path
         )
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         """Rows as an MLflow table (viewable and comparable in the UI's artifact view)."""
         if not rows:
             return
-
-        def _log() -> None:
-            import mlflow
-            import pandas as pd
-
-            mlflow.set_tracking_uri(self.uri)
-            mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self._run_id)
-
-        self._submit(f"logging the table {artifact_file}", _log)
+        self._request(
+            f"logging the table {artifact_file}",
+            "log_table",
+            rows=rows,
+            artifact_file=artifact_file,
+        )
 
     def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
-        """Log the torch model as ``model`` and register it (when a name is given)."""
-
-        def _log() -> None:
-            import mlflow
-            import mlflow.pytorch
-            import torch
-
-            with mlflow.start_run(run_id=self._run_id):
-                mlflow.pytorch.log_model(
-                    model,
-                    name="model",
-                    input_example=input_example,
-                    registered_model_name=registered_name,
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                    await_registration_for=0,
-                )
-
-        self._submit("logging the model", _log)
+        """Log the torch model as ``model`` and register it (when a name is given). The
+        model is pickled here, so later changes to it do not reach the logged one."""
+        self._request(
+            "logging the model",
+            "log_model",
+            model=model,
+            input_example=input_example,
+            registered_name=registered_name,
+        )
 
     @contextlib.contextmanager
     def ended_on_failure(self) -> Iterator[None]:
@@ -295,9 +318,6 @@ class Tracker:
         """Close the run, waiting for every call before it (once: later calls do nothing)."""
         if self._ended:
             return
-        self._submit(
-            "closing the run", lambda: self._client.set_terminated(self._run_id, status=status)
-        )
+        self._request("closing the run", "end", status=status)
         self.flush()
-        self._worker.shutdown()
         self._ended = True

@@ -97,14 +97,19 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(
 ):
     import os
 
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "params.yaml").write_text((REPO / "params.yaml").read_text())
     env = {**os.environ, "MEDMNIST_ROOT": str(medmnist_root), "PREFECT_HOME": str(tmp_path)}
-    result = _cli(*args, env=env)
+    env.pop("MLFLOW_TRACKING_URI", None)  # the project's own store, which must not appear
+    result = _cli(*args, cwd=project, env=env)
 
     assert result.returncode == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "prefect.db").exists()  # nothing started
+    assert [p.name for p in project.iterdir()] == ["params.yaml"]  # no MLflow store either
 
 
 def test_cli_list_names_every_registry():

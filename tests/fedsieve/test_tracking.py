@@ -1,9 +1,11 @@
-"""The tracker works on its own thread: calls keep their order, and reading run_id or
-failed waits for them."""
+"""The tracker works through its own process: calls keep their order, reading run_id or
+failed waits for them, and a tracking process that dies or cannot be sent a model is a
+stated tracking failure, never a hang or a stopped run."""
 
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -69,3 +71,80 @@ def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path
     run = client.get_run(tracker.run_id)
     assert run.info.status == status
     assert run.data.metrics == {"test_acc": 0.5}  # what was asked before the failure landed
+
+
+def test_a_tracking_process_that_dies_is_stated_once_and_logging_goes_quiet(tmp_path, caplog):
+    from fedsieve.tracking import Tracker, _TrackingProcess
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("dies", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    assert tracker.run_id is not None and tracker.failed is None
+    _TrackingProcess.shared()._process.kill()  # e.g. the OOM killer
+
+    with caplog.at_level("WARNING", logger="fedsieve.tracking"):
+        for step in range(1, 4):
+            tracker.log_metrics({"test_acc": 0.5}, step=step)
+        tracker.end()  # returns: nothing waits on a dead process
+    assert tracker.failed is not None and "tracking process" in tracker.failed
+    stated = [r for r in caplog.records if r.name == "fedsieve.tracking"]
+    assert len(stated) == 1 and "training goes on" in stated[0].getMessage()
+
+    fresh = Tracker("after", uri)  # a later run gets a new process
+    fresh.start(run_id=None, run_name="r2", tags={})
+    fresh.log_metrics({"test_acc": 0.7}, step=1)
+    fresh.end()
+    assert fresh.failed is None and fresh.run_id != tracker.run_id
+
+
+def test_a_model_that_cannot_be_sent_is_stated_as_a_failed_model_log(tmp_path, caplog):
+    import torch
+
+    from fedsieve.tracking import Tracker
+
+    class Unpicklable(torch.nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(2, 2)
+            self.hook = lambda x: x  # lambdas do not pickle
+
+    tracker = Tracker("unpicklable", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker.start(run_id=None, run_name="r", tags={})
+    with caplog.at_level("WARNING", logger="fedsieve.tracking"):
+        tracker.log_model(Unpicklable(), input_example=None, registered_name=None)
+        tracker.end()
+    assert tracker.failed is not None
+    [stated] = [r for r in caplog.records if r.name == "fedsieve.tracking"]
+    assert "logging the model" in stated.getMessage()
+
+
+def test_the_tracking_process_ends_when_its_parent_is_killed(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from fedsieve.tracking import Tracker, _TrackingProcess
+
+        tracker = Tracker("orphan", "sqlite:///{tmp_path / "mlflow.db"}")
+        tracker.start(run_id=None, run_name="r", tags={{}})
+        assert tracker.run_id is not None
+        print(_TrackingProcess.shared()._process.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # no exit hook runs
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == -9, done.stderr[-3000:]
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid), "the tracking process outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper that is not there counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
