@@ -143,8 +143,9 @@ def engine_main(backend: str, out: Path, clients: int, rounds: int, threads: int
 
 def timed(command: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
     """(wall seconds, CPU seconds, completed process) of a subprocess; raises with its
-    output tail. CPU counts the processes the command waited for (for ``fedsieve run``, its
-    Prefect server too; Ray's daemons detach, so Flower's figure is a lower bound)."""
+    output tail. CPU counts the processes the command waited for: for ``fedsieve run`` its
+    Prefect server but not its tracking process (which ends after it), and not Ray's
+    daemons for Flower, so both are lower bounds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
