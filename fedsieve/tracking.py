@@ -201,6 +201,7 @@ class Tracker:
         self._failed: str | None = known_failure or self._failed_uris.get(self.uri)
         self._pending: list[Future[None]] = []
         self._ended = False
+        self._state_lock = threading.Lock()
         self._request(
             "starting the tracker", "new", uri=self.uri, experiment=experiment, failed=self._failed
         )
@@ -232,14 +233,16 @@ class Tracker:
             self._answered(self._run_id, _describe(error), what)
 
     def _answered(self, run_id: str | None, failed: str | None, failed_while: str | None) -> None:
-        """The tracking process's state of this run after a request (its answer thread)."""
-        if run_id is not None:
-            self._run_id = run_id
-        if failed is None or self._failed is not None:
-            return
-        self._failed = failed
-        if self._run_id is None:  # the store itself is unreachable: don't try it again
-            self._failed_uris[self.uri] = failed
+        """The tracking process's state of this run after a request (from its answer
+        thread, or from the caller's when a request could not be sent: hence the lock)."""
+        with self._state_lock:
+            if run_id is not None:
+                self._run_id = run_id
+            if failed is None or self._failed is not None:
+                return
+            self._failed = failed
+            if self._run_id is None:  # the store itself is unreachable: don't try it again
+                self._failed_uris[self.uri] = failed
         if failed_while is not None:
             log.warning(
                 "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
