@@ -23,6 +23,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fedsieve.tracking_process import describe
+
 __all__ = [
     "DEFAULT_TRACKING_URI",
     "Tracker",
@@ -86,11 +88,6 @@ def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, d
             "accuracy": [m.value for m in sorted(history, key=lambda m: m.step)],
         }
     return results
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 class _TrackingProcess:
@@ -224,13 +221,14 @@ class Tracker:
 
     def _request(self, what: str, op: str, /, **args: Any) -> None:
         """Ask the tracking process for ``op``; nothing is asked once tracking has failed
-        (there, a call is also skipped when its turn comes and there is no live run)."""
-        if self._failed is not None:
+        or the run was closed (there, a call is also skipped when its turn comes and there
+        is no live run)."""
+        if self._failed is not None or self._ended:
             return
         try:
             self._pending.append(_TrackingProcess.shared().send(self, op, args, what))
         except Exception as error:  # a model that cannot be pickled, a process that died
-            self._answered(self._run_id, _describe(error), what)
+            self._answered(self._run_id, describe(error), what)
 
     def _answered(self, run_id: str | None, failed: str | None, failed_while: str | None) -> None:
         """The tracking process's state of this run after a request (from its answer

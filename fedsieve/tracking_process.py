@@ -34,11 +34,17 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-__all__ = ["main"]
+__all__ = ["describe", "main"]
+
+
+def describe(error: BaseException) -> str:
+    """A failure in one line: the error's type and its message's first line."""
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 @contextlib.contextmanager
@@ -115,8 +121,7 @@ class _Run:
             with _quiet_http_retries():
                 getattr(self, f"_{op}")(**args)
         except Exception as error:  # tracking must never stop training
-            text = str(error)
-            self.failed = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+            self.failed = describe(error)
             return True
         return False
 
@@ -193,23 +198,22 @@ class _Run:
 
 def _serve(requests: BinaryIO, answers: BinaryIO) -> None:
     runs: dict[str, _Run] = {}
+    ended: list[ThreadPoolExecutor] = []  # closed runs' threads, finishing their last calls
     answer_lock = threading.Lock()
 
-    def answer(seq: int, run: _Run | None, failed_here: bool) -> None:
-        message = (seq, run.run_id, run.failed, failed_here) if run else (seq, None, None, False)
+    def answer(
+        seq: int, run_id: str | None = None, failed: str | None = None, failed_here: bool = False
+    ) -> None:
         with answer_lock:
-            pickle.dump(message, answers, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump((seq, run_id, failed, failed_here), answers, pickle.HIGHEST_PROTOCOL)
             answers.flush()
 
-    def queued(seq: int, run: _Run, action: Callable[[], bool]) -> None:
-        def task() -> None:
-            failed_here = False
-            try:
-                failed_here = action()
-            finally:
-                answer(seq, run, failed_here)
-
-        run.worker.submit(task)
+    def carry_out(seq: int, run: _Run, op: str, args: dict[str, Any]) -> None:
+        failed_here = False
+        try:
+            failed_here = run.carry_out(op, args)
+        finally:
+            answer(seq, run.run_id, run.failed, failed_here)
 
     while True:
         try:
@@ -219,18 +223,24 @@ def _serve(requests: BinaryIO, answers: BinaryIO) -> None:
         args = pickle.loads(payload)
         if op == "hello":
             sys.path[:] = args
-            answer(seq, None, False)
+            answer(seq)
         elif op == "new":
             runs[tracker_id] = _Run(**args)
-            answer(seq, runs[tracker_id], False)
+            answer(seq, failed=runs[tracker_id].failed)
         elif op == "warm_up":
             _start_warm_up(**args)
-            answer(seq, None, False)
+            answer(seq)
+        elif tracker_id not in runs:  # made in a tracking process that has since died
+            answer(seq, None, "the tracking process that held this run is gone", True)
+        elif op == "end":  # a tracker's last request: its thread ends after it
+            run = runs.pop(tracker_id)
+            run.worker.submit(carry_out, seq, run, op, args)
+            run.worker.shutdown(wait=False)
+            ended.append(run.worker)
         else:
-            run = runs[tracker_id]
-            queued(seq, run, lambda run=run, op=op, args=args: run.carry_out(op, args))
-    for run in runs.values():
-        run.worker.shutdown(wait=True)
+            runs[tracker_id].worker.submit(carry_out, seq, runs[tracker_id], op, args)
+    for worker in [run.worker for run in runs.values()] + ended:
+        worker.shutdown(wait=True)
 
 
 def main(answer_fd: int) -> None:
