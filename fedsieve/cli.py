@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fedsieve  # noqa: F401  (environment first)
-from fedsieve import ops, prefect_server
+from fedsieve import ops, prefect_server, startup
 
 if TYPE_CHECKING:
     from fedsieve.config import Params
@@ -111,7 +111,9 @@ def _flow(target: str) -> Callable[..., Any]:
     """The flow ``module:name``, bound to the Prefect server launched at the command's
     start (imported while that server boots; called once the input is known good)."""
     module, name = target.split(":")
-    return prefect_server.bind(getattr(importlib.import_module(module), name))
+    flow = prefect_server.bind(getattr(importlib.import_module(module), name))
+    startup.resume_collector()  # paused since main() began: the imports are done
+    return flow
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
@@ -287,16 +289,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, owns_process: bool = False) -> int:
+    """Run one command. ``owns_process``: this process is the command's own (not a test's
+    or a library caller's), so its tracking process may be a fork of it."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command in FLOW_COMMANDS:
-        prefect_server.start_early()  # boots while the command reads and checks its input
-    if args.command in TRACKING_COMMANDS:
-        from fedsieve import tracking
-
-        tracking.warm_up(model=TRACKING_COMMANDS[args.command])
+    # a flow command's imports run with the garbage collector paused until its flow starts
+    paused = args.command in FLOW_COMMANDS and startup.pause_collector()
     try:
+        if args.command in FLOW_COMMANDS:
+            prefect_server.start_early()  # boots while the command reads and checks its input
+        if args.command in TRACKING_COMMANDS:
+            from fedsieve import tracking
+
+            tracking.warm_up(model=TRACKING_COMMANDS[args.command], fork=owns_process)
         return COMMANDS[args.command][2](args, Path.cwd())
     except usage_errors() as error:  # the temporary server stops silently at exit
         print(f"fedsieve: error: {error}", file=sys.stderr)
@@ -304,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ops.ServiceError as error:  # a tracking store or Prefect server that is not there
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 1
+    finally:
+        if paused:
+            startup.resume_collector()
 
 
 _exit_status = 1  # what console() ends with: an uncaught exception unless main() returns
@@ -321,7 +330,7 @@ def console(argv: Sequence[str] | None = None) -> None:
     atexit.register(_end_now)  # registered before every hook but logging's: runs after them
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        _exit_status = main(argv)
+        _exit_status = main(argv, owns_process=True)
     except SystemExit as stop:  # argparse and `fedsieve dvc` exit this way
         code = stop.code
         _exit_status = code if isinstance(code, int) else int(code is not None)

@@ -98,23 +98,32 @@ class _TrackingProcess:
     _shared_lock = threading.Lock()
 
     @classmethod
-    def shared(cls) -> _TrackingProcess:
+    def shared(cls, *, fork: bool = False) -> _TrackingProcess:
+        """The process's tracking process, started now if there is none (``fork``: as a
+        fork of this process, if no other thread runs here)."""
         with cls._shared_lock:
             if cls._shared is None or cls._shared.gone is not None:
-                cls._shared = cls()
+                cls._shared = cls(fork=fork)
             return cls._shared
 
-    def __init__(self) -> None:
+    def __init__(self, *, fork: bool = False) -> None:
+        # a fork copies only the calling thread: a lock another thread held stays held
+        fork = fork and threading.active_count() == 1
         answers_in, answers_out = os.pipe()
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "fedsieve.tracking_process", str(answers_out)],
-                stdin=subprocess.PIPE,
-                pass_fds=(answers_out,),
+            self._process: subprocess.Popen[bytes] | _ForkedProcess = (
+                _ForkedProcess(answers_out)
+                if fork
+                else subprocess.Popen(
+                    [sys.executable, "-m", "fedsieve.tracking_process", str(answers_out)],
+                    stdin=subprocess.PIPE,
+                    pass_fds=(answers_out,),
+                )
             )  # in this session: Linux's autogroup gives a new session as large a CPU share
             # as this whole command, which slowed runs on 2 cores
         finally:
             os.close(answers_out)
+        self.forked = fork
         self._answers = os.fdopen(answers_in, "rb")
         self._lock = threading.Lock()
         self._seq = 0
@@ -165,11 +174,36 @@ class _TrackingProcess:
             future.set_result(None)
 
 
-def warm_up(*, model: bool) -> None:
+class _ForkedProcess:
+    """The tracking process as a child forked from this one (the ``Popen`` parts the
+    parent uses: ``pid``, ``stdin``, ``wait``). torch is imported first, so the child has
+    it without loading it again."""
+
+    def __init__(self, answers_out: int) -> None:
+        import torch  # noqa: F401  (this process needs it too)
+
+        requests_in, requests_out = os.pipe()
+        sys.stdout.flush()  # else the child would print the text still buffered here again
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns from here
+            from fedsieve.tracking_process import serve_forked
+
+            serve_forked(requests_in, answers_out)
+        os.close(requests_in)
+        self.stdin = os.fdopen(requests_out, "wb")
+
+    def wait(self) -> int:
+        """Its exit code (negative: the signal that ended it), as ``Popen.wait`` gives."""
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+def warm_up(*, model: bool, fork: bool = False) -> None:
     """Start the tracking process now and have it import MLflow (and, with ``model``, what
-    ``log_model`` needs) while this process does other work."""
+    ``log_model`` needs) while this process does other work. ``fork``: start it as a fork
+    of this process (the ``fedsieve`` command's own, at its start)."""
     with contextlib.suppress(Exception):  # the first tracker states any failure
-        _TrackingProcess.shared().send(None, "warm_up", {"model": model})
+        _TrackingProcess.shared(fork=fork).send(None, "warm_up", {"model": model})
 
 
 class Tracker:

@@ -112,6 +112,18 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(
     assert [p.name for p in project.iterdir()] == ["params.yaml"]  # no MLflow store either
 
 
+def test_a_command_that_stops_on_bad_input_resumes_the_garbage_collector(project, prefect_server):
+    # a flow command imports with the collector paused (fedsieve.startup); an error before
+    # its flow starts must not leave a caller (a test, a notebook) without it
+    import gc
+
+    from fedsieve.cli import main
+
+    assert gc.isenabled()
+    assert main(["train", "--set", "train.rounds=-1"]) == 2
+    assert gc.isenabled()
+
+
 def test_cli_list_names_every_registry():
     result = _cli("list")
 

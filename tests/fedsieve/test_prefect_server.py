@@ -103,7 +103,10 @@ def servers_for(prefect_home: Path) -> list[int]:
             environment = (proc / "environ").read_bytes()
         except OSError:
             continue
-        if b"create_app" in command and f"PREFECT_HOME={prefect_home}".encode() in environment:
+        if (
+            b"fedsieve.prefect_server:server_app" in command
+            and f"PREFECT_HOME={prefect_home}".encode() in environment
+        ):
             pids.append(int(proc.name))
     return pids
 

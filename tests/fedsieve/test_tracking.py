@@ -9,14 +9,24 @@ import time
 
 import pytest
 
+# How the tracking process starts: spawned (any caller), or forked from the `fedsieve`
+# command at its start (the command imports torch first; the child keeps it)
+START = {
+    "spawned": "",
+    "forked": "from fedsieve.tracking import warm_up; warm_up(model=False, fork=True)",
+}
 
-def test_calls_made_while_mlflow_is_still_loading_all_land_in_order(tmp_path):
+
+@pytest.mark.parametrize("start", START)
+def test_calls_made_while_mlflow_is_still_loading_all_land_in_order(tmp_path, start):
     # A fresh interpreter: MLflow is imported by the tracker's thread while this thread
     # goes on logging (importing it on both threads at once used to fail).
     script = textwrap.dedent(
         f"""
-        from fedsieve.tracking import Tracker
+        {START[start]}
+        from fedsieve.tracking import Tracker, _TrackingProcess
 
+        assert _TrackingProcess.shared().forked == {start == "forked"}
         uri = "sqlite:///{tmp_path / "mlflow.db"}"
         tracker = Tracker("background", uri)
         tracker.start(run_id=None, run_name="r", tags={{"k": "v"}})
@@ -117,10 +127,12 @@ def test_a_model_that_cannot_be_sent_is_stated_as_a_failed_model_log(tmp_path, c
     assert "logging the model" in stated.getMessage()
 
 
-def test_the_tracking_process_ends_when_its_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("start", START)
+def test_the_tracking_process_ends_when_its_parent_is_killed(tmp_path, start):
     script = textwrap.dedent(
         f"""
         import os, signal
+        {START[start]}
         from fedsieve.tracking import Tracker, _TrackingProcess
 
         tracker = Tracker("orphan", "sqlite:///{tmp_path / "mlflow.db"}")
@@ -148,3 +160,50 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_forked_tracking_process_holds_nothing_of_its_parent_but_its_pipes(tmp_path):
+    # A socket the command had open when it forked is closed in the child: once the
+    # parent closes it, nobody listens there (a copy would keep the port taken and accept
+    # connections nobody serves).
+    script = textwrap.dedent(
+        """
+        import socket
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        from fedsieve.tracking import Tracker, _TrackingProcess, warm_up
+
+        warm_up(model=False, fork=True)
+        assert _TrackingProcess.shared().forked
+        listener.close()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            print("still listening")
+        except ConnectionRefusedError:
+            print("closed")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "closed"
+
+
+def test_a_process_running_other_threads_spawns_its_tracking_process_instead_of_forking():
+    # a fork copies only the calling thread; a lock another thread held would stay held
+    import threading
+
+    from fedsieve.tracking import _TrackingProcess
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        tracking_process = _TrackingProcess(fork=True)
+    finally:
+        release.set()
+        other.join()
+    assert not tracking_process.forked
+    tracking_process._process.stdin.close()  # its end
+    assert tracking_process._process.wait() == 0

@@ -1,0 +1,60 @@
+"""The garbage collector is paused only while a process starts, and always comes back."""
+
+import gc
+import os
+
+import pytest
+
+from fedsieve import startup
+
+
+@pytest.fixture(autouse=True)
+def collector_running():
+    gc.enable()
+    yield
+    startup.resume_collector()
+    gc.enable()
+
+
+def test_a_block_runs_with_the_collector_paused_and_resumes_it_even_when_it_fails():
+    with pytest.raises(RuntimeError), startup.collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("an import failed")
+    assert gc.isenabled()
+
+
+def test_a_collector_someone_else_turned_off_stays_off():
+    gc.disable()
+    with startup.collector_paused():
+        pass
+    assert not startup.pause_collector()
+    startup.resume_collector()
+    assert not gc.isenabled()
+
+
+def test_the_command_pause_spans_calls_and_resumes_once():
+    assert startup.pause_collector()
+    assert not startup.pause_collector()  # already paused: not this call's to resume
+    with startup.collector_paused():  # a warm-up inside the pause leaves it paused
+        pass
+    assert not gc.isenabled()
+    startup.resume_collector()
+    assert gc.isenabled()
+    startup.resume_collector()  # again: nothing
+    assert gc.isenabled()
+
+
+def test_a_child_forked_during_the_pause_runs_its_collector():
+    # the tracking process is forked while the command's imports run with it paused
+    startup.pause_collector()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        child_collects = answer.read() == b"1"
+    os.waitpid(pid, 0)
+    assert child_collects
+    assert not gc.isenabled()  # the parent's pause goes on
