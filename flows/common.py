@@ -19,6 +19,7 @@ __all__ = [
     "stage_main",
     "stop_if_requested",
     "stoppable_runs",
+    "subflows_without_heartbeats",
 ]
 
 
@@ -51,6 +52,21 @@ def stoppable_runs() -> Iterator[None]:
         raise
     finally:
         _stop_requested.reset(token)
+
+
+@contextlib.contextmanager
+def subflows_without_heartbeats() -> Iterator[None]:
+    """Subflows started in the block send no flow-run heartbeats; the flow that starts
+    them keeps its own, which shows the process alive to the server.
+
+    Prefect 3.8 joins a flow's heartbeat thread when the flow ends, and that thread sleeps
+    in 1 s steps: each subflow's end waited 0.5-1 s for it. Against a running server a
+    ``fedsieve run`` spent 2.4-3.5 s between its stages, against 0.7-1.1 s without
+    heartbeats (``python -m benchmarks.flower_race``, 5 runs each)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def stop_if_requested() -> None:

@@ -26,7 +26,14 @@ from fedsieve.config import Params
 from fedsieve.plots import plot_compare_curves, plot_compare_heatmap
 from fedsieve.reports import write_csv, write_json
 from fedsieve.tracking import Tracker, child_run_results, flatten_params
-from flows.common import RunStopped, run_tags, stage_main, stop_if_requested, stoppable_runs
+from flows.common import (
+    RunStopped,
+    run_tags,
+    stage_main,
+    stop_if_requested,
+    stoppable_runs,
+    subflows_without_heartbeats,
+)
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
@@ -227,6 +234,7 @@ def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
             with (
                 ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner,
                 stoppable_runs(),
+                subflows_without_heartbeats(),  # the runner copies it into its threads
             ):
                 futures = [
                     runner.submit(

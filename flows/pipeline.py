@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow
 
 from fedsieve.config import Params
-from flows.common import stage_main
+from flows.common import stage_main, subflows_without_heartbeats
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pretest import pretest_flow
@@ -28,10 +28,11 @@ def pipeline_flow(
 ) -> dict[str, Any]:
     """The four stages; ``parent_run_id``/``run_name`` make the MLflow run a named child
     (a cell of a comparison grid)."""
-    partition_flow(params, workdir)
-    pretest_flow(params, workdir)
-    train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
-    return evaluate_flow(params, workdir)
+    with subflows_without_heartbeats():
+        partition_flow(params, workdir)
+        pretest_flow(params, workdir)
+        train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
+        return evaluate_flow(params, workdir)
 
 
 main = stage_main("run")
