@@ -304,7 +304,8 @@ def main(argv: Sequence[str] | None = None, *, owns_process: bool = False) -> in
 
             tracking.warm_up(model=TRACKING_COMMANDS[args.command], fork=owns_process)
         return COMMANDS[args.command][2](args, Path.cwd())
-    except usage_errors() as error:  # the temporary server stops silently at exit
+    except usage_errors() as error:
+        prefect_server.discard()  # silently, with the database it may have created
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
     except ops.ServiceError as error:  # a tracking store or Prefect server that is not there

@@ -42,7 +42,7 @@ from fedsieve.die_with_parent import guarded_command
 from fedsieve.startup import collector_paused
 
 __all__ = [
-    "TemporaryServer", "bind", "server_app", "shared", "start_early", "stop",
+    "TemporaryServer", "bind", "discard", "server_app", "shared", "start_early", "stop",
     "uses_temporary_server",
 ]  # fmt: skip
 
@@ -76,6 +76,7 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.new_database: Path | None = None  # the SQLite file this server creates
         # registered before Prefect's own exit hooks (its workers start with the first
         # flow), so it runs after them: their logs and events reach the server first
         atexit.register(self.stop)
@@ -97,6 +98,10 @@ class TemporaryServer:
 
             in_process = get_current_settings().to_environment_variables(exclude_unset=True)
         self.port = _free_port()
+        if not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):  # the default store
+            home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+            if not (home / "prefect.db").exists():
+                self.new_database = home / "prefect.db"
         environment = {
             **os.environ,
             # what Prefect's SubprocessASGIServer sets: no UI, ephemeral mode, final settings
@@ -179,6 +184,19 @@ def server_app() -> Any:
         return create_app()
 
 
+def discard() -> None:
+    """Stop the early-started server of a command that stopped on bad input, and remove the
+    database it created: a command that never ran leaves nothing behind."""
+    global _early
+    if _early is None:
+        return
+    server, _early = _early, None
+    server.stop()
+    if server.new_database is not None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{server.new_database}{suffix}").unlink(missing_ok=True)
+
+
 def start_early() -> None:
     """Launch the temporary server (once per process) if a flow here will need one.
 
@@ -242,6 +260,8 @@ def bind(flow: F) -> F:
     def run(*args: Any, **kwargs: Any) -> Any:
         from prefect.settings import temporary_settings
 
+        if _early is not None:
+            _early.new_database = None  # it holds this run from now on: never discarded
         with temporary_settings(updates):
             return flow(*args, **kwargs)
 
