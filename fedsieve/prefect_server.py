@@ -89,8 +89,7 @@ class TemporaryServer:
         """Start the server process and return at once. Prefect need not be imported yet:
         the process reads the same environment and profile as this one; settings changed
         in this process (``temporary_settings``) are passed on when Prefect is loaded."""
-        prefect_spec = importlib.util.find_spec("prefect")
-        if prefect_spec is None or prefect_spec.origin is None:
+        if importlib.util.find_spec("prefect") is None:
             raise RuntimeError("prefect is not installed; run `make setup`")
         in_process: dict[str, str] = {}
         if "prefect.settings" in sys.modules:
@@ -187,12 +186,9 @@ def server_app() -> Any:
 def discard() -> None:
     """Stop the early-started server of a command that stopped on bad input, and remove the
     database it created: a command that never ran leaves nothing behind."""
-    global _early
-    if _early is None:
-        return
-    server, _early = _early, None
-    server.stop()
-    if server.new_database is not None:
+    server = _early
+    stop()
+    if server is not None and server.new_database is not None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{server.new_database}{suffix}").unlink(missing_ok=True)
 

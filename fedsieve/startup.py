@@ -53,8 +53,4 @@ def collector_paused() -> Iterator[None]:
             resume_collector()
 
 
-def _in_forked_child() -> None:
-    resume_collector()
-
-
-os.register_at_fork(after_in_child=_in_forked_child)
+os.register_at_fork(after_in_child=resume_collector)

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fedsieve.tracking_process import describe
+from fedsieve.tracking_process import describe, serve_forked
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -123,7 +123,6 @@ class _TrackingProcess:
             # as this whole command, which slowed runs on 2 cores
         finally:
             os.close(answers_out)
-        self.forked = fork
         self._answers = os.fdopen(answers_in, "rb")
         self._lock = threading.Lock()
         self._seq = 0
@@ -131,6 +130,10 @@ class _TrackingProcess:
         self.gone: str | None = None
         threading.Thread(target=self._read_answers, name="mlflow-answers", daemon=True).start()
         self.send(None, "hello", [p for p in sys.path if p])
+
+    @property
+    def forked(self) -> bool:
+        return isinstance(self._process, _ForkedProcess)
 
     def send(self, tracker: Tracker | None, op: str, args: Any, what: str = "") -> Future[None]:
         """Ask for ``op`` (``what``, in words); the future is done once it has been carried
@@ -187,8 +190,6 @@ class _ForkedProcess:
         sys.stderr.flush()
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns from here
-            from fedsieve.tracking_process import serve_forked
-
             serve_forked(requests_in, answers_out)
         os.close(requests_in)
         self.stdin = os.fdopen(requests_out, "wb")

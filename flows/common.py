@@ -61,8 +61,8 @@ def subflows_without_heartbeats() -> Iterator[None]:
 
     Prefect 3.8 joins a flow's heartbeat thread when the flow ends, and that thread sleeps
     in 1 s steps: each subflow's end waited 0.5-1 s for it. Against a running server a
-    ``fedsieve run`` spent 2.4-3.5 s between its stages, against 0.7-1.1 s without
-    heartbeats (``python -m benchmarks.flower_race``, 5 runs each)."""
+    ``fedsieve run`` spent 3.0-3.9 s between its stages, and 0.8-1.1 s with its subflows
+    in this block (4 alternating runs of each on 2 cores)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
