@@ -21,6 +21,7 @@ Both do nothing when ``PREFECT_API_URL`` is set: a real server is already there.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -34,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,8 +43,8 @@ from fedsieve.die_with_parent import guarded_command
 from fedsieve.startup import collector_paused
 
 __all__ = [
-    "TemporaryServer", "bind", "discard", "server_app", "shared", "start_early", "stop",
-    "uses_temporary_server",
+    "BusyRetried", "TemporaryServer", "bind", "discard", "server_app", "shared", "start_early",
+    "stop", "uses_temporary_server",
 ]  # fmt: skip
 
 log = logging.getLogger("prefect")  # Prefect's console logging shows it, like its own line
@@ -176,11 +177,84 @@ class TemporaryServer:
 def server_app() -> Any:
     """The temporary server's ASGI app (uvicorn's factory): Prefect's own ``create_app``,
     called with the garbage collector paused while the server's modules load (about 1 s
-    less CPU of a 5 s start-up on 2 cores: :mod:`fedsieve.startup`)."""
+    less CPU of a 5 s start-up on 2 cores: :mod:`fedsieve.startup`), behind
+    :class:`BusyRetried`."""
     with collector_paused():
         from prefect.server.api.server import create_app
 
-        return create_app()
+        return BusyRetried(create_app())
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+UNAVAILABLE = 503
+
+
+class BusyRetried:
+    """ASGI middleware: a request the app answers with 503 is tried again in the server
+    after a short pause, before the client sees that answer.
+
+    Prefect's server answers 503 when SQLite refuses a write with "database is locked"
+    (its transactions read before they write, so a write committed in between by one of
+    its own background services fails at once, whatever the busy timeout), expecting the
+    client to try again (PrefectHQ/prefect#13773). The client waits about 2 s before its
+    first retry: a ``fedsieve run`` on the temporary server stalled 2 s that way in about
+    one run in two, almost always on a task run's creation. The failed attempt's
+    transaction was rolled back, so trying it again here is what the client would do,
+    only after ``pauses`` (0.88 s in all by default) instead of 2 s; a request still
+    refused after the last pause gets its 503, and the client's own retries go on from
+    there."""
+
+    def __init__(
+        self, app: ASGIApp, pauses: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+    ) -> None:
+        self.app = app
+        self.pauses = pauses
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan, websockets: as they are
+            await self.app(scope, receive, send)
+            return
+        request: list[Message] = []  # the body, read once, replayed to each attempt
+        while not request or request[-1].get("more_body", False):
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            request.append(message)
+        for pause in (*self.pauses, None):
+            if not await self._attempt(scope, request, receive, send, last=pause is None):
+                return
+            await asyncio.sleep(pause)  # type: ignore[arg-type]
+
+    async def _attempt(
+        self, scope: Scope, request: list[Message], receive: Receive, send: Send, *, last: bool
+    ) -> bool:
+        """Run the request once; True when it was answered 503 and that answer was held
+        back (not ``last``), so that it is tried again."""
+        replay = iter(request)
+        status = 0
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            if status != UNAVAILABLE or last:
+                await send(message)
+
+        try:  # on a copy: routing writes into the scope (a mount's root path, the route)
+            await self.app(dict(scope), replayed, answer)
+        except Exception:
+            # Starlette's error middleware raises the error again after its handler's
+            # answer was sent: a held-back 503's error is dropped with it
+            if status != UNAVAILABLE or last:
+                raise
+        return status == UNAVAILABLE and not last
 
 
 def discard() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -266,3 +267,74 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
         "fedavg-none-f0-s0": "KILLED",
         "median-none-f0-s0": "KILLED",
     }
+
+
+def _sometimes_locked_api(locked_answers: int) -> tuple[Any, list[bytes]]:
+    """A FastAPI app with Prefect's own error handler whose POST /api/task_runs/ fails with
+    SQLite's "database is locked" the first ``locked_answers`` times, as Prefect's server
+    does when a background service wrote in the middle of its transaction; the bodies it
+    was given, one per attempt."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    from fastapi import FastAPI, Request
+    from prefect.server.api.server import custom_internal_exception_handler
+
+    bodies: list[bytes] = []
+    api = FastAPI(exception_handlers={Exception: custom_internal_exception_handler})
+    app = FastAPI()
+    app.mount("/api", api)  # as Prefect's API is mounted in its server's app
+
+    @api.post("/task_runs/")
+    async def create_task_run(request: Request) -> dict[str, str]:
+        bodies.append(await request.body())
+        if len(bodies) <= locked_answers:
+            raise sqlalchemy.exc.OperationalError(
+                "INSERT INTO task_run ...", {}, sqlite3.OperationalError("database is locked")
+            )
+        return {"created": (await request.json())["name"]}
+
+    return app, bodies
+
+
+def _post(app: Any, body: bytes) -> Any:
+    import asyncio
+
+    import httpx
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+            return await client.post("/api/task_runs/", content=body)
+
+    return asyncio.run(post())
+
+
+def test_a_write_refused_by_a_locked_database_is_tried_again_in_the_server_at_once():
+    app, bodies = _sometimes_locked_api(locked_answers=2)
+    body = b'{"name": "train-round-3"}'
+
+    started = time.monotonic()
+    response = _post(prefect_server.BusyRetried(app), body)
+
+    assert response.status_code == 200
+    assert response.json() == {"created": "train-round-3"}
+    assert bodies == [body] * 3  # the same request, read once, replayed to each attempt
+    assert time.monotonic() - started < 1.5  # not the client's own 2 s back-off
+
+
+def test_a_write_still_refused_after_the_last_pause_is_answered_503_for_the_client():
+    app, bodies = _sometimes_locked_api(locked_answers=100)
+
+    response = _post(prefect_server.BusyRetried(app, pauses=(0.0, 0.01)), b'{"name": "x"}')
+
+    assert response.status_code == 503  # the client's own retries take over from here
+    assert len(bodies) == 3
+
+
+def test_answers_other_than_503_pass_through_untouched():
+    app, bodies = _sometimes_locked_api(locked_answers=0)
+    response = _post(prefect_server.BusyRetried(app), b"not json")
+
+    assert response.status_code == 500  # a real error is not tried again
+    assert len(bodies) == 1
