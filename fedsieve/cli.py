@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None, *, owns_process: bool = False) -> in
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # a flow command's imports run with the garbage collector paused until its flow starts
-    paused = args.command in FLOW_COMMANDS and startup.pause_collector()
+    paused = args.command in FLOW_COMMANDS and startup.pause_collector(freeze=owns_process)
     try:
         if args.command in FLOW_COMMANDS:
             prefect_server.start_early()  # boots while the command reads and checks its input

@@ -43,8 +43,8 @@ from fedsieve.die_with_parent import guarded_command
 from fedsieve.startup import collector_paused
 
 __all__ = [
-    "BusyRetried", "TemporaryServer", "bind", "discard", "server_app", "shared", "start_early",
-    "stop", "uses_temporary_server",
+    "BusyRetried", "TemporaryServer", "bind", "discard", "server_app", "server_environment",
+    "shared", "start_early", "stop", "uses_temporary_server",
 ]  # fmt: skip
 
 log = logging.getLogger("prefect")  # Prefect's console logging shows it, like its own line
@@ -92,24 +92,11 @@ class TemporaryServer:
         in this process (``temporary_settings``) are passed on when Prefect is loaded."""
         if importlib.util.find_spec("prefect") is None:
             raise RuntimeError("prefect is not installed; run `make setup`")
-        in_process: dict[str, str] = {}
-        if "prefect.settings" in sys.modules:
-            from prefect.settings import get_current_settings
-
-            in_process = get_current_settings().to_environment_variables(exclude_unset=True)
         self.port = _free_port()
         if not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):  # the default store
             home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
             if not (home / "prefect.db").exists():
                 self.new_database = home / "prefect.db"
-        environment = {
-            **os.environ,
-            # what Prefect's SubprocessASGIServer sets: no UI, ephemeral mode, final settings
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-            **in_process,
-        }
         server = [
             sys.executable, "-m", "uvicorn", "--app-dir",
             str(Path(__file__).resolve().parents[1]),  # the folder holding `fedsieve`
@@ -120,7 +107,7 @@ class TemporaryServer:
             # the server ends with this process even when it is SIGKILLed (Linux: the
             # kernel's signal follows the starting thread, so only the main thread's)
             server = guarded_command(server)
-        self.process = subprocess.Popen(server, env=environment)
+        self.process = subprocess.Popen(server, env=server_environment())
 
     def wait_ready(self) -> str:
         """Block until the server answers; its API URL. A server that exits or does not
@@ -174,12 +161,32 @@ class TemporaryServer:
         self.process = None
 
 
+def server_environment() -> dict[str, str]:
+    """The temporary server's environment: this process's, with the settings changed in
+    it (``temporary_settings``) once Prefect is loaded, in Prefect's ephemeral mode."""
+    in_process: dict[str, str] = {}
+    if "prefect.settings" in sys.modules:
+        from prefect.settings import get_current_settings
+
+        in_process = get_current_settings().to_environment_variables(exclude_unset=True)
+    return {
+        **os.environ,
+        # what Prefect's SubprocessASGIServer sets (no UI, ephemeral mode) but its
+        # PREFECT__SERVER_FINAL=1: with FastAPI >= 0.137 (pyproject: >= 0.139) all that
+        # flag still does is a full gc.collect() in create_app, 0.2 s of the server's
+        # start-up on 2 cores, with nothing to reclaim
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        **in_process,
+    }
+
+
 def server_app() -> Any:
     """The temporary server's ASGI app (uvicorn's factory): Prefect's own ``create_app``,
     called with the garbage collector paused while the server's modules load (about 1 s
-    less CPU of a 5 s start-up on 2 cores: :mod:`fedsieve.startup`), behind
-    :class:`BusyRetried`."""
-    with collector_paused():
+    less CPU of a 5 s start-up on 2 cores) and what they made frozen after it
+    (:mod:`fedsieve.startup`), behind :class:`BusyRetried`."""
+    with collector_paused(freeze=True):  # the server's own process
         from prefect.server.api.server import create_app
 
         return BusyRetried(create_app())

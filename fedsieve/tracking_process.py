@@ -86,8 +86,9 @@ def _warm_up(model: bool) -> None:
     everything ready. Nothing is opened or created: a command whose input is bad leaves no
     store behind. Requests wait for the MLflow part (importing MLflow on two threads at
     once fails); a failure here is left for the request that meets it to state. The
-    garbage collector is paused meanwhile (:mod:`fedsieve.startup`)."""
-    with collector_paused():
+    garbage collector is paused meanwhile, and what was imported frozen after it
+    (:mod:`fedsieve.startup`)."""
+    with collector_paused(freeze=True):  # the tracking process's own
         _import_for_tracking(model)
 
 

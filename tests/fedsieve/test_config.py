@@ -114,14 +114,17 @@ def test_cli_bad_input_exits_2_with_one_line_and_no_traceback(
 
 def test_a_command_that_stops_on_bad_input_resumes_the_garbage_collector(project, prefect_server):
     # a flow command imports with the collector paused (fedsieve.startup); an error before
-    # its flow starts must not leave a caller (a test, a notebook) without it
+    # its flow starts must not leave a caller (a test, a notebook) without it, nor with
+    # its objects frozen: only the `fedsieve` command's own process freezes its imports
     import gc
 
     from fedsieve.cli import main
 
+    frozen = gc.get_freeze_count()
     assert gc.isenabled()
     assert main(["train", "--set", "train.rounds=-1"]) == 2
     assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
 
 
 def test_cli_list_names_every_registry():

@@ -1,6 +1,7 @@
 """Prefect's temporary server: launched at a flow command's start, stopped on a usage
 error, left alone when a real server is configured."""
 
+import json
 import os
 import shutil
 import signal
@@ -338,3 +339,31 @@ def test_answers_other_than_503_pass_through_untouched():
 
     assert response.status_code == 500  # a real error is not tried again
     assert len(bodies) == 1
+
+
+def test_the_server_app_is_built_without_a_full_collection_and_its_imports_frozen(tmp_path):
+    # The temporary server's start-up is on the critical path of every flow command: its
+    # imports are made with the collector paused, then frozen, and Prefect's full
+    # collection for PREFECT__SERVER_FINAL (nothing to reclaim with FastAPI >= 0.137) is
+    # not asked for.
+    script = (
+        "import gc, json\n"
+        "from fedsieve.prefect_server import server_app\n"
+        "generations = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and "
+        "generations.append(info['generation']))\n"
+        "server_app()\n"
+        "print(json.dumps({'full': generations.count(2), 'frozen': gc.get_freeze_count(), "
+        "'collecting': gc.isenabled()}))\n"
+    )
+    env = prefect_server.server_environment() | {"PREFECT_HOME": str(tmp_path)}
+
+    built = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert built.returncode == 0, built.stderr[-3000:]
+    report = json.loads(built.stdout.strip().splitlines()[-1])
+    assert report["full"] == 0
+    assert report["frozen"] > 100_000  # Prefect's server modules
+    assert report["collecting"]
