@@ -49,16 +49,7 @@ def test_the_command_pause_spans_calls_and_resumes_once():
 def test_a_child_forked_during_the_pause_runs_its_collector():
     # the tracking process is forked while the command's imports run with it paused
     startup.pause_collector()
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(write_end, b"1" if gc.isenabled() else b"0")
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as answer:
-        child_collects = answer.read() == b"1"
-    os.waitpid(pid, 0)
-    assert child_collects
+    assert in_a_fork(gc.isenabled)
     assert not gc.isenabled()  # the parent's pause goes on
 
 
