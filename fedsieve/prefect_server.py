@@ -4,9 +4,11 @@ With no ``PREFECT_API_URL``, Prefect starts a temporary server (a uvicorn subpro
 SQLite database under PREFECT_HOME) at a process's first API call: about 4 s of its own
 imports on a 2-core machine, paid after torch, the data and the flows have loaded, plus
 2 s for importing the server module into the calling process. Here the same server (the
-same uvicorn command and environment as Prefect's ``SubprocessASGIServer``; its app built
-by :func:`server_app`, with the garbage collector paused) is launched by
-:class:`TemporaryServer` without importing the server module:
+same uvicorn command and environment as Prefect's ``SubprocessASGIServer``, less a flag
+that only asks for a full collection; its app built by :func:`server_app`, with the
+garbage collector paused, and answering a write refused by a locked SQLite only once
+retrying it has failed: :class:`BusyRetried`) is launched by :class:`TemporaryServer`
+without importing the server module:
 
 - :func:`start_early` launches it at the top of a flow command, before the parameters are
   even read, so its start-up overlaps everything the command does before its flow runs;
