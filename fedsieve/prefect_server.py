@@ -37,12 +37,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedsieve.die_with_parent import guarded_command
 from fedsieve.startup import collector_paused
+
+if TYPE_CHECKING:  # starlette comes with Prefect's server; the command needs only the names
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "BusyRetried", "TemporaryServer", "bind", "discard", "server_app", "server_environment",
@@ -194,11 +197,6 @@ def server_app() -> Any:
         return BusyRetried(create_app())
 
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 UNAVAILABLE = 503
 
 
@@ -233,10 +231,11 @@ class BusyRetried:
             if message["type"] != "http.request":  # the client left
                 return
             request.append(message)
-        for pause in (*self.pauses, None):
-            if not await self._attempt(scope, request, receive, send, last=pause is None):
+        for pause in self.pauses:
+            if not await self._attempt(scope, request, receive, send, last=False):
                 return
-            await asyncio.sleep(pause)  # type: ignore[arg-type]
+            await asyncio.sleep(pause)
+        await self._attempt(scope, request, receive, send, last=True)
 
     async def _attempt(
         self, scope: Scope, request: list[Message], receive: Receive, send: Send, *, last: bool
