@@ -2,9 +2,8 @@
 
 The torch path (:func:`aggregation.fedlag._fedlag_factorised`) screens every parameter's
 n(n-1)/2 midpoints with batched n x n products over (block, n, n) intermediates and then
-rescores the survivors directly in float64; at n = 50, d = 11.2M it took 2.9 s on an H100,
-most of it moving those intermediates through memory. Here the same two steps keep them
-in registers:
+rescores the survivors directly in float64, most of its time moving those intermediates
+through memory. Here the same two steps keep them in registers:
 
 1. ``_screen_kernel``, one program per parameter: the moments in float64, ``u``, the
    Gaussian kernel ``K`` (float32), ``K diag(w) K`` as one ``tl.dot`` in full float32
@@ -24,12 +23,12 @@ the torch path on just those. The result is the torch path's, which is the direc
 evaluation of every midpoint (the CUDA tests assert equality; while the kernels took up
 to 64 clients, they held at n = 50 and 64 too).
 
-Speed (H100, d = 11.2M): 56 ms at n = 10, against 126 ms for the torch path. At n = 50
-it took 3.19 s, slower than the torch path's 2.9 s and far from the 0.5 s target: each
-program holds several 64 x 64 float32 and float64 temporaries, which is probably more
-than its registers (not profiled), so the kernels are used for at most ``MAX_CLIENTS``
-clients. Reaching the target needs smaller live tiles (rows of K in turn, float32 exp
-with a widened bound) or tensor-core products with a bound that covers them.
+The kernels are faster than the torch path only for few clients: with 64 x 64 tiles each
+program holds several float32 and float64 temporaries, probably more than its registers
+(not profiled), so they are used for at most ``MAX_CLIENTS`` clients
+(``benchmarks/aggregation.py``; docs/results.md). Going further needs smaller live tiles
+(rows of K in turn, float32 exp with a widened bound) or tensor-core products with a
+bound that covers them.
 
 Only imported where Triton is installed; :func:`aggregation.ops.fedlag_kernel_for`
 decides (CUDA, float32/half, 2..MAX_CLIENTS clients, every pair scored, full-float32
@@ -45,11 +44,8 @@ from torch import Tensor
 
 __all__ = ["MAX_CLIENTS", "MAX_SURVIVORS", "fedlag"]
 
-# Measured on an H100 (d = 11.2M): at n = 10 the two kernels took 56 ms against 126 ms
-# for the torch path; at n = 50 (64 x 64 tiles, float64 temporaries that spill) they took
-# 3.19 s against 2.9 s, so they are used up to 16 clients only.
-MAX_CLIENTS = 16
-MAX_SURVIVORS = 16  # at n = 10 on Gaussian updates at most 5 survived; 16 beat 32 by 20 %
+MAX_CLIENTS = 16  # beyond it the torch path was faster on an H100
+MAX_SURVIVORS = 16  # survivors listed per parameter (python -m benchmarks.gpu_kernels_tune)
 CHUNK = 1 << 21  # parameters per pair of launches (bounds the survivor lists' memory)
 CHOOSE_BLOCK = 32  # parameters per program of _choose_kernel
 SCREEN_WARPS = 4  # (python -m benchmarks.gpu_kernels_tune --fedlag)

@@ -2,9 +2,8 @@
 
 Krum, Multi-Krum, Bulyan and the geometric median start from
 :func:`aggregation.ops.centered_gram`. Its torch path reads each block of columns three
-times and writes it once (the column mean, the centered copy, the matrix product): on an
-H100 Krum took 6.9 ms at n = 50, d = 11.2M, against 0.77 ms to read the updates once.
-Here a fixed number of programs each walk their share of the columns: load a tile of
+times and writes it once (the column mean, the centered copy, the matrix product). Here
+a fixed number of programs each walk their share of the columns: load a tile of
 all n clients × ``BLOCK`` columns, subtract the tile's column means in registers (padding
 rows stay zero), and accumulate the tile's Gram matrix in float32 with ``tl.dot``. The
 per-program partial matrices are summed in float64 on the host, as the torch path sums
@@ -12,11 +11,9 @@ its blocks. The updates are read once.
 
 ``PRECISION``: "tf32x3" splits each float32 into two TF32 halves and sums three tensor-
 core products (dropping the small × small one), which is float32-accurate (relative
-error ~2^-22 a product, float32 accumulation): on an H100 at n = 50 it took 1.76 ms
-against 6.9 ms for plain float32 ("ieee") products on the FMA units; single "tf32"
-(10-bit mantissas) is never used. Settings from ``python -m benchmarks.gpu_kernels_tune
---gram`` on an H100: BLOCK 64 and 4 programs per multiprocessor were within 5 % of the
-best at n = 10, 50 and 100 (0.84, 1.76, 5.61 ms).
+error ~2^-22 a product, float32 accumulation) and several times faster than plain
+float32 ("ieee") products on the FMA units; single "tf32" (10-bit mantissas) is never
+used. The launch settings come from ``python -m benchmarks.gpu_kernels_tune --gram``.
 
 Only imported where Triton is installed; :func:`aggregation.ops.gram_kernel_for` decides.
 """

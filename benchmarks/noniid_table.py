@@ -26,9 +26,9 @@ from federated.partition import PartitionError, build_partitioner
 from federated.stats import noniid_verdict
 from federated.stats.noniid import client_losses
 from fedsieve.config import load_params
-from fedsieve.tracking import Tracker
 from tasks.data import data_root
 from tasks.stats import collect_client_updates, test_normality
+from tasks.tracking import Tracker
 from tasks.training import build_federation
 
 RESULTS = Path(__file__).parent / "results"

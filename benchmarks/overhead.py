@@ -13,13 +13,11 @@ Method, phase by phase (no flow is changed; nothing is patched):
   pipeline module, each minus a bare ``python -c pass`` (second of two runs: warm disk);
 - Prefect: a one-line ``@flow`` run as a script, so Prefect starts its temporary local
   server (SQLite under PREFECT_HOME): a fresh PREFECT_HOME (cold), the same one again
-  (warm), the same flow as fedsieve's commands run it (``fedsieve.prefect_server``
-  launching the server before Prefect is imported, heartbeats off), and against a running
-  ``prefect server start`` (PREFECT_API_URL), each minus the ``import prefect`` time;
-- MLflow: ``fedsieve.tracking.Tracker`` doing what the train and evaluate flows do
-  (create the store and run, log params, per-round metrics, the report artifacts, then
-  ``log_model`` with registration), each call timed to its completion on the tracker's
-  thread (``flush``), on a fresh SQLite store;
+  (warm), and against a running ``prefect server start`` (PREFECT_API_URL), each minus
+  the ``import prefect`` time;
+- MLflow: ``tasks.tracking.Tracker`` doing what the train and evaluate flows do (create
+  the store and run, log params, per-round metrics, the report artifacts, then
+  ``log_model`` with registration), each call timed, on a fresh SQLite store;
 - ``fedsieve run`` end to end (one process, four flows) with a warm PREFECT_HOME, once
   with tracking to a fresh SQLite store and once with tracking off (an unreachable
   ``MLFLOW_TRACKING_URI`` with retries off: the Tracker disables itself at its first
@@ -59,11 +57,6 @@ BIN = Path(sys.executable).parent
 # what fedsieve.env sets: telemetry off, and a cold temporary server on a busy machine is slow
 SUBPROCESS_ENV = {**TELEMETRY_OFF, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 NOOP_FLOW = "from prefect import flow\n@flow\ndef noop():\n    return 1\nnoop()\n"
-# the same flow as a fedsieve command runs it: server launched first, heartbeats off
-NOOP_FLOW_FEDSIEVE = (
-    "from fedsieve import prefect_server\nprefect_server.start_early()\n"
-    "from prefect import flow\n@flow\ndef noop():\n    return 1\nprefect_server.bind(noop)()\n"
-)
 TRACKING = """
 import json, sys, time
 from pathlib import Path
@@ -71,10 +64,9 @@ import numpy as np
 t = time.perf_counter(); times = {}
 def lap(name):
     global t
-    tracker.flush()  # the tracker works in the background: time the work, not the request
     now = time.perf_counter(); times[name] = round(now - t, 3); t = now
 from fedsieve.config import load_params
-from fedsieve.tracking import Tracker, flatten_params
+from tasks.tracking import Tracker, flatten_params
 from federated.seeding import seeded_init
 from models import build_model
 import mlflow, mlflow.pytorch
@@ -93,7 +85,7 @@ for _ in range(4):
     tracker.log_artifact(Path("report.csv"), "reports")
 lap("log_4_artifacts")
 model = seeded_init(0, lambda: build_model("small_cnn", in_channels=1, num_classes=2)).eval()
-tracker.log_model(model, input_example=np.zeros((1, 1, 28, 28), np.float32), registered_name="fedsieve-overhead")
+tracker.log_model(model, input_example=np.zeros((2, 1, 28, 28), np.float32), registered_name="fedsieve-overhead")
 lap("log_and_register_model")
 tracker.end()
 lap("end_run")
@@ -146,9 +138,6 @@ def prefect_costs(env: dict[str, str], import_prefect: float, with_server: bool)
         out["noop_flow_warm_home_s"] = round(warm, 2)
         out["temporary_server_cold_s"] = round(cold - import_prefect, 2)
         out["temporary_server_warm_s"] = round(warm - import_prefect, 2)
-        launched = python_seconds(NOOP_FLOW_FEDSIEVE, flow_env, REPO, runs=2)
-        out["noop_flow_fedsieve_launcher_warm_home_s"] = round(launched, 2)
-        out["fedsieve_launcher_overhead_warm_s"] = round(launched - import_prefect, 2)
         if with_server:
             started = time.perf_counter()
             with prefect_server_running(flow_env) as url:

@@ -18,7 +18,7 @@ client by client, up to float rounding:
   μ(w − w_g)`` (FedProx's ``μ/2‖w − w_g‖²``), ``g ← g + λw`` (weight decay), ``b ← m·b +
   g`` (``b ← g`` at the first step), ``w ← w − lr·b``.
 - BatchNorm: supported, with per-client running statistics kept functionally. In the
-  vmapped forward each ``_BatchNorm`` layer normalises with the batch statistics (as
+  vmapped forward each BatchNorm layer normalises with the batch statistics (as
   ``nn.BatchNorm*d`` does in train mode) and returns that batch's mean and unbiased
   variance; the running mean/var stacks ``(P, C)`` are then updated outside the
   transform exactly as the train-mode layer does in place, ``r ← (1 − momentum)·r +
@@ -53,8 +53,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
 
 from federated.client import (
     ClientData,
@@ -75,17 +73,29 @@ __all__ = [
 ]
 
 
+DROPOUT = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+BATCH_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+INSTANCE_NORM = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+
+
 def batched_unsupported_reason(model: nn.Module) -> str | None:
     """Why ``model`` cannot be trained by the batched backend exactly as by the
     sequential one, or ``None`` when it can."""
     for name, module in model.named_modules():
         where = name or type(model).__name__
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if isinstance(module, DROPOUT) and module.p > 0:
             return f"{where} is a dropout layer (a random mask per call differs per backend)"
-        if isinstance(module, _InstanceNorm) and module.track_running_stats:
+        if isinstance(module, INSTANCE_NORM) and module.track_running_stats:
             return f"{where} is an instance norm with running statistics"
         if (
-            isinstance(module, _BatchNorm)
+            isinstance(module, BATCH_NORM)
             and module.track_running_stats
             and module.momentum is None
         ):
@@ -109,7 +119,12 @@ class _BatchStatsNorm(nn.Module):
     """A train-mode BatchNorm for the vmapped forward: normalises with the batch's
     statistics and records them (mean, unbiased variance) for the running averages."""
 
-    def __init__(self, source: _BatchNorm, name: str, sink: dict[str, tuple[Tensor, Tensor]]):
+    def __init__(
+        self,
+        source: nn.BatchNorm2d,
+        name: str,
+        sink: dict[str, tuple[Tensor, Tensor]],
+    ):
         super().__init__()
         self.weight = source.weight
         self.bias = source.bias
@@ -144,7 +159,7 @@ def _workspace(model: nn.Module, global_vector: Tensor) -> _Workspace:
     sink: dict[str, tuple[Tensor, Tensor]] = {}
     norms: dict[str, float] = {}
     for name, child in list(module.named_modules()):
-        if isinstance(child, _BatchNorm):
+        if isinstance(child, BATCH_NORM):
             if child.track_running_stats:
                 norms[name] = float(child.momentum)  # type: ignore[arg-type]
             parent_name, _, attribute = name.rpartition(".")

@@ -4,10 +4,10 @@ data, return the update Δ = w_local − w_global and the sample count.
 FedProx (Li et al. 2020, https://arxiv.org/abs/1812.06127) is the option ``prox_mu``: the
 local objective gains μ/2·‖w − w_global‖² over the trainable parameters.
 
-The SGD step is :func:`sgd_step_`, shared with the batched backend, rather than
-``torch.optim.SGD``: constructing any ``torch.optim`` optimizer imports ``torch._dynamo``
-(about 1.8 s, a quarter of a 10-round small-CNN run on CPU), and the step is the same
-arithmetic, bit for bit.
+The SGD step is :func:`sgd_step_`, shared with the batched backend: torch's functional
+SGD (``torch.optim.sgd.sgd``, the arithmetic of ``torch.optim.SGD``) on lists of
+tensors, which also takes the batched backend's stacked ``(G, ...)`` parameters, with
+the FedProx term added to the gradients first.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.optim.sgd import sgd
 
 from federated.seeding import derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
@@ -138,17 +139,20 @@ def sgd_step_(
     gradient of μ/2‖w − w_g‖², μ(w − w_g), is added to ``grads`` (which are modified).
     Works on single models and on the batched backend's stacks ``(G, ...)`` alike."""
     if config.prox_mu > 0:
-        differences = torch._foreach_sub(weights, anchors)
-        torch._foreach_mul_(differences, config.prox_mu)
-        torch._foreach_add_(grads, differences)
-    if config.weight_decay:
-        torch._foreach_add_(grads, weights, alpha=config.weight_decay)
-    step = grads
-    if config.momentum:
-        torch._foreach_mul_(momenta, config.momentum)
-        torch._foreach_add_(momenta, grads)
-        step = momenta
-    torch._foreach_add_(weights, step, alpha=-config.lr)
+        for grad, weight, anchor in zip(grads, weights, anchors, strict=True):
+            grad.add_(weight - anchor, alpha=config.prox_mu)
+    sgd(
+        weights,
+        grads,
+        momenta if config.momentum else [None] * len(weights),
+        foreach=True,
+        weight_decay=config.weight_decay,
+        momentum=config.momentum,
+        lr=config.lr,
+        dampening=0.0,
+        nesterov=False,
+        maximize=False,
+    )
 
 
 def client_gradient(

@@ -6,19 +6,12 @@ silently); a missing one is fetched from the URL in ``medmnist.INFO`` when allow
 (medmnist's own downloader needs torchvision, which this project does not install).
 Loading reads the verified file's ``<split>_images`` / ``<split>_labels`` arrays, as
 medmnist's dataset classes do, and checks their shapes against ``medmnist.INFO``.
-
-Only the metadata module ``medmnist/info.py`` is executed, not the ``medmnist`` package:
-the package imports its evaluator (scikit-learn, pandas), which cost every process about
-1.5 s before the first round.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
 import shutil
-import sys
 import tempfile
 import urllib.request
 from dataclasses import dataclass
@@ -67,22 +60,11 @@ class DatasetInfo:
         return self.task.startswith("multi-label")
 
 
-@functools.cache
 def _info_table() -> dict[str, dict]:
-    """``medmnist.INFO``, read from the installed ``medmnist/info.py`` alone."""
-    loaded = sys.modules.get("medmnist.info")
-    if loaded is not None:
-        return loaded.INFO
-    package = importlib.util.find_spec("medmnist")  # finds the package, does not run it
-    if package is None or not package.submodule_search_locations:
-        raise DataError("the medmnist package is not installed; run `make setup`")
-    path = Path(next(iter(package.submodule_search_locations))) / "info.py"
-    spec = importlib.util.spec_from_file_location("_fedsieve_medmnist_info", path)
-    if spec is None or spec.loader is None:
-        raise DataError(f"cannot read MedMNIST's metadata from {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.INFO
+    """``medmnist.INFO``: each flag's URL, md5, task, labels and split sizes."""
+    from medmnist import INFO
+
+    return INFO
 
 
 def list_datasets() -> list[str]:

@@ -1,13 +1,11 @@
 """The memory layout convolution weights are trained and evaluated in.
 
 On a CPU, PyTorch sends convolutions whose weights are channels-last to oneDNN; with the
-default (contiguous) weights of these small models it takes a slower path. On the 2-core
-CI machine a 50-client small-CNN round went from 3.30 s to 1.52 s
-(``python -m benchmarks.round_speed --device cpu --quick --threads 2``). Only the layout
+default (contiguous) weights of these small models it takes a slower path (measured by
+``python -m benchmarks.round_speed --device cpu``; docs/results.md). Only the layout
 changes: state_dicts and the flat vectors of :mod:`federated.vectors` are read in logical
 order, so the numbers differ from the contiguous layout by float rounding only. On CUDA
-the layout is left alone: on an H100 channels-last made the sequential 50-client round
-slower (0.88 s against 0.65 s) and left the batched one unchanged
+the layout is left alone: channels-last did not speed up rounds there
 (``python -m benchmarks.round_speed --device cuda --channels-last``).
 """
 

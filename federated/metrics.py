@@ -1,13 +1,12 @@
 """Loss, accuracy and AUC as MedMNIST's evaluator computes them.
 
 ACC: argmax for single-label tasks (for two classes the same as thresholding p(class 1)
-at 0.5); per-label accuracy at 0.5, averaged, for multi-label tasks. AUC (scikit-learn's
-``roc_auc_score``, computed here as the Mann–Whitney statistic with tied scores sharing
-their mean rank, which is the same number; importing scikit-learn would cost every
-process about 1.3 s): p(class 1) for binary tasks, the mean one-vs-rest AUC over classes
-for multi-class tasks, the mean over labels for multi-label tasks. A class absent from
-the targets (no positives or no negatives) has no AUC and is left out of the mean; NaN if
-none is left.
+at 0.5); per-label accuracy at 0.5, averaged, for multi-label tasks. AUC: scikit-learn's
+``roc_auc_score`` of p(class 1) for binary tasks, the mean one-vs-rest AUC over classes
+for multi-class tasks, the mean over labels for multi-label tasks (MedMNIST's
+``evaluator.getAUC``). A class absent from the targets (no positives or no negatives) has
+no AUC and is left out of the mean, where MedMNIST's evaluator would raise; NaN if none
+is left.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import math
 
 import numpy as np
 import torch
+from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 from torch.nn import functional
 
@@ -29,18 +29,12 @@ def loss_function(multi_label: bool) -> nn.Module:
 
 
 def binary_auc(y_true: np.ndarray, y_score: np.ndarray) -> float:
-    """Area under the ROC curve of scores ``y_score`` for the 0/1 labels ``y_true``: the
-    probability that a random positive outscores a random negative, ties counting one
-    half. NaN when only one class is present."""
+    """scikit-learn's ROC AUC of ``y_score`` for the 0/1 labels ``y_true``; NaN when only
+    one class is present (scikit-learn would raise)."""
     positive = np.asarray(y_true).astype(bool)
-    n_positive = int(positive.sum())
-    n_negative = len(positive) - n_positive
-    if n_positive == 0 or n_negative == 0:
+    if positive.all() or not positive.any():
         return math.nan
-    _, tie_group, tie_counts = np.unique(y_score, return_inverse=True, return_counts=True)
-    mean_rank = np.cumsum(tie_counts) - (tie_counts - 1) / 2.0  # 1-based, ties averaged
-    rank_sum = float(mean_rank[tie_group][positive].sum())
-    return (rank_sum - n_positive * (n_positive + 1) / 2.0) / (n_positive * n_negative)
+    return float(roc_auc_score(positive, y_score))
 
 
 def accuracy_auc(scores: np.ndarray, targets: np.ndarray, multi_label: bool) -> tuple[float, float]:

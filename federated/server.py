@@ -19,8 +19,8 @@ A round with fewer than ``min_clients`` survivors is skipped: the global model i
 :func:`~federated.client.train_client` call per client), ``batched`` (all in one
 :func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
 ``auto`` (batched on a CUDA device when :func:`~federated.batched.supports_batched` says
-the model allows it, sequential otherwise: on a CPU the batched backend measured 0.29x
-the sequential speed, ``benchmarks/round_speed.py``). If the batched call raises, the
+the model allows it, sequential otherwise: on a CPU the batched backend is slower, see
+``benchmarks/round_speed.py``). If the batched call raises, the
 round falls back to training each client alone, so a broken client is still dropped alone
 as ``client_error``.
 """
@@ -152,6 +152,26 @@ class RoundReport:
     clients: list[dict[str, Any]]  # this round's exclusion-trail rows
 
 
+@dataclass(frozen=True)
+class Screen:
+    """The non-IID screen of one round: client losses and the ids it left out."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    excluded: set[int] = field(default_factory=set)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Aggregation:
+    """What aggregating a round produced: the next global vector, the rule's and the
+    filters' states, and the ids of the clients that reached the rule."""
+
+    global_vector: Tensor
+    aggregator_state: dict[str, Any]
+    filter_states: list[dict[str, Any]]
+    kept_ids: list[int]
+
+
 class Federation:
     """The static parts of a federation (model workspace, clients, rule, filters, test set)
     and the round step over an explicit :class:`ServerState`."""
@@ -258,15 +278,13 @@ class Federation:
             raise ValueError("this federation has no validation split (val=)")
         return self._scores(self.global_model(state), data)
 
-    def _noniid_screen(
-        self, state: ServerState, round_number: int, positions: list[int]
-    ) -> tuple[dict[int, float], set[int], dict[str, float]]:
+    def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their
         losses, the CV verdict, and (``exclude``) the ids whose loss z-score is too high."""
         check = self.noniid
         due = check is not None and check.every > 0 and round_number % check.every == 0
         if check is None or not (due or check.exclude) or len(positions) < 2:
-            return {}, set(), {}
+            return Screen()
         model = self.global_model(state)
         datasets = [(self.clients[p].images, self.clients[p].targets) for p in positions]
         losses = client_losses(model, datasets, loss=check.loss, device=self.device)
@@ -277,7 +295,7 @@ class Federation:
             keep = noniid_exclusions(losses, check.z)
             excluded = {i for i, kept in zip(ids, keep.tolist(), strict=True) if not kept}
         metrics = {"noniid_cv": verdict.cv, "noniid_non_iid": float(verdict.verdict == "non_iid")}
-        return dict(zip(ids, losses.tolist(), strict=True)), excluded, metrics
+        return Screen(dict(zip(ids, losses.tolist(), strict=True)), excluded, metrics)
 
     def _oracle(self, state: ServerState) -> Callable[[Tensor], Tensor]:
         """Loss on the server's batch after applying each candidate update (Zeno)."""
@@ -310,10 +328,7 @@ class Federation:
                 clients,
                 self.local,
                 self.loss_fn,
-                seeds=[
-                    derive_seed(self.config.seed, round_number, c.client_id, SHUFFLE)
-                    for c in clients
-                ],
+                seeds=[self._shuffle_seed(round_number, c.client_id) for c in clients],
                 max_parallel=self.max_parallel,
             )
         except Exception as error:  # retried client by client: a broken one is dropped alone
@@ -326,136 +341,220 @@ class Federation:
             return None
         return {u.client_id: u for u in updates}
 
+    def _shuffle_seed(self, round_number: int, client_id: int) -> int:
+        return derive_seed(self.config.seed, round_number, client_id, SHUFFLE)
+
     def run_round(
         self, state: ServerState, on_client: Callable[[int], None] | None = None
     ) -> tuple[ServerState, RoundReport]:
-        """One round; ``on_client(client_id)`` is called as each sampled client is done
-        (trained, screened out or failed), e.g. to advance a progress bar."""
+        """One round: sample, screen, train, attack, filter, aggregate, score.
+        ``on_client(client_id)`` is called as each sampled client is done (trained,
+        screened out or failed), e.g. to advance a progress bar."""
         round_number = state.round + 1
-        done = on_client if on_client is not None else (lambda _client_id: None)
         sampled = self.sample_clients(round_number)
-        noniid_losses, noniid_excluded, noniid_metrics = self._noniid_screen(
-            state, round_number, sampled
-        )
-        rows: dict[int, dict[str, Any]] = {}
-        updates: list[ClientUpdate] = []
+        screen = self._noniid_screen(state, round_number, sampled)
+        rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
+        outcome = self._aggregate(state, round_number, updates, rows)
+        new_state = self._next_state(state, round_number, outcome)
+        metrics = self._round_metrics(new_state, round_number, rows, updates, screen, outcome)
+        new_state.history.append(metrics)
+        trail_rows = list(rows.values())
+        new_state.trail.extend(trail_rows)
+        return new_state, RoundReport(round=round_number, metrics=metrics, clients=trail_rows)
+
+    def _train_clients(
+        self,
+        state: ServerState,
+        round_number: int,
+        sampled: list[int],
+        screen: Screen,
+        on_client: Callable[[int], None] | None,
+    ) -> tuple[dict[int, dict[str, Any]], list[ClientUpdate]]:
+        """Train every sampled client the screen kept: its trail row (by client id) and
+        the updates of the clients whose training succeeded."""
+        done = on_client if on_client is not None else (lambda _client_id: None)
         batched = None
         if self.batched:
-            to_train = [p for p in sampled if self.clients[p].client_id not in noniid_excluded]
+            to_train = [p for p in sampled if self.clients[p].client_id not in screen.excluded]
             batched = self._train_batched(state, round_number, to_train)
+        rows: dict[int, dict[str, Any]] = {}
+        updates: list[ClientUpdate] = []
         for position in sampled:
             client = self.clients[position]
-            row = {
-                "round": round_number,
-                "client": client.client_id,
-                "num_samples": len(client),
-                "malicious": client.client_id in self.malicious,
-                "excluded": False,
-                "reason": "",
-                "message": "",
-            }
-            rows[client.client_id] = row
-            if client.client_id in noniid_losses:
-                row["noniid_loss"] = noniid_losses[client.client_id]
-            if client.client_id in noniid_excluded:
+            row = rows[client.client_id] = self._trail_row(round_number, client)
+            if client.client_id in screen.losses:
+                row["noniid_loss"] = screen.losses[client.client_id]
+            if client.client_id in screen.excluded:
                 row.update(excluded=True, reason="noniid_loss")
-                done(client.client_id)
-                continue
-            try:
-                update = (
-                    batched[client.client_id]
-                    if batched is not None
-                    else train_client(
-                        self.model,
-                        state.global_vector,
-                        client,
-                        self.local,
-                        self.loss_fn,
-                        seed=derive_seed(self.config.seed, round_number, client.client_id, SHUFFLE),
-                    )
-                )
-            except Exception as error:  # a broken client must not stop the federation
-                row.update(
-                    excluded=True, reason="client_error", message=f"{type(error).__name__}: {error}"
-                )
-                done(client.client_id)
-                continue
-            row["train_loss"] = update.train_loss
-            updates.append(update)
+            else:
+                update = self._train_one(state, round_number, client, batched, row)
+                if update is not None:
+                    row["train_loss"] = update.train_loss
+                    updates.append(update)
             done(client.client_id)
+        return rows, updates
 
-        ids = [u.client_id for u in updates]
-        new_global = state.global_vector
-        aggregator_state, filter_states = state.aggregator_state, list(state.filter_states)
-        kept_ids: list[int] = []
-        if updates:
-            stacked = torch.stack([u.delta for u in updates])  # (n, d)
-            weights = torch.tensor(
-                [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
+    def _trail_row(self, round_number: int, client: ClientData) -> dict[str, Any]:
+        return {
+            "round": round_number,
+            "client": client.client_id,
+            "num_samples": len(client),
+            "malicious": client.client_id in self.malicious,
+            "excluded": False,
+            "reason": "",
+            "message": "",
+        }
+
+    def _train_one(
+        self,
+        state: ServerState,
+        round_number: int,
+        client: ClientData,
+        batched: dict[int, ClientUpdate] | None,
+        row: dict[str, Any],
+    ) -> ClientUpdate | None:
+        """The client's update (from the batched call when there was one); ``None``, and
+        the row marked ``client_error``, when its training raised."""
+        if batched is not None:
+            return batched[client.client_id]
+        try:
+            return train_client(
+                self.model,
+                state.global_vector,
+                client,
+                self.local,
+                self.loss_fn,
+                seed=self._shuffle_seed(round_number, client.client_id),
             )
-            if self.update_attack is not None and self.malicious:
-                mask = torch.tensor([i in self.malicious for i in ids], device=stacked.device)
-                if bool(mask.any()):
-                    stacked = self.update_attack(
-                        round_number,
-                        stacked,
-                        mask,
-                        derive_seed(self.config.seed, round_number, ATTACK),
-                    )
-            _, _, keep = drop_non_finite(stacked, weights)
-            keep = keep.clone()
-            for client_id, finite in zip(ids, keep.tolist(), strict=True):
-                if not finite:
-                    rows[client_id].update(excluded=True, reason="non_finite")
-            for index, (flt, flt_state) in enumerate(zip(self.filters, filter_states, strict=True)):
-                positions = keep.nonzero().flatten()
-                if len(positions) == 0:
-                    break
-                decision, filter_states[index] = flt.step(
-                    flt_state,
-                    stacked[positions],
-                    [ids[p] for p in positions.tolist()],
-                    weights[positions],
-                )
-                for row_index, position in enumerate(positions.tolist()):
-                    row = rows[ids[position]]
-                    if decision.scores is not None:
-                        row["score"] = float(decision.scores[row_index])
-                    if decision.threshold is not None:
-                        row["threshold"] = float(decision.threshold)
-                    for name, column in decision.columns.items():
-                        row[name] = float(column[row_index])
-                    if not bool(decision.keep[row_index]):
-                        row.update(excluded=True, reason=decision.reason)
-                        keep[position] = False
-            positions = keep.nonzero().flatten()
-            kept_ids = [ids[p] for p in positions.tolist()]
-            if len(kept_ids) >= self.config.min_clients:
-                extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
-                aggregate, aggregator_state, diagnostics = self.rule.step(
-                    state.aggregator_state, stacked[positions], weights[positions], **extra
-                )
-                selected = diagnostics.get("selected")
-                if selected is not None:
-                    chosen = {kept_ids[i] for i in torch.as_tensor(selected).tolist()}
-                    for client_id in kept_ids:
-                        rows[client_id]["selected"] = client_id in chosen
-                new_global = state.global_vector + self.config.server_lr * aggregate.to(
-                    state.global_vector.dtype
-                )
+        except Exception as error:  # a broken client must not stop the federation
+            row.update(
+                excluded=True, reason="client_error", message=f"{type(error).__name__}: {error}"
+            )
+            return None
 
-        skipped = len(kept_ids) < self.config.min_clients
-        new_state = ServerState(
+    def _aggregate(
+        self,
+        state: ServerState,
+        round_number: int,
+        updates: list[ClientUpdate],
+        rows: dict[int, dict[str, Any]],
+    ) -> Aggregation:
+        """Attack, drop non-finite rows, filter, aggregate: the new global vector, the
+        rule's and filters' states and the ids that reached the rule."""
+        outcome = Aggregation(
+            state.global_vector, state.aggregator_state, list(state.filter_states), []
+        )
+        if not updates:
+            return outcome
+        ids = [u.client_id for u in updates]
+        stacked = self._attacked(round_number, torch.stack([u.delta for u in updates]), ids)
+        weights = torch.tensor(
+            [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
+        )
+        _, _, keep = drop_non_finite(stacked, weights)
+        keep = keep.clone()
+        for client_id, finite in zip(ids, keep.tolist(), strict=True):
+            if not finite:
+                rows[client_id].update(excluded=True, reason="non_finite")
+        outcome.filter_states = self._filter(
+            outcome.filter_states, stacked, weights, ids, keep, rows
+        )
+        positions = keep.nonzero().flatten()
+        outcome.kept_ids = [ids[p] for p in positions.tolist()]
+        if len(outcome.kept_ids) < self.config.min_clients:
+            return outcome
+        extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
+        aggregate, outcome.aggregator_state, diagnostics = self.rule.step(
+            state.aggregator_state, stacked[positions], weights[positions], **extra
+        )
+        self._record_selection(diagnostics, outcome.kept_ids, rows)
+        outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
+            state.global_vector.dtype
+        )
+        return outcome
+
+    def _attacked(self, round_number: int, stacked: Tensor, ids: list[int]) -> Tensor:
+        """The round's updates ``(n, d)`` after the model attack, if any malicious client
+        is among them."""
+        if self.update_attack is None or not self.malicious:
+            return stacked
+        mask = torch.tensor([i in self.malicious for i in ids], device=stacked.device)
+        if not bool(mask.any()):
+            return stacked
+        seed = derive_seed(self.config.seed, round_number, ATTACK)
+        return self.update_attack(round_number, stacked, mask, seed)
+
+    def _filter(
+        self,
+        filter_states: list[dict[str, Any]],
+        stacked: Tensor,
+        weights: Tensor,
+        ids: list[int],
+        keep: Tensor,
+        rows: dict[int, dict[str, Any]],
+    ) -> list[dict[str, Any]]:
+        """Run the filters in order on the rows still kept (``keep`` is updated in place),
+        recording each client's scores and any exclusion; the filters' new states."""
+        states = list(filter_states)
+        for index, flt in enumerate(self.filters):
+            positions = keep.nonzero().flatten()
+            if len(positions) == 0:
+                break
+            decision, states[index] = flt.step(
+                states[index], stacked[positions], [ids[p] for p in positions.tolist()],
+                weights[positions],
+            )  # fmt: skip
+            for row_index, position in enumerate(positions.tolist()):
+                row = rows[ids[position]]
+                if decision.scores is not None:
+                    row["score"] = float(decision.scores[row_index])
+                if decision.threshold is not None:
+                    row["threshold"] = float(decision.threshold)
+                for name, column in decision.columns.items():
+                    row[name] = float(column[row_index])
+                if not bool(decision.keep[row_index]):
+                    row.update(excluded=True, reason=decision.reason)
+                    keep[position] = False
+        return states
+
+    @staticmethod
+    def _record_selection(
+        diagnostics: dict[str, Any], kept_ids: list[int], rows: dict[int, dict[str, Any]]
+    ) -> None:
+        """A selecting rule's (Krum, Multi-Krum, Bulyan) choice, as ``selected`` per client."""
+        selected = diagnostics.get("selected")
+        if selected is None:
+            return
+        chosen = {kept_ids[i] for i in torch.as_tensor(selected).tolist()}
+        for client_id in kept_ids:
+            rows[client_id]["selected"] = client_id in chosen
+
+    def _next_state(
+        self, state: ServerState, round_number: int, outcome: Aggregation
+    ) -> ServerState:
+        return ServerState(
             round=round_number,
-            global_vector=new_global,
-            aggregator_state=aggregator_state,
-            filter_states=filter_states,
+            global_vector=outcome.global_vector,
+            aggregator_state=outcome.aggregator_state,
+            filter_states=outcome.filter_states,
             history=list(state.history),
             trail=list(state.trail),
             best_round=state.best_round,
             best_val_auc=state.best_val_auc,
             best_vector=state.best_vector,
         )
+
+    def _round_metrics(
+        self,
+        new_state: ServerState,
+        round_number: int,
+        rows: dict[int, dict[str, Any]],
+        updates: list[ClientUpdate],
+        screen: Screen,
+        outcome: Aggregation,
+    ) -> dict[str, float]:
+        """Test (and validation) scores of the new global model, the round's counts and
+        detections; keeps the best validation round when ``select="best_val"``."""
         model = self.global_model(new_state)  # loaded once for both splits
         metrics = {f"test_{k}": v for k, v in self._scores(model, self.test).items()}
         if self.val is not None:
@@ -464,21 +563,19 @@ class Federation:
             new_state.best_round = round_number  # NaN AUC (one class) never counts as best
             new_state.best_val_auc = metrics["val_auc"]
             new_state.best_vector = new_state.global_vector.clone()
+        skipped = len(outcome.kept_ids) < self.config.min_clients
         losses = [u.train_loss for u in updates]
         trail_rows = list(rows.values())
-        metrics.update(
-            round=float(round_number),
-            clients_sampled=float(len(rows)),
-            clients_kept=float(0 if skipped else len(kept_ids)),
-            clients_excluded=float(sum(r["excluded"] for r in trail_rows)),
-            round_skipped=float(skipped),
-            client_loss_mean=float(np.mean(losses)) if losses else math.nan,
-            **noniid_metrics,
+        return metrics | {
+            "round": float(round_number),
+            "clients_sampled": float(len(rows)),
+            "clients_kept": float(0 if skipped else len(outcome.kept_ids)),
+            "clients_excluded": float(sum(r["excluded"] for r in trail_rows)),
+            "round_skipped": float(skipped),
+            "client_loss_mean": float(np.mean(losses)) if losses else math.nan,
+            **screen.metrics,
             **detection_counts(trail_rows),
-        )
-        new_state.history.append(metrics)
-        new_state.trail.extend(trail_rows)
-        return new_state, RoundReport(round=round_number, metrics=metrics, clients=trail_rows)
+        }
 
 
 def detection_counts(rows: Sequence[dict[str, Any]]) -> dict[str, float]:

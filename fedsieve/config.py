@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,6 +19,7 @@ import aggregation  # noqa: F401  (fills the registries)
 from aggregation.registry import AGGREGATORS, FILTERS
 from federated.attacks import ATTACKS
 from federated.registry import Registry, RegistryError
+from fedsieve.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -30,8 +31,8 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A params.yaml value that is not allowed; the message is one line."""
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds alike
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 
 class _Section(BaseModel):
@@ -192,7 +193,7 @@ class CompareParams(_Section):
     methods: dict[str, MethodParams] = {"fedavg": MethodParams()}
     attacks: list[AttackParams] = [AttackParams(name="label_flip")]
     fractions: list[float] = [0.2]
-    seeds: list[int] = [0]
+    seeds: list[Seed] = [0]
     max_parallel: int = Field(1, ge=1)  # local: child runs trained at the same time
     # local: cells run in this process; deployment: each cell is a run of `deployment`
     # (pipeline-from-file), picked up by whichever worker is free, results read from MLflow
@@ -233,7 +234,7 @@ class TrackingParams(_Section):
 
 
 class Params(_Section):
-    seed: int = 0
+    seed: Seed = 0
     data: DataParams = DataParams()
     partition: PartitionParams = PartitionParams()
     model: ModelParams = ModelParams()

@@ -6,7 +6,7 @@
 - ``promote`` sets the registry alias ``champion`` on the model version whose run scored
   best on a metric.
 
-Everything reads the tracking store of :func:`fedsieve.tracking.tracking_uri`
+Everything reads the tracking store of :func:`tasks.tracking.tracking_uri`
 (``MLFLOW_TRACKING_URI`` or the project's ``sqlite:///mlflow.db``). Bad input ends with one
 line and exit code 2; an unusable tracking store or Prefect server with exit code 1.
 MLflow and Prefect are imported inside the handlers so other commands stay fast.
@@ -22,13 +22,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedsieve.tracking import tracking_uri
+from fedsieve.arguments import add_params_arguments, checked_params
+from fedsieve.errors import OpsError, ServiceError
+from tasks.tracking import tracking_uri
 
 __all__ = [
     "Champion",
-    "OpsError",
     "RunRow",
-    "ServiceError",
     "add_promote_arguments",
     "add_runs_arguments",
     "add_serve_arguments",
@@ -45,14 +45,6 @@ CHAMPION = "champion"
 DEFAULT_EXPERIMENT = "fedsieve"
 KEY_METRICS = ("final_test_acc", "final_test_auc", "final_test_loss")
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]+$")
-
-
-class OpsError(ValueError):
-    """Bad input to an ops command (exit code 2); the message is one line."""
-
-
-class ServiceError(RuntimeError):
-    """The tracking store or the Prefect server cannot be used (exit code 1)."""
 
 
 def _positive_int(text: str) -> int:
@@ -379,8 +371,6 @@ def promote(args: argparse.Namespace, workdir: Path) -> int:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    from fedsieve.cli import add_params_arguments
-
     add_params_arguments(parser)
     parser.add_argument(
         "--cron",
@@ -441,13 +431,10 @@ def require_deployment(name: str) -> None:
 
 
 def serve(args: argparse.Namespace, workdir: Path) -> int:
-    from fedsieve.cli import params_from, preflight
-
     if not args.name or "/" in args.name:
         raise OpsError(f"--name {args.name!r}: a deployment name must be non-empty, without '/'")
     _check_cron(args.cron)
-    params = params_from(args)
-    preflight(params, workdir)
+    params = checked_params(args, workdir)
     url = _prefect_api()
     import flows.pipeline
 

@@ -1,6 +1,8 @@
-"""Prefect flows: one per pipeline stage plus the whole pipeline. Flows only sequence
-tasks; ``python -m flows.<stage>`` runs a stage the way dvc.yaml does."""
+"""Prefect flows: one per pipeline stage, the whole pipeline, the comparison grid, the
+deployable pipeline and the FedStNN experiments. Flows only sequence tasks."""
 
-import fedsieve  # noqa: F401  (sets telemetry-off and PREFECT_HOME before Prefect loads)
+from fedsieve.env import configure_environment
+
+configure_environment()  # telemetry off and PREFECT_HOME before Prefect loads (workers too)
 
 __all__: list[str] = []

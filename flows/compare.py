@@ -17,19 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedsieve.config import Params
-from fedsieve.plots import plot_compare_curves, plot_compare_heatmap
-from fedsieve.reports import write_csv, write_json
-from fedsieve.tracking import Tracker, child_run_results, flatten_params
 from flows.common import (
     RunStopped,
-    run_tags,
-    stage_main,
     stop_if_requested,
     stoppable_runs,
     subflows_without_heartbeats,
@@ -37,16 +31,13 @@ from flows.common import (
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
+from tasks.comparison import CellResult, write_comparison_reports
 from tasks.data import data_root
+from tasks.tracking import Tracker, child_run_results, flatten_params, run_tags
 
 __all__ = ["Cell", "compare_flow", "grid_cells"]
 
 WORKER_POLL_SECONDS = 2  # how often a dispatched cell's state is read
-SUMMARY_COLUMNS = (
-    "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
-    "rounds_to_target", "total_false_positives", "total_false_negatives",
-    "detection_precision", "detection_recall",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -180,36 +171,27 @@ def run_cells_on_workers(
     return [children[cell.name] for cell in cells]
 
 
-def summarise(cells: list[Cell], results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    rows = []
-    for cell, result in zip(cells, results, strict=True):
-        metrics = result["metrics"]
-        rows.append(
-            {
-                "method": cell.method,
-                "attack": cell.attack,
-                "fraction": cell.fraction,
-                "seed": cell.seed,
-            }
-            | {key: metrics.get(key) for key in SUMMARY_COLUMNS[4:]}
-        )
-    header = "| " + " | ".join(SUMMARY_COLUMNS) + " |"
-    lines = [header, "|" + "---|" * len(SUMMARY_COLUMNS)]
-    for row in rows:
-        cells_text = [
-            f"{value:.4f}" if isinstance(value, float) and key not in ("fraction",) else str(value)
-            for key, value in ((k, row[k]) for k in SUMMARY_COLUMNS)
+def run_cells_here(
+    params: Params, cells: list[Cell], root: Path, parent_run_id: str | None
+) -> list[dict[str, Any]]:
+    """Every cell in this process, ``compare.max_parallel`` at a time (Prefect's thread-pool
+    task runner); a failed or cancelled grid stops the running cells at their next round."""
+    with (
+        ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner,
+        stoppable_runs(),
+        subflows_without_heartbeats(),  # the runner copies it into its threads
+    ):
+        futures = [
+            runner.submit(run_cell, {"cell": c, "root": root, "parent_run_id": parent_run_id})
+            for c in cells
         ]
-        lines.append("| " + " | ".join(cells_text) + " |")
-    return rows, "\n".join(lines) + "\n"
+        return [future.result() for future in futures]
 
 
 @flow(name="compare")
 def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
     logger = get_run_logger()
     cells = grid_cells(params, workdir)
-    root = workdir / "artifacts" / "compare"
-    reports = workdir / "reports" / "compare"
     parent = Tracker(params.tracking.experiment)
     parent.start(
         run_id=None,
@@ -218,60 +200,20 @@ def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
     )
     with parent.ended_on_failure():  # a cancelled or failed grid is not left RUNNING
         parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
+        logger.info("comparison grid: %d runs (%s)", len(cells), params.compare.dispatch)
         if params.compare.dispatch == "deployment":
-            logger.info(
-                "comparison grid: %d runs dispatched to deployment %s",
-                len(cells),
-                params.compare.deployment,
-            )
             results = run_cells_on_workers(params, cells, parent.run_id)
         else:
-            logger.info(
-                "comparison grid: %d runs, up to %d at a time",
-                len(cells),
-                params.compare.max_parallel,
+            results = run_cells_here(
+                params, cells, workdir / "artifacts" / "compare", parent.run_id
             )
-            with (
-                ThreadPoolTaskRunner(max_workers=params.compare.max_parallel) as runner,
-                stoppable_runs(),
-                subflows_without_heartbeats(),  # the runner copies it into its threads
-            ):
-                futures = [
-                    runner.submit(
-                        run_cell, {"cell": c, "root": root, "parent_run_id": parent.run_id}
-                    )
-                    for c in cells
-                ]
-                results = [future.result() for future in futures]
-
-        rows, markdown = summarise(cells, results)
-        write_csv(reports / "summary.csv", rows, columns=SUMMARY_COLUMNS)
-        (reports / "summary.md").write_text(markdown)
-        write_json(reports / "summary.json", {"runs": rows})
-        methods = list(params.compare.methods)
-        scenarios = list(dict.fromkeys(c.scenario for c in cells))
-        curves: dict[str, dict[str, list[float]]] = {s: {} for s in scenarios}
-        heat = np.full((len(scenarios), len(methods)), np.nan)
-        for i, scenario in enumerate(scenarios):
-            for j, method in enumerate(methods):
-                mine = [
-                    r
-                    for c, r in zip(cells, results, strict=True)
-                    if c.scenario == scenario and c.method == method
-                ]
-                curves[scenario][method] = np.mean([r["accuracy"] for r in mine], axis=0).tolist()
-                heat[i, j] = float(np.mean([r["metrics"]["test_acc"] for r in mine]))
-        plot_compare_curves(curves, reports / "accuracy.png")
-        plot_compare_heatmap(heat, scenarios, methods, reports / "heatmap.png")
-        for name in ("summary.csv", "summary.md", "accuracy.png", "heatmap.png"):
-            parent.log_artifact(reports / name, "compare")
-        parent.log_table(rows, "compare_summary.json")
+        done: list[CellResult] = [
+            (c.method, c.attack, c.fraction, c.seed, c.scenario, r)
+            for c, r in zip(cells, results, strict=True)
+        ]
+        rows, markdown = write_comparison_reports(
+            workdir / "reports" / "compare", done, list(params.compare.methods), parent
+        )
         parent.end()
     logger.info("comparison summary:\n%s", markdown)
     return rows
-
-
-main = stage_main("compare")
-
-if __name__ == "__main__":
-    main()

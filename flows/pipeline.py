@@ -1,5 +1,5 @@
-"""The whole pipeline as one Prefect flow: partition -> pretest -> train -> evaluate (the same
-stages, files and reports as ``dvc repro``)."""
+"""The whole pipeline as one Prefect flow: preflight, then partition -> pretest -> train ->
+evaluate (the same stages, files and reports as ``dvc repro``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 from prefect import flow
 
 from fedsieve.config import Params
-from flows.common import stage_main, subflows_without_heartbeats
+from flows.common import subflows_without_heartbeats
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pretest import pretest_flow
 from flows.train import train_flow
+from tasks.preflight import preflight
 
 __all__ = ["pipeline_flow"]
 
@@ -26,16 +27,11 @@ def pipeline_flow(
     parent_run_id: str | None = None,
     run_name: str | None = None,
 ) -> dict[str, Any]:
-    """The four stages; ``parent_run_id``/``run_name`` make the MLflow run a named child
-    (a cell of a comparison grid)."""
+    """The four stages, after the preflight checks; ``parent_run_id``/``run_name`` make
+    the MLflow run a named child (a cell of a comparison grid)."""
+    preflight(params, workdir)
     with subflows_without_heartbeats():
         partition_flow(params, workdir)
         pretest_flow(params, workdir)
         train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
         return evaluate_flow(params, workdir)
-
-
-main = stage_main("run")
-
-if __name__ == "__main__":
-    main()

@@ -1,20 +1,31 @@
-"""Statistics tasks: collect the clients' updates at a global model, test their normality."""
+"""Statistics tasks: collect the clients' updates at a global model, test their normality,
+write the pre-test report."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from federated.client import client_gradient, train_client
 from federated.seeding import SHUFFLE, derive_seed
 from federated.server import Federation, ServerState
-from federated.stats import PretestResult, pretest_normality, sample_coordinates
+from federated.stats import (
+    PretestResult,
+    pretest_normality,
+    qq_data,
+    representative_coords,
+    sample_coordinates,
+)
 from federated.vectors import layout_of
+from fedsieve.config import Params
+from tasks.plots_stats import pretest_figure
+from tasks.reports import ProjectPaths, write_json
 
-__all__ = ["collect_client_updates", "test_normality"]
+__all__ = ["collect_client_updates", "test_normality", "write_pretest_report"]
 
 
 @task(name="collect-client-updates", cache_policy=NO_CACHE)
@@ -57,3 +68,50 @@ def test_normality(
 
 
 test_normality.__test__ = False  # not a pytest test despite its name
+
+
+@task(name="write-pretest-report", cache_policy=NO_CACHE)
+def write_pretest_report(
+    paths: ProjectPaths, params: Params, result: PretestResult, updates: torch.Tensor
+) -> dict[str, Any]:
+    """``reports/pretest.json`` (rates overall and per layer) and its figure (p-value
+    histograms, QQ plots); says so plainly when a normal share is below
+    ``pretest.warn_below``."""
+    report = {
+        "dataset": params.data.dataset,
+        "mode": params.pretest.mode,
+        "round": params.pretest.round,
+        **result.to_dict(),
+    }
+    write_json(paths.pretest, report)
+    values = updates.detach().cpu().double().numpy()
+    figure = pretest_figure(result, qq_data(values, representative_coords(result, k=4)))
+    paths.pretest_plot.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(paths.pretest_plot, dpi=100)
+    _log_rates(result, params.pretest.warn_below)
+    return report
+
+
+def _log_rates(result: PretestResult, warn_below: float) -> None:
+    logger = get_run_logger()
+    logger.info(
+        "pre-test of %d coordinates across %d clients: Shapiro-Wilk %.1f%% normal, "
+        "Anderson-Darling %.1f%% normal (%d constant coordinates set aside)",
+        result.n_tests,
+        result.n_clients,
+        100 * (result.shapiro_rate or 0),
+        100 * (result.anderson_rate or 0),
+        result.n_constant,
+    )
+    for name, rate in (
+        ("Shapiro-Wilk", result.shapiro_rate),
+        ("Anderson-Darling", result.anderson_rate),
+    ):
+        if rate == rate and rate < warn_below:
+            logger.warning(
+                "only %.1f%% of coordinates pass %s (below pretest.warn_below=%.0f%%): EMA's "
+                "normality assumption is weak for this setup",
+                100 * rate,
+                name,
+                100 * warn_below,
+            )

@@ -1,30 +1,57 @@
-"""Training tasks: assemble a federation from validated params, run one round."""
+"""Training tasks: assemble a federation from validated params, run one round, record it
+(metrics to MLflow, then the checkpoint), and write the training reports."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from tqdm import tqdm
 
 from aggregation import build_aggregator, build_filter
 from federated.attacks import DataAttack, ModelAttack, build_attack, choose_malicious, client_seed
 from federated.client import ClientData, LocalTraining
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.seeding import seeded_init, torch_generator
-from federated.server import Federation, FederationConfig, NonIIDCheck, RoundReport, ServerState
+from federated.server import (
+    Federation,
+    FederationConfig,
+    NonIIDCheck,
+    RoundReport,
+    ServerState,
+)
 from fedsieve.config import Params
 from models import build_model
+from tasks.plots import plot_curves, plot_exclusion_heatmap
+from tasks.reports import ProjectPaths, write_csv, write_json
+from tasks.tracking import Tracker
 
 __all__ = [
+    "TRAIL_COLUMNS",
+    "RoundProgress",
     "build_federation",
     "build_global_model",
+    "load_checkpoint",
     "malicious_clients",
+    "record_round",
     "resolve_device",
+    "resumed_state",
+    "save_checkpoint",
     "train_round",
+    "write_run_info",
+    "write_training_reports",
 ]
+
+TRAIL_COLUMNS = (
+    "round", "client", "num_samples", "malicious", "excluded", "reason", "score", "threshold",
+    "distance", "p_term", "i_term", "d_term", "noniid_loss", "train_loss", "selected", "message",
+)  # fmt: skip
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -59,9 +86,11 @@ def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:
     )
 
 
-@task(name="build-federation", cache_policy=NO_CACHE)
-def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]) -> Federation:
-    device = resolve_device(params.train.device)
+def _clients(
+    params: Params, data: MedMNISTData, parts: list[np.ndarray], device: torch.device
+) -> list[ClientData]:
+    """Each client's images and labels on ``device``, a data attack's poison applied to
+    the malicious clients' labels."""
     images, targets = to_tensors(data.train, data.info, device=device)
     attack = build_attack(params.attack.name, **params.attack.params())
     malicious = malicious_clients(params)
@@ -76,21 +105,44 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
                 seed=client_seed(params.seed, client_id),
             )
         clients.append(ClientData(client_id, images[index], client_targets))
-    update_attack = None
-    if isinstance(attack, ModelAttack):
+    return clients
 
-        def update_attack(
-            round_number: int, updates: torch.Tensor, mask: torch.Tensor, seed: int
-        ) -> torch.Tensor:
-            return attack.apply(updates, mask, torch_generator(seed, updates.device))
 
-    model = build_global_model(params, data.info).to(device)
-    train = params.train
+def _update_attack(params: Params) -> Callable[..., torch.Tensor] | None:
+    """The server's hook for a model attack (None for data attacks and no attack)."""
+    attack = build_attack(params.attack.name, **params.attack.params())
+    if not isinstance(attack, ModelAttack):
+        return None
+
+    def update_attack(
+        round_number: int, updates: torch.Tensor, mask: torch.Tensor, seed: int
+    ) -> torch.Tensor:
+        return attack.apply(updates, mask, torch_generator(seed, updates.device))
+
+    return update_attack
+
+
+def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
     noniid = params.noniid
+    if info.multi_label or (noniid.every == 0 and not noniid.exclude):
+        return None
+    return NonIIDCheck(
+        every=noniid.every,
+        loss=noniid.loss,
+        threshold=noniid.threshold,
+        exclude=noniid.exclude,
+        z=noniid.z,
+    )
+
+
+@task(name="build-federation", cache_policy=NO_CACHE)
+def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]) -> Federation:
+    device = resolve_device(params.train.device)
+    train = params.train
     val = to_tensors(data.val, data.info, device=device)
     return Federation(
-        model=model,
-        clients=clients,
+        model=build_global_model(params, data.info).to(device),
+        clients=_clients(params, data, parts, device),
         test=to_tensors(data.test, data.info, device=device),
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=[build_filter(f.name, **f.params()) for f in params.filters],
@@ -112,17 +164,9 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
             select=params.eval.select,
         ),
         multi_label=data.info.multi_label,
-        malicious=malicious,
-        update_attack=update_attack,
-        noniid=None
-        if data.info.multi_label or (noniid.every == 0 and not noniid.exclude)
-        else NonIIDCheck(
-            every=noniid.every,
-            loss=noniid.loss,
-            threshold=noniid.threshold,
-            exclude=noniid.exclude,
-            z=noniid.z,
-        ),
+        malicious=malicious_clients(params),
+        update_attack=_update_attack(params),
+        noniid=_noniid_check(params, data.info),
         server_batch=val,  # Zeno's held-out batch
         val=val,  # evaluated every round; eval.select=best_val picks the final model by it
         backend=train.backend,
@@ -137,3 +181,174 @@ def train_round(
     on_client: Callable[[int], None] | None = None,
 ) -> tuple[ServerState, RoundReport]:
     return federation.run_round(state, on_client=on_client)
+
+
+def save_checkpoint(path: Path, *, state: ServerState, digest: str, run_id: str | None) -> None:
+    """Atomic: a kill during the write leaves the previous round's checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "params_hash": digest,
+            "run_id": run_id,
+            "state": state.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
+
+
+@task(name="find-checkpoint", cache_policy=NO_CACHE)
+def load_checkpoint(path: Path, digest: str) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` if it was written under params hash ``digest``."""
+    if not path.exists():
+        return None
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if checkpoint["params_hash"] != digest:
+        get_run_logger().info(
+            "checkpoint is for other params (hash %s); starting afresh", checkpoint["params_hash"]
+        )
+        return None
+    get_run_logger().info(
+        "resuming from the checkpoint after round %d", checkpoint["state"]["round"]
+    )
+    return checkpoint
+
+
+def resumed_state(federation: Federation, checkpoint: dict[str, Any] | None) -> ServerState:
+    """The checkpoint's server state (and torch's random state), or round 0."""
+    if checkpoint is None:
+        return federation.initial_state()
+    torch.set_rng_state(checkpoint["torch_rng"])
+    return ServerState.from_dict(checkpoint["state"], device=federation.device)
+
+
+@task(name="record-round", cache_policy=NO_CACHE)
+def record_round(
+    tracker: Tracker, report: RoundReport, state: ServerState, checkpoint: Path, digest: str
+) -> None:
+    """The round's metrics (and per-client losses) to MLflow, then the checkpoint: a kill
+    in between re-runs, and re-logs, this round identically on resume, so no round's
+    metrics go missing."""
+    per_client = {}
+    for row in report.clients:  # MLflow names: client_loss/<id>, noniid_loss/<id>
+        if "train_loss" in row:
+            per_client[f"client_loss/{row['client']}"] = row["train_loss"]
+        if "noniid_loss" in row:
+            per_client[f"noniid_loss/{row['client']}"] = row["noniid_loss"]
+    tracker.log_metrics({**report.metrics, **per_client}, step=report.round)
+    save_checkpoint(checkpoint, state=state, digest=digest, run_id=tracker.run_id)
+
+
+def trail_columns(trail: list[dict[str, Any]]) -> list[str]:
+    """The trail's columns: the documented ones first, any others a filter adds after."""
+    extra = [k for k in dict.fromkeys(k for row in trail for k in row) if k not in TRAIL_COLUMNS]
+    return [*TRAIL_COLUMNS, *extra]
+
+
+def noniid_report(state: ServerState, params: Params) -> dict[str, Any]:
+    """The last non-IID evaluation: CV, threshold, verdict, per-client losses."""
+    checked = [row for row in state.history if "noniid_cv" in row]
+    if not checked:
+        return {"cv": None, "threshold": params.noniid.threshold, "verdict": "not_evaluated"}
+    last = checked[-1]
+    losses = {
+        str(row["client"]): row["noniid_loss"]
+        for row in state.trail
+        if row["round"] == int(last["round"]) and "noniid_loss" in row
+    }
+    return {
+        "cv": last["noniid_cv"],
+        "threshold": params.noniid.threshold,
+        "verdict": "non_iid" if last["noniid_non_iid"] else "iid",
+        "round": int(last["round"]),
+        "loss": params.noniid.loss,
+        "client_losses": losses,
+        "cv_per_round": {int(row["round"]): row["noniid_cv"] for row in checked},
+    }
+
+
+@task(name="write-training-reports", cache_policy=NO_CACHE)
+def write_training_reports(
+    paths: ProjectPaths, model: torch.nn.Module, state: ServerState, params: Params,
+    tracker: Tracker,
+) -> None:  # fmt: skip
+    """The final model, the per-round table, the exclusion trail, the non-IID report and
+    their figures, each also logged to the run."""
+    paths.model.parent.mkdir(parents=True, exist_ok=True)
+    # contiguous: the file does not depend on the layout training used (federated.layout)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    torch.save(weights, paths.model)
+    write_csv(paths.rounds, state.history)
+    write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
+    write_json(paths.noniid, noniid_report(state, params))
+    plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
+    plot_curves(state.history, paths.curves)
+    tracker.log_table(state.trail, "exclusions.json")
+    for path in (
+        paths.rounds,
+        paths.exclusions,
+        paths.curves,
+        paths.exclusion_heatmap,
+        paths.noniid,
+    ):
+        tracker.log_artifact(path, "reports")
+
+
+@task(name="write-run-info", cache_policy=NO_CACHE)
+def write_run_info(
+    paths: ProjectPaths, tracker: Tracker, state: ServerState, digest: str
+) -> dict[str, Any]:
+    """``artifacts/model/run.json``: what the evaluate stage needs of this run (its MLflow
+    run, tags, rounds, the selected round, whether tracking failed)."""
+    info = {
+        "run_id": tracker.run_id,
+        "params_hash": digest,
+        "rounds": state.round,
+        "selected_round": state.selected_round,
+        "tags": tracker.tags,
+        "tracking_failed": tracker.failed,
+    }
+    write_json(paths.run_info, info)
+    if tracker.failed:  # already stated as a warning when it happened
+        get_run_logger().info(
+            "tracking was off for this run (%s); reports/ holds everything", tracker.failed
+        )
+    return info
+
+
+class RoundProgress:
+    """Progress bars on a terminal (rounds, and clients within the round) and one log line
+    per round."""
+
+    def __init__(self, rounds: int, done: int, clients_per_round: int) -> None:
+        on_terminal = sys.stderr.isatty()
+        self.rounds = rounds
+        self.bar = tqdm(
+            total=rounds, initial=done, desc="rounds", unit="round", disable=not on_terminal
+        )
+        self.clients = tqdm(
+            total=clients_per_round, desc="clients", unit="client", leave=False,
+            disable=not on_terminal,
+        )  # fmt: skip
+
+    def __enter__(self) -> RoundProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.clients.close()
+        self.bar.close()
+
+    def client_done(self, _client_id: int) -> None:
+        self.clients.update(1)
+
+    def round_done(self, report: RoundReport) -> None:
+        metrics = report.metrics
+        self.clients.reset()
+        self.bar.update(1)
+        self.bar.set_postfix(acc=f"{metrics['test_acc']:.3f}", auc=f"{metrics['test_auc']:.3f}")
+        get_run_logger().info(
+            "round %d/%d: test loss %.4f acc %.4f auc %.4f",
+            report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], metrics["test_auc"],
+        )  # fmt: skip

@@ -7,17 +7,6 @@ from sklearn.metrics import roc_auc_score
 from federated.metrics import accuracy_auc, binary_auc
 
 
-@pytest.mark.parametrize("levels", [None, 5])  # continuous scores, then heavy ties
-def test_binary_auc_equals_scikit_learn(levels):
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        labels = rng.integers(0, 2, 60)
-        scores = rng.random(60) + 0.3 * labels
-        if levels:
-            scores = np.round(scores * levels) / levels
-        assert binary_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
-
-
 def test_binary_auc_extremes_and_a_single_class():
     assert binary_auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.2, 0.8, 0.9])) == 1.0
     assert binary_auc(np.array([0, 0, 1, 1]), np.array([0.9, 0.8, 0.2, 0.1])) == 0.0

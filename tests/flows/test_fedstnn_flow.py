@@ -8,8 +8,9 @@ import os
 import pytest
 from mlflow import MlflowClient
 
-import flows.fedstnn
-from flows.fedstnn import fedstnn_flow, load_fedstnn_params
+import tasks.fedstnn
+from flows.fedstnn import fedstnn_flow
+from tasks.fedstnn import load_fedstnn_params
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,7 @@ def test_a_failed_experiment_is_on_the_record_as_failed(project, prefect_server,
     def broken(name, **overrides):
         raise RuntimeError("diverged")
 
-    monkeypatch.setattr(flows.fedstnn, "run_experiment", broken)
+    monkeypatch.setattr(tasks.fedstnn, "run_experiment", broken)
 
     with pytest.raises(RuntimeError, match="diverged"):
         fedstnn_flow("2d", {"rounds": 3}, project)

@@ -24,7 +24,7 @@ from fedsieve.config import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
-from flows.train import load_checkpoint, train_flow
+from flows.train import train_flow
 from tasks.training import build_global_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         project / "params.yaml", [*SMALL, "train.rounds=2", "eval.select=best_val"]
     )
 
-    with warnings.catch_warnings(record=True) as caught:  # (the tracking thread's too)
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = pipeline_flow(params, project)
 
@@ -129,7 +129,8 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(
     killed.mkdir()
     shutil.copy(project / "params.yaml", killed / "params.yaml")
     partition_flow(params, killed)
-    command = [sys.executable, "-m", "flows.train", "--resume", *[f"--set={o}" for o in overrides]]
+    fedsieve = str(Path(sys.executable).parent / "fedsieve")
+    command = [fedsieve, "train", "--resume", *[f"--set={o}" for o in overrides]]
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
     process = subprocess.Popen(
         command, cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -137,13 +138,13 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(
     checkpoint = killed / "artifacts" / "checkpoints" / "train.pt"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
-        state = load_checkpoint(checkpoint) if checkpoint.exists() else None
+        state = torch.load(checkpoint, weights_only=True) if checkpoint.exists() else None
         if state is not None and state["state"]["round"] >= 2:
             break
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    killed_at = load_checkpoint(checkpoint)["state"]["round"]
+    killed_at = torch.load(checkpoint, weights_only=True)["state"]["round"]
     assert 2 <= killed_at < 8, "the run should have been killed mid-way"
 
     train_flow(params, killed, resume=True)
@@ -244,7 +245,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     env = {**shared_server_env, "PREFECT_API_URL": prefect_server}
     dvc = [str(Path(sys.executable).parent / "dvc")]
 
-    # `make run`: no PREFECT_API_URL, one temporary server shared by the four stages
+    # `make run`: no PREFECT_API_URL, one server shared by the four stages
     repro = subprocess.run(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
         cwd=repo,
@@ -282,17 +283,3 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     )
     changes = json.loads(diff.stdout)["reports/metrics.json"]
     assert changes["rounds"] == {"old": 2, "new": 3, "diff": 1}
-
-
-def test_rounds_to_target_needs_accuracy_and_optionally_loss():
-    from flows.evaluate import rounds_to_target
-
-    rounds = [
-        {"round": "1", "test_acc": "0.70", "test_loss": "0.9"},
-        {"round": "2", "test_acc": "0.85", "test_loss": "0.6"},
-        {"round": "3", "test_acc": "0.86", "test_loss": "0.4"},
-    ]
-
-    assert rounds_to_target(rounds, 0.8) == 2
-    assert rounds_to_target(rounds, 0.8, target_loss=0.5) == 3
-    assert rounds_to_target(rounds, 0.9) == -1

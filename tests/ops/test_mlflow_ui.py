@@ -10,7 +10,7 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from fedsieve.tracking import flatten_params
+from tasks.tracking import flatten_params
 
 
 def _chromium() -> str | None:

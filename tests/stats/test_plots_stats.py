@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from federated.stats import pretest_normality, qq_data, representative_coords
-from fedsieve.plots_stats import pretest_figure
+from tasks.plots_stats import pretest_figure
 
 
 def test_pretest_figure_has_histograms_and_qq_panels() -> None:

@@ -1,0 +1,44 @@
+"""Arguments shared by the commands that take a params file (``--params``, ``--set``,
+``--resume``), and the params they name, validated and preflight-checked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedsieve.config import Params, load_params, params_warnings
+from tasks.preflight import check_params
+
+__all__ = ["add_params_arguments", "add_resume_argument", "checked_params"]
+
+
+def add_params_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", default="params.yaml", help="params file (default params.yaml)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one parameter, e.g. --set train.rounds=3 (repeatable)",
+    )
+
+
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint of an interrupted run with the same params",
+    )
+
+
+def checked_params(args: argparse.Namespace, workdir: Path) -> Params:
+    """The params file with its overrides, validated and preflight-checked (data, partition,
+    rules against the clients per round); warnings printed once."""
+    params = load_params(Path(args.params), args.overrides)
+    check_params(params, workdir, source=args.params)
+    for warning in params_warnings(params):
+        print(f"fedsieve: warning: {warning}", file=sys.stderr)
+    return params

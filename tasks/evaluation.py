@@ -1,0 +1,130 @@
+"""Evaluation tasks: the final model's scores on the test and validation splits, the
+run's summary numbers (rounds to target, detections), and logging them with the model."""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Any
+
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from federated.data import MedMNISTData, to_tensors
+from federated.layout import use_fast_layout_
+from federated.metrics import evaluate
+from fedsieve.config import Params
+from tasks.reports import ProjectPaths, write_json
+from tasks.tracking import Tracker
+from tasks.training import build_global_model, resolve_device
+
+__all__ = [
+    "detection_totals",
+    "log_final_results",
+    "reopen_training_run",
+    "rounds_to_target",
+    "score_final_model",
+]
+
+
+def rounds_to_target(
+    rounds: list[dict[str, str]], target_acc: float, target_loss: float | None = None
+) -> int:
+    """First round whose test accuracy reaches ``target_acc`` (and, when given, whose test
+    loss is at most ``target_loss``); -1 if none did (the PID-MADE paper's Figure 2)."""
+    for row in rounds:
+        loss_ok = target_loss is None or float(row["test_loss"]) <= target_loss
+        if float(row["test_acc"]) >= target_acc and loss_ok:
+            return int(float(row["round"]))
+    return -1
+
+
+def detection_totals(rounds: list[dict[str, str]]) -> dict[str, float | None]:
+    """False positives/negatives summed over rounds, with precision and recall."""
+    total = {
+        key: sum(float(row.get(key) or 0) for row in rounds)
+        for key in ("true_positives", "false_positives", "false_negatives")
+    }
+    tp, fp, fn = total["true_positives"], total["false_positives"], total["false_negatives"]
+    return {
+        "total_false_positives": fp,
+        "total_false_negatives": fn,
+        "detection_precision": tp / (tp + fp) if tp + fp else None,
+        "detection_recall": tp / (tp + fn) if tp + fn else None,
+    }
+
+
+@task(name="reopen-training-run", cache_policy=NO_CACHE)
+def reopen_training_run(params: Params, paths: ProjectPaths) -> tuple[Tracker, dict[str, Any]]:
+    """The train stage's MLflow run (from ``artifacts/model/run.json``), reopened. Tracking
+    that failed during training was stated then: it is not tried (and warned about) again."""
+    run_info = json.loads(paths.run_info.read_text())
+    tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
+    tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
+    return tracker, run_info
+
+
+@task(name="score-final-model", cache_policy=NO_CACHE)
+def score_final_model(
+    params: Params, data: MedMNISTData, paths: ProjectPaths, run_info: dict[str, Any]
+) -> tuple[dict[str, Any], torch.nn.Module]:
+    """The saved model's test and validation scores with the run's summary numbers, in
+    ``reports/metrics.json``; also the model (on the CPU, for logging)."""
+    device = resolve_device(params.train.device)
+    model = build_global_model(params, data.info)
+    model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
+    use_fast_layout_(model.to(device), device)  # as the train stage evaluated it
+    results: dict[str, Any] = {}
+    for split in ("test", "val"):
+        images, targets = to_tensors(getattr(data, split), data.info, device=device)
+        scores = evaluate(
+            model, images, targets, multi_label=data.info.multi_label,
+            batch_size=params.eval.batch_size,
+        )  # fmt: skip
+        results |= {f"{split}_{k}": v for k, v in scores.items()}
+    with paths.rounds.open() as handle:
+        rounds = list(csv.DictReader(handle))
+    results |= {
+        "rounds": run_info["rounds"],
+        "selected_round": run_info.get("selected_round", run_info["rounds"]),
+        "rounds_to_target": rounds_to_target(
+            rounds, params.eval.target_acc, params.eval.target_loss
+        ),
+        **detection_totals(rounds),
+    }
+    write_json(paths.metrics, results)
+    get_run_logger().info(
+        "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
+        *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
+    )
+    return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
+
+
+@task(name="log-final-results", cache_policy=NO_CACHE)
+def log_final_results(
+    tracker: Tracker,
+    params: Params,
+    paths: ProjectPaths,
+    results: dict[str, Any],
+    model: torch.nn.Module,
+    data: MedMNISTData,
+) -> None:
+    """Final metrics (``final_*``), the pre-test rates and reports, and the model, logged
+    and registered as ``fedsieve-<dataset>`` (comparison cells skip the model)."""
+    tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
+    tracker.log_artifact(paths.metrics, "reports")
+    if paths.pretest.exists():
+        pretest = json.loads(paths.pretest.read_text())
+        keys = ("shapiro_rate", "anderson_rate", "n_tests")
+        tracker.log_metrics(
+            {f"pretest_{k}": pretest[k] for k in keys if pretest.get(k) is not None}
+        )
+        for path in (paths.pretest, paths.pretest_plot):
+            tracker.log_artifact(path, "pretest")
+    if params.tracking.register_model:
+        # two images: torch.export fixes a batch dimension of size 1, and the registered
+        # model would then take one image at a time
+        example = to_tensors(data.test, data.info)[0][:2].numpy()
+        registered = f"fedsieve-{params.data.dataset}"
+        tracker.log_model(model, input_example=example, registered_name=registered)

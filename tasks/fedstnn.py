@@ -1,0 +1,95 @@
+"""FedStNN tasks: validated experiment settings, the experiment itself, and its report,
+figures and MLflow run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from federated.fedstnn.experiments import (
+    EXPERIMENTS,
+    ExperimentResult,
+    experiment_config,
+    run_experiment,
+)
+from fedsieve.errors import ConfigError
+from tasks.reports import write_json
+from tasks.tracking import Tracker, flatten_params, git_commit
+
+__all__ = [
+    "load_fedstnn_params",
+    "open_fedstnn_run",
+    "run_fedstnn",
+    "write_fedstnn_report",
+]
+
+EXPERIMENT = "fedsieve-fedstnn"  # the MLflow experiment of every FedStNN run
+
+
+def load_fedstnn_params(path: Path, name: str) -> dict[str, Any]:
+    """The overrides for experiment ``name`` in ``path``, checked against the preset's
+    fields and values (a one-line :class:`ConfigError` otherwise)."""
+    if name not in EXPERIMENTS:
+        raise ConfigError(
+            f"unknown FedStNN experiment {name!r}; available: {', '.join(EXPERIMENTS)}"
+        )
+    try:
+        overrides = (yaml.safe_load(path.read_text()) or {}).get(name) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: {str(error).splitlines()[0]}") from None
+    fields = {f.name for f in dataclasses.fields(EXPERIMENTS[name])}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ConfigError(
+            f"{path}: {name}.{unknown[0]} is not a setting of this experiment; "
+            f"allowed: {', '.join(sorted(fields))}"
+        )
+    try:
+        experiment_config(name, **overrides)  # validates the values
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{path}: {name}: {error}") from None
+    return overrides
+
+
+@task(name="open-fedstnn-run", cache_policy=NO_CACHE)
+def open_fedstnn_run(name: str, config: dict[str, Any], workdir: Path) -> Tracker:
+    """The experiment's MLflow run, open from the start with its parameters, so a failed
+    or killed experiment is on the record too."""
+    tracker = Tracker(EXPERIMENT)
+    tags = {"kind": "fedstnn", "experiment": name, "git_commit": git_commit(workdir)}
+    tracker.start(run_id=None, run_name=f"fedstnn-{name}", tags=tags)
+    tracker.log_params(flatten_params({k: v for k, v in config.items() if v is not None}))
+    return tracker
+
+
+@task(name="run-fedstnn-experiment", cache_policy=NO_CACHE)
+def run_fedstnn(name: str, overrides: dict[str, Any]) -> ExperimentResult:
+    return run_experiment(name, **overrides)
+
+
+@task(name="write-fedstnn-report", cache_policy=NO_CACHE)
+def write_fedstnn_report(
+    name: str, config: dict[str, Any], result: ExperimentResult, workdir: Path, tracker: Tracker
+) -> dict[str, float]:
+    """``reports/fedstnn/<name>.json`` and its figures, the per-round and final metrics
+    logged to the run."""
+    out = workdir / "reports" / "fedstnn"
+    out.mkdir(parents=True, exist_ok=True)
+    for key, figure in result.figures.items():
+        figure.savefig(out / f"{name}-{key}.png", dpi=110)
+        tracker.log_artifact(out / f"{name}-{key}.png", "fedstnn")
+    write_json(out / f"{name}.json", {"experiment": name, **result.metrics, "config": config})
+    for step, row in enumerate(result.history, start=1):
+        numbers = {k: float(v) for k, v in row.items() if isinstance(v, int | float)}
+        tracker.log_metrics(numbers, step=step)
+    tracker.log_metrics(result.metrics)
+    tracker.log_artifact(out / f"{name}.json", "fedstnn")
+    get_run_logger().info(
+        "FedStNN %s: %s", name, ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())
+    )
+    return result.metrics

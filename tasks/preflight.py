@@ -1,0 +1,96 @@
+"""Preflight: everything that can be known before training, checked before anything runs.
+
+The data file (present or downloaded, md5-checked), a feasible partition, the clients
+sampled per round against ``train.min_clients``, and each rule's and filter's client-count
+conditions (Krum's n > 2f + 2, Bulyan's n >= 4f + 3, ...) against the clients sampled per
+round. The rule and the filters are asked for their conditions by running them once on a
+synthetic round of that many random updates: a rule raises for a count it cannot take,
+in its own words. The same check runs from the CLI (before a flow starts), in every DVC
+stage and at the start of the pipeline flow (so a deployment run on a worker is checked
+too). A failure is one :class:`~fedsieve.errors.ConfigError` line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from aggregation import build_aggregator, build_filter
+from federated.data import DataError, ensure_medmnist, load_medmnist
+from federated.partition import PartitionError, build_partitioner
+from federated.registry import RegistryError
+from fedsieve.config import Params
+from fedsieve.errors import ConfigError
+from tasks.data import data_root
+
+__all__ = ["check_params", "clients_per_round", "preflight"]
+
+PROBE_DIM = 8  # parameters of the synthetic updates a rule is probed with
+
+
+def clients_per_round(params: Params) -> int:
+    """``ceil(client_fraction * num_clients)``, at least one (as the server samples)."""
+    train, clients = params.train, params.partition.num_clients
+    return max(1, math.ceil(train.client_fraction * clients - 1e-9))
+
+
+def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
+    """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
+    try:
+        root = data_root(params.data.root, workdir)
+        ensure_medmnist(
+            params.data.dataset, root, download=params.data.download, progress=sys.stderr.isatty()
+        )
+        labels = load_medmnist(params.data.dataset, root).train.targets
+        partitioner = build_partitioner(
+            params.partition.scheme, **params.partition.partitioner_params()
+        )
+        partitioner(labels, params.partition.num_clients, seed=params.seed)
+    except (DataError, PartitionError, RegistryError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+    sampled = clients_per_round(params)
+    if params.train.min_clients > sampled:
+        raise ConfigError(
+            f"{source}: train.min_clients = {params.train.min_clients} but only {sampled} "
+            "clients are sampled per round (partition.num_clients x train.client_fraction): "
+            "every round would be skipped"
+        )
+    check_rules(params, sampled, source=source)
+
+
+def check_rules(params: Params, n: int, *, source: str = "params") -> None:
+    """Run the rule and each filter once on ``n`` synthetic updates; a count condition
+    they cannot meet is a :class:`ConfigError` naming the key."""
+    generator = torch.Generator().manual_seed(0)
+    updates = torch.randn(n, PROBE_DIM, generator=generator, dtype=torch.float64)
+    weights = torch.ones(n, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a filter's warning about its threshold, say
+        for index, entry in enumerate(params.filters):
+            flt = build_filter(entry.name, **entry.params())
+            try:
+                flt.step(flt.init_state(), updates, list(range(n)), weights)
+            except ValueError as error:
+                where = f"filters.{index} ({entry.name})"
+                raise ConfigError(
+                    f"{source}: {where} with {n} clients per round: {error}"
+                ) from None
+        rule = build_aggregator(params.aggregate.name, **params.aggregate.params())
+        extra = {"oracle": lambda c: (c**2).sum(dim=1)} if rule.requires_oracle else {}
+        try:
+            rule.step(rule.init_state(), updates, weights, **extra)
+        except ValueError as error:
+            where = f"aggregate ({params.aggregate.name})"
+            raise ConfigError(f"{source}: {where} with {n} clients per round: {error}") from None
+
+
+@task(name="preflight", cache_policy=NO_CACHE)
+def preflight(params: Params, workdir: Path) -> None:
+    """:func:`check_params` as the pipeline's first task."""
+    check_params(params, workdir)

@@ -1,0 +1,330 @@
+"""MLflow at the edge: one :class:`Tracker` per pipeline run, and nothing else logs.
+
+Tracking must never stop training: every call is guarded, and the first failure (server
+unreachable, store broken, a model that cannot be logged) is stated once, clearly, after
+which the tracker goes quiet. Local reports (``reports/``) and checkpoints do not depend
+on it, so nothing the run produced is lost when tracking is down. MLflow is used through
+its public client (``MlflowClient``), in this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from fedsieve.config import Params, params_hash
+from tasks.reports import ProjectPaths
+
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "Tracker",
+    "child_run_results",
+    "describe",
+    "flatten_params",
+    "git_commit",
+    "open_training_run",
+    "run_tags",
+    "tracking_uri",
+]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+PARAMS_PER_BATCH = 100  # MLflow's limit on params in one log_batch call
+log = logging.getLogger("fedsieve.tracking")
+T = TypeVar("T")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
+    SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def describe(error: BaseException) -> str:
+    """A failure in one line: the error's type and its message's first line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}``; lists become indexed keys."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, f"{name}."))
+        elif isinstance(value, list):
+            if not value:
+                flat[name] = "[]"
+            for index, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    flat.update(flatten_params(item, f"{name}.{index}."))
+                else:
+                    flat[f"{name}.{index}"] = item
+        else:
+            flat[name] = value
+    return flat
+
+
+def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, dict[str, Any]]:
+    """The child runs of ``parent_run_id`` by run name: final metrics (``final_*`` without
+    the prefix, as in reports/metrics.json) and the per-round ``test_acc``. How a grid run
+    on other machines' workers collects its cells."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri or tracking_uri())
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    results: dict[str, dict[str, Any]] = {}
+    for run in client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        max_results=10_000,
+    ):
+        history = client.get_metric_history(run.info.run_id, "test_acc")
+        results[run.info.run_name] = {
+            "metrics": {
+                key.removeprefix("final_"): value
+                for key, value in run.data.metrics.items()
+                if key.startswith("final_")
+            },
+            "accuracy": [m.value for m in sorted(history, key=lambda m: m.step)],
+        }
+    return results
+
+
+@contextlib.contextmanager
+def _quiet_http_retries() -> Iterator[None]:
+    """urllib3 warns on every retry; the tracker states a failure itself, once."""
+    pool = logging.getLogger("urllib3.connectionpool")
+    level = pool.level
+    pool.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        pool.setLevel(level)
+
+
+class Tracker:
+    """A guarded MLflow run: :meth:`start` creates or resumes it, the rest log into it.
+
+    A tracking URI that failed once in this process (or, via ``known_failure``, in an
+    earlier stage of the same pipeline run) is not tried again: the failure was stated
+    when it happened."""
+
+    _failed_uris: ClassVar[dict[str, str]] = {}
+
+    def __init__(
+        self, experiment: str, uri: str | None = None, *, known_failure: str | None = None
+    ) -> None:
+        self.uri = uri or tracking_uri()
+        self.experiment = experiment
+        self.run_id: str | None = None
+        self.tags: dict[str, str] = {}
+        self.failed: str | None = known_failure or self._failed_uris.get(self.uri)
+        self._ended = False
+        self._client: Any = None
+
+    def _guarded(self, what: str, action: Callable[[], T], *, needs_run: bool = True) -> T | None:
+        """``action()``, unless tracking failed, the run is closed or (``needs_run``) there
+        is none; its first failure is stated once and turns the tracker off."""
+        if self.failed is not None or self._ended or (needs_run and self.run_id is None):
+            return None
+        try:
+            with _quiet_http_retries():
+                return action()
+        except Exception as error:  # tracking must never stop training
+            self.failed = describe(error)
+            if self.run_id is None:  # the store itself is unusable: don't try it again
+                self._failed_uris[self.uri] = self.failed
+            log.warning(
+                "MLflow tracking at %s failed while %s (%s); training goes on, reports/ and "
+                "checkpoints are still written, and further tracking calls are skipped",
+                self.uri,
+                what,
+                self.failed,
+            )
+            return None
+
+    def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
+        """Resume ``run_id`` when it exists in the store, else create a run."""
+        self._guarded(
+            "starting the run", lambda: self._start(run_id, run_name, tags), needs_run=False
+        )
+
+    def _start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        self._client = MlflowClient(self.uri)
+        if run_id is not None:
+            try:
+                self._client.get_run(run_id)
+            except MlflowException:  # not in this store (e.g. another URI): start afresh
+                pass
+            else:
+                self._client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+                return
+        experiment = self._client.get_experiment_by_name(self.experiment)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self._client.create_experiment(self.experiment)
+        )
+        run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+        self.run_id = run.info.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for start in range(0, len(items), PARAMS_PER_BATCH):
+            batch = items[start : start + PARAMS_PER_BATCH]
+            self._guarded(
+                "logging parameters", lambda b=batch: self._client.log_batch(self.run_id, params=b)
+            )
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
+        """Finite values only (NaN, e.g. an AUC with one class present, is not logged)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v == v]
+        self._guarded("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self._guarded(
+                "setting tags", lambda k=key, v=value: self._client.set_tag(self.run_id, k, str(v))
+            )
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self._guarded(
+                f"logging {path}",
+                lambda: self._client.log_artifact(self.run_id, str(path), artifact_path),
+            )
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """Rows as an MLflow table (viewable and comparable in the UI's artifact view)."""
+        if rows:
+            self._guarded(
+                f"logging the table {artifact_file}",
+                lambda: self._client.log_table(self.run_id, _frame(rows), artifact_file),
+            )
+
+    def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
+        """Log the torch model as ``model`` and register it (when a name is given)."""
+        self._guarded(
+            "logging the model", lambda: self._log_model(model, input_example, registered_name)
+        )
+
+    def _log_model(self, model: Any, input_example: Any, registered_name: str | None) -> None:
+        import mlflow
+        import mlflow.pytorch
+        import torch
+
+        mlflow.set_tracking_uri(self.uri)
+        with mlflow.start_run(run_id=self.run_id):
+            mlflow.pytorch.log_model(
+                model,
+                name="model",
+                input_example=input_example,
+                registered_model_name=registered_name,
+                # the one requirement; inferring them runs a subprocess
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                await_registration_for=0,
+            )
+
+    @contextlib.contextmanager
+    def ended_on_failure(self) -> Iterator[None]:
+        """Close the run as FAILED (an error) or KILLED (a signal: Ctrl-C, or SIGTERM from a
+        worker or ``kill``) should the block raise, so the UI does not show a dead run as
+        still running. ``--resume`` reopens it."""
+        try:
+            yield
+        except Exception:
+            self.end("FAILED")
+            raise
+        except BaseException:
+            self.end("KILLED")
+            raise
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Close the run (once: later calls do nothing)."""
+        self._guarded(
+            "closing the run", lambda: self._client.set_terminated(self.run_id, status=status)
+        )
+        self._ended = True
+
+
+def _frame(rows: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def git_commit(workdir: Path) -> str:
+    """The checkout's commit, or ``unknown`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=workdir, capture_output=True, text=True, timeout=10
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def run_tags(params: Params, workdir: Path) -> dict[str, str]:
+    """The tags every pipeline run carries (what ``fedsieve runs`` and the UI filter on)."""
+    attack = params.attack
+    if attack.name == "none":
+        fraction = "0"
+    elif attack.ids is not None:
+        fraction = str(len(attack.ids) / params.partition.num_clients)
+    else:
+        fraction = str(attack.fraction)
+    return {
+        "dataset": params.data.dataset,
+        "model": params.model.name,
+        "aggregator": params.aggregate.name,
+        "filters": ",".join(f.name for f in params.filters) or "none",
+        "partition": params.partition.scheme,
+        "attack": attack.name,
+        "malicious_fraction": fraction,
+        "seed": str(params.seed),
+        "params_hash": params_hash(params),
+        "git_commit": git_commit(workdir),
+    }
+
+
+@task(name="open-training-run", cache_policy=NO_CACHE)
+def open_training_run(
+    params: Params,
+    paths: ProjectPaths,
+    *,
+    resume_run_id: str | None,
+    parent_run_id: str | None,
+    run_name: str | None,
+) -> Tracker:
+    """The pipeline run's MLflow run (resumed, or created with its params and tags; a
+    named child of ``parent_run_id`` for a comparison cell), with the partition report."""
+    tracker = Tracker(params.tracking.experiment)
+    tracker.tags = run_tags(params, paths.root)
+    if parent_run_id is not None:
+        tracker.tags["mlflow.parentRunId"] = parent_run_id
+    name = run_name or f"{params.data.dataset}-{params.aggregate.name}"
+    tracker.start(run_id=resume_run_id, run_name=name, tags=tracker.tags)
+    if tracker.run_id != resume_run_id:
+        tracker.log_params(flatten_params(params.model_dump(mode="json")))
+    for path in (paths.partition_report, paths.partition_plot):
+        tracker.log_artifact(path, "partition")
+    return tracker

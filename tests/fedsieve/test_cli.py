@@ -1,0 +1,267 @@
+"""The ``fedsieve`` command as a user runs it: bad input stops it with one line before
+anything runs; its Prefect server lives exactly as long as the command, however the
+command ends; a stopped run is closed in MLflow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FEDSIEVE = str(Path(sys.executable).parent / "fedsieve")
+
+
+def project_environment(project: Path, medmnist_root: Path, home: Path) -> dict[str, str]:
+    """A project holding the repository's params.yaml, with no PREFECT_API_URL (the
+    command starts its own server) and its own MLflow store and PREFECT_HOME."""
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")
+    }
+    return env | {
+        "MEDMNIST_ROOT": str(medmnist_root),
+        "PREFECT_HOME": str(home),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+    }
+
+
+def fedsieve(project: Path, medmnist_root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fedsieve ARGS`` run to its end in ``project`` (Prefect's home beside it)."""
+    return subprocess.run(
+        [FEDSIEVE, *args],
+        cwd=project,
+        env=project_environment(project, medmnist_root, project.parent / "prefect-home"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def servers_for(home: Path) -> list[int]:
+    """Pids of Prefect servers running with ``home`` as their PREFECT_HOME."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes()
+            environment = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"server\x00start" in command and f"PREFECT_HOME={home}\x00".encode() in environment:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "--set", "train.rounds=-1"], "train.rounds = -1"),
+        (["run", "--set", "seed=-3"], "seed = -3"),
+        (["run", "--set", "partition.num_clients=600"], "fewer clients"),
+        (["run", "--set", "aggregate={name: krum, f: 4}"], "needs n_clients > 2f + 2"),
+        (["train", "--set", "aggregate={name: bulyan, f: 2}"], "aggregate (bulyan)"),
+        (["run", "--set", "train.min_clients=11"], "every round would be skipped"),
+        (["partition", "--set", "compare.seeds=[0, -1]"], "compare.seeds.1"),
+        (["train", "--params", "nope.yaml"], "nope.yaml: file not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_before_anything_runs(
+    args, expected, medmnist_root, tmp_path, monkeypatch, capsys
+):
+    from fedsieve.cli import main
+
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEDMNIST_ROOT", str(medmnist_root))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    code = main(args)
+
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    assert expected in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no store, no reports
+
+
+def test_a_command_with_bad_input_starts_no_server_and_writes_nothing(medmnist_root, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+
+    result = fedsieve(project, medmnist_root, "run", "--set", "train.rounds=-1")
+
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "fedsieve: error: params.yaml: train.rounds = -1: Input should be greater than or equal to 1"
+    )
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
+    assert not (tmp_path / "prefect-home" / "prefect.db").exists()
+
+
+def test_a_corrupt_data_file_is_refused_by_its_md5_before_anything_runs(medmnist_root, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    with np.load(medmnist_root / "breastmnist.npz") as archive:
+        arrays = dict(archive)
+    arrays["train_labels"] = arrays["train_labels"][::-1].copy()  # same shapes, other bytes
+    np.savez(data / "breastmnist.npz", **arrays)
+
+    result = fedsieve(project, data, "run")
+
+    assert result.returncode == 2
+    assert "md5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
+
+
+def test_list_names_every_registry_and_an_unknown_command_is_refused(medmnist_root, tmp_path):
+    listed = fedsieve(tmp_path, medmnist_root, "list")
+    unknown = fedsieve(tmp_path, medmnist_root, "no-such-command")
+
+    assert listed.returncode == 0, listed.stderr
+    for title in (
+        "datasets:",
+        "models:",
+        "partition schemes:",
+        "aggregators:",
+        "filters:",
+        "attacks:",
+    ):
+        assert title in listed.stdout
+    assert "fedavg" in listed.stdout
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+
+
+def test_a_stage_runs_on_its_own_server_which_stops_with_it(medmnist_root, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+
+    result = fedsieve(project, medmnist_root, "partition")
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (project / "reports" / "partition.json").exists()
+    assert (
+        "Error logging to API" not in result.stdout + result.stderr
+    )  # logs sent before it stopped
+    assert not servers_for(tmp_path / "prefect-home")
+
+
+def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(medmnist_root, tmp_path):
+    not_a_folder = tmp_path / "prefect-home"
+    not_a_folder.write_text("")  # the server cannot create its database under a file
+    env = project_environment(tmp_path, medmnist_root, not_a_folder)
+
+    result = subprocess.run(
+        [FEDSIEVE, "partition"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fedsieve: error:") and str(not_a_folder) in last
+    assert "PREFECT_API_URL" in last
+    assert not (tmp_path / "reports").exists()
+
+
+def started_command(
+    project: Path, medmnist_root: Path, *args: str, trainings: int = 1, within: float = 300,
+    stderr: int = subprocess.DEVNULL,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``fedsieve ARGS`` started in ``project`` and returned once ``trainings`` trainings
+    have written their first checkpoint (killed if not ``within`` seconds)."""
+    command = subprocess.Popen(
+        [FEDSIEVE, *args],
+        cwd=project,
+        env=project_environment(project, medmnist_root, project / ".prefect"),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    deadline = time.monotonic() + within
+    while len(list(project.glob("**/artifacts/checkpoints/train.pt"))) < trainings:
+        if time.monotonic() > deadline or command.poll() is not None:
+            command.kill()
+            raise AssertionError(f"the training never reached its first round ({command.poll()})")
+        time.sleep(0.2)
+    assert servers_for(project / ".prefect"), "the command runs without its server"
+    return command
+
+
+def mlflow_run_statuses(project: Path) -> dict[str, str]:
+    """Every run in the project's MLflow store: name -> status."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return {run.info.run_name: run.info.status for run in client.search_runs(experiments)}
+
+
+def wait_for_no_server(home: Path, seconds: float = 30) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while servers_for(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return servers_for(home)
+
+
+def test_a_terminated_command_stops_its_server_and_closes_its_run_killed(medmnist_root, tmp_path):
+    # SIGTERM is how Prefect workers, schedulers and `kill` cancel a run
+    command = started_command(tmp_path, medmnist_root, "run", "--set", "train.rounds=500")
+
+    command.terminate()
+
+    assert command.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not wait_for_no_server(tmp_path / ".prefect")
+    assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+
+
+def test_an_interrupted_command_says_one_line_and_closes_its_run(medmnist_root, tmp_path):
+    command = started_command(
+        tmp_path, medmnist_root, "run", "--set", "train.rounds=500", stderr=subprocess.PIPE
+    )
+
+    command.send_signal(signal.SIGINT)  # Ctrl-C
+    _, stderr = command.communicate(timeout=120)
+
+    assert command.returncode == 130
+    assert stderr.decode().strip().splitlines()[-1] == "fedsieve: interrupted"
+    assert "Traceback" not in stderr.decode()
+    assert not wait_for_no_server(tmp_path / ".prefect")
+    assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+
+
+def test_a_killed_command_takes_its_server_with_it(medmnist_root, tmp_path):
+    # SIGKILL (the OOM killer, `kill -9`) runs no exit hook: the kernel stops the server
+    command = started_command(tmp_path, medmnist_root, "run", "--set", "train.rounds=500")
+
+    command.kill()
+    command.wait(timeout=60)
+
+    assert not wait_for_no_server(tmp_path / ".prefect")
+
+
+def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
+    medmnist_root, tmp_path
+):
+    grid = (
+        "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
+        "attacks: [{name: none}], fractions: [0.0], seeds: [0], max_parallel: 2}"
+    )
+    command = started_command(
+        tmp_path, medmnist_root, "compare", "--set", "train.rounds=500", "--set", grid, trainings=2
+    )
+
+    command.terminate()
+
+    assert command.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not wait_for_no_server(tmp_path / ".prefect")
+    assert mlflow_run_statuses(tmp_path) == {
+        "compare-breastmnist": "KILLED",
+        "fedavg-none-f0-s0": "KILLED",
+        "median-none-f0-s0": "KILLED",
+    }

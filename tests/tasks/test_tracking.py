@@ -1,0 +1,116 @@
+"""The Tracker: MLflow through its public client, guarded so tracking never stops a run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from tasks.tracking import Tracker, flatten_params
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [
+        (RuntimeError("disk full"), "FAILED"),
+        (SystemExit(143), "KILLED"),
+        (KeyboardInterrupt(), "KILLED"),
+    ],
+)
+def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path, raised, status):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("dies", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+
+    with pytest.raises(type(raised)), tracker.ended_on_failure():
+        tracker.log_metrics({"test_acc": 0.5}, step=1)
+        raise raised
+    tracker.end()  # a second close changes nothing
+
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.info.status == status
+    assert run.data.metrics == {"test_acc": 0.5}
+
+
+def test_a_run_is_resumed_by_its_id_and_reopened(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker("resume", uri)
+    first.start(run_id=None, run_name="r", tags={"seed": "0"})
+    first.log_metrics({"test_acc": 0.5}, step=1)
+    first.end("KILLED")
+
+    again = Tracker("resume", uri)
+    again.start(run_id=first.run_id, run_name="ignored", tags={})
+    again.log_metrics({"test_acc": 0.6}, step=2)
+    again.end()
+
+    client = MlflowClient(uri)
+    assert again.run_id == first.run_id
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(first.run_id, "test_acc")] == [0.5, 0.6]
+
+
+def test_params_metrics_tables_and_nan_are_logged_as_mlflow_shows_them(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("logs", uri)
+    tracker.start(run_id=None, run_name="r", tags={"dataset": "breastmnist"})
+    params = {f"p{i}": i for i in range(150)}  # more than one MLflow batch
+    tracker.log_params(params)
+    tracker.log_metrics({"test_auc": float("nan"), "test_acc": 0.75}, step=3)
+    tracker.log_table([{"client": 0, "excluded": False}], "exclusions.json")
+    tracker.end()
+
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.data.params == {k: str(v) for k, v in params.items()}
+    assert run.data.metrics == {"test_acc": 0.75}  # NaN is not logged
+    assert run.data.tags["dataset"] == "breastmnist"
+    assert "exclusions.json" in [a.path for a in MlflowClient(uri).list_artifacts(tracker.run_id)]
+
+
+def test_a_model_that_cannot_be_logged_is_stated_once_and_tracking_goes_quiet(tmp_path, caplog):
+    class Unexportable(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent control flow: torch.export refuses it
+                return x
+            return -x
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("unexportable", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    with caplog.at_level("WARNING", logger="fedsieve.tracking"):
+        tracker.log_model(
+            Unexportable(), input_example=torch.ones(2, 3).numpy(), registered_name=None
+        )
+        tracker.log_metrics({"after": 1.0})
+    tracker.end()
+
+    assert tracker.failed is not None
+    [stated] = [r for r in caplog.records if r.name == "fedsieve.tracking"]
+    assert "logging the model" in stated.getMessage()
+    assert "training goes on" in stated.getMessage()
+    assert "after" not in MlflowClient(uri).get_run(tracker.run_id).data.metrics
+
+
+def test_a_store_that_failed_is_not_tried_again_by_later_trackers(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'not-a-folder' / 'x' / 'mlflow.db'}"
+    (tmp_path / "not-a-folder").write_text("")  # the store cannot be created under a file
+
+    with caplog.at_level("WARNING", logger="fedsieve.tracking"):
+        first = Tracker("broken", uri)
+        first.start(run_id=None, run_name="r", tags={})
+        second = Tracker("broken", uri)
+        second.start(run_id=None, run_name="r", tags={})
+
+    assert first.failed is not None and second.failed == first.failed
+    assert len([r for r in caplog.records if r.name == "fedsieve.tracking"]) == 1
+
+
+def test_params_are_flattened_to_dotted_keys():
+    tree = {"train": {"lr": 0.1}, "filters": [{"name": "pid_made"}], "empty": [], "seed": 0}
+
+    assert flatten_params(tree) == {
+        "train.lr": 0.1,
+        "filters.0.name": "pid_made",
+        "empty": "[]",
+        "seed": 0,
+    }

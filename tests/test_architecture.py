@@ -1,0 +1,70 @@
+"""The architecture the code promises: layers point one way (CLI -> flows -> tasks ->
+engine), and the engine (federated, aggregation, models) imports neither the shell nor
+Prefect nor MLflow. The contracts live in pyproject.toml ([tool.importlinter])."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_import_contracts_are_kept():
+    lint = Path(sys.executable).with_name("lint-imports")
+
+    result = subprocess.run(
+        [str(lint), "--no-cache", "--no-logo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "2 kept, 0 broken" in result.stdout
+
+
+LIBRARIES = ("torch", "prefect", "mlflow")
+PACKAGES = ("fedsieve", "flows", "tasks", "federated", "aggregation", "models", "benchmarks")
+
+
+def private_uses(path: Path) -> list[str]:
+    """Imports or attributes of torch, Prefect or MLflow whose name starts with ``_``
+    (dunders such as ``__version__`` are public)."""
+    import ast
+
+    def private(name: str) -> bool:
+        return any(part.startswith("_") and not part.endswith("__") for part in name.split("."))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(LIBRARIES):
+            names = [node.module or "", *(alias.name for alias in node.names)]
+            found += [f"{path}:{node.lineno}" for name in names if private(name)][:1]
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{path}:{node.lineno}"
+                for alias in node.names
+                if alias.name.startswith(LIBRARIES) and private(alias.name)
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in LIBRARIES
+            and private(node.attr)
+        ):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_no_private_name_of_torch_prefect_or_mlflow_is_used():
+    sources = [
+        path
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*.py")
+        if not any(part.startswith(".venv") for part in path.parts)
+    ]
+
+    used = [hit for path in sources for hit in private_uses(path)]
+
+    assert not used, used
