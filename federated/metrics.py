@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 from torch.nn import functional
 
@@ -30,7 +29,10 @@ def loss_function(multi_label: bool) -> nn.Module:
 
 def binary_auc(y_true: np.ndarray, y_score: np.ndarray) -> float:
     """scikit-learn's ROC AUC of ``y_score`` for the 0/1 labels ``y_true``; NaN when only
-    one class is present (scikit-learn would raise)."""
+    one class is present (scikit-learn would raise). scikit-learn is imported on first use,
+    so the stages that never score a model (partition, pretest) do not load it."""
+    from sklearn.metrics import roc_auc_score
+
     positive = np.asarray(y_true).astype(bool)
     if positive.all() or not positive.any():
         return math.nan

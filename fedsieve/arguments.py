@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedsieve.config import Params, load_params, params_warnings
-from tasks.preflight import check_params
+if TYPE_CHECKING:
+    from fedsieve.config import Params
 
 __all__ = ["add_params_arguments", "add_resume_argument", "checked_params"]
 
@@ -36,7 +37,11 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
 
 def checked_params(args: argparse.Namespace, workdir: Path) -> Params:
     """The params file with its overrides, validated and preflight-checked (data, partition,
-    rules against the clients per round); warnings printed once."""
+    rules against the clients per round); warnings printed once. (Imported here: commands
+    that take no params, ``fedsieve dvc`` and ``list``, need neither torch nor Prefect.)"""
+    from fedsieve.config import load_params, params_warnings
+    from tasks.preflight import check_params
+
     params = load_params(Path(args.params), args.overrides)
     check_params(params, workdir, source=args.params)
     for warning in params_warnings(params):

@@ -28,7 +28,6 @@ from pathlib import Path
 import fedsieve  # noqa: F401  (telemetry off and PREFECT_HOME before Prefect loads)
 from fedsieve import ops
 from fedsieve.arguments import add_params_arguments, add_resume_argument, checked_params
-from fedsieve.config import load_params, params_warnings
 from fedsieve.errors import ServiceError, UsageError
 from fedsieve.local_server import prefect_server
 
@@ -64,6 +63,7 @@ def _stage(flow_target: str, *, resumable: bool = False) -> Handler:
 
 
 def _compare(args: argparse.Namespace, workdir: Path) -> int:
+    from fedsieve.config import load_params, params_warnings
     from flows.compare import compare_flow, grid_cells
     from tasks.preflight import check_params
 
@@ -111,9 +111,11 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
         print(f"fedsieve: Prefect server for every stage: {url}", file=sys.stderr)
         # In a process group of its own, so that the stage dvc is running can be stopped
         # with it: on its own it would train on, orphaned, against a stopped server.
+        # the stages run `fedsieve <stage>`: this environment's, activated or not
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         dvc = subprocess.Popen(
             [sys.executable, "-m", "dvc", *args.dvc_args],
-            env=os.environ | {"PREFECT_API_URL": url},
+            env=os.environ | {"PREFECT_API_URL": url, "PATH": path},
             process_group=0,
         )
         try:

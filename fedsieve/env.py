@@ -1,4 +1,5 @@
-"""Process environment the project sets before Prefect/MLflow/DVC are imported.
+"""Process environment the project sets before Prefect/MLflow/DVC are imported, and the
+tracking store it uses.
 
 Telemetry off (each tool otherwise makes a network attempt), MLflow's HTTP client failing
 within seconds rather than minutes, and PREFECT_HOME inside the project, unless the user
@@ -10,7 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["configure_environment"]
+__all__ = ["DEFAULT_TRACKING_URI", "configure_environment", "tracking_uri"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 TELEMETRY_OFF = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -35,3 +38,9 @@ def configure_environment(project: Path | None = None) -> None:
     os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
     # A flow's temporary server may take a while on a cold, busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
+    SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI

@@ -6,7 +6,7 @@
 - ``promote`` sets the registry alias ``champion`` on the model version whose run scored
   best on a metric.
 
-Everything reads the tracking store of :func:`tasks.tracking.tracking_uri`
+Everything reads the tracking store of :func:`fedsieve.env.tracking_uri`
 (``MLFLOW_TRACKING_URI`` or the project's ``sqlite:///mlflow.db``). Bad input ends with one
 line and exit code 2; an unusable tracking store or Prefect server with exit code 1.
 MLflow and Prefect are imported inside the handlers so other commands stay fast.
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsieve.arguments import add_params_arguments, checked_params
+from fedsieve.env import tracking_uri
 from fedsieve.errors import OpsError, ServiceError
-from tasks.tracking import tracking_uri
 
 __all__ = [
     "Champion",

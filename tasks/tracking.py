@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedsieve.config import Params, params_hash
+from fedsieve.env import DEFAULT_TRACKING_URI, tracking_uri
 from tasks.reports import ProjectPaths
 
 __all__ = [
@@ -36,16 +36,9 @@ __all__ = [
     "tracking_uri",
 ]
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARAMS_PER_BATCH = 100  # MLflow's limit on params in one log_batch call
 log = logging.getLogger("fedsieve.tracking")
 T = TypeVar("T")
-
-
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
-    SQLite file."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def describe(error: BaseException) -> str:
