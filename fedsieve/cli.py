@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import os
 import signal
 import subprocess
@@ -245,7 +244,6 @@ def usage_errors() -> tuple[type[Exception], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
     except usage_errors() as error:
