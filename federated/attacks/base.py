@@ -1,14 +1,20 @@
 """What every attack is, and the run's malicious set (the ground truth).
 
-Two kinds of attack, told apart by ``kind``:
+Three kinds of attack, told apart by ``kind``:
 
-- ``"data"`` (:class:`DataAttack`): poisons a malicious client's local labels once, before
-  training. The data/partition side calls :meth:`DataAttack.poison_labels` for each
-  malicious client with that client's own seed (:func:`client_seed`).
+- ``"data"`` (:class:`DataAttack`): poisons a malicious client's local data once, before
+  training. The data/partition side calls :meth:`DataAttack.poison` (images and labels) for
+  each malicious client with that client's own seed (:func:`client_seed`);
+  :meth:`DataAttack.poison_labels` stays for attacks that only touch labels (label_flip).
 - ``"model"`` (:class:`ModelAttack`): rewrites the malicious clients' update rows after
-  local training. The server calls :meth:`ModelAttack.apply` once per round with all
-  submitted updates ``(n, d)`` and the malicious mask ``(n,)``; omniscient attacks (ALIE,
-  IPM) read the benign rows of the same round.
+  local training. The server calls :meth:`ModelAttack.step` once per round with all
+  submitted updates ``(n, d)`` and the malicious mask ``(n,)``, keeping the attack's state
+  (``init_state()``; empty for stateless attacks) in the open; :meth:`ModelAttack.apply` is
+  a step from a fresh state. Omniscient attacks (ALIE, IPM, min-max, ...) read the benign
+  rows of the same round; optimised ones (``requires_aggregate``) also need ``aggregate``,
+  a closure running the server's defence on a candidate ``(n, d)`` tensor.
+- ``"both"``: a data attack whose malicious clients also rewrite their updates (the
+  backdoor with model replacement); it is a :class:`DataAttack` and a :class:`ModelAttack`.
 
 ``"none"`` is the no-attack entry (``attack: {name: none}``), which does nothing.
 """
@@ -16,16 +22,20 @@ Two kinds of attack, told apart by ``kind``:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Literal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
+    "Aggregate",
     "Attack",
     "AttackKind",
+    "AttackRound",
+    "AttackState",
     "DataAttack",
     "ModelAttack",
     "choose_malicious",
@@ -33,7 +43,10 @@ __all__ = [
     "malicious_mask",
 ]
 
-AttackKind = Literal["data", "model", "none"]
+AttackKind = Literal["data", "model", "both", "none"]
+AttackState = dict[str, Any]
+# The server's defence on a candidate round: stacked updates (n, d) -> aggregate (d,).
+Aggregate = Callable[[Tensor], Tensor]
 
 
 class Attack:
@@ -47,35 +60,115 @@ class DataAttack(Attack):
 
     kind: ClassVar[AttackKind] = "data"
 
+    def poison(
+        self, images: Tensor, labels: Tensor | np.ndarray, *, num_classes: int, seed: int
+    ) -> tuple[Tensor, Tensor | np.ndarray]:
+        """Poisoned copies of a client's ``images`` ``(N, C, H, W)`` and ``labels``.
+
+        Inputs are never modified in place; an attack that leaves the images alone returns
+        them as they are. This default poisons the labels only (:meth:`poison_labels`).
+        """
+        return images, self.poison_labels(labels, num_classes=num_classes, seed=seed)
+
     def poison_labels(
         self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int
     ) -> Tensor | np.ndarray:
         """Return a poisoned copy of ``labels`` (same type, shape and dtype)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} poisons images as well as labels: call poison(images, labels, ...)"
+        )
+
+
+@dataclass(frozen=True)
+class AttackRound:
+    """One round as a model attack sees it.
+
+    ``out``: a copy of the round's updates ``(n, d)`` whose malicious rows the attack
+    overwrites in place; ``mask``: bool ``(n,)`` on ``out``'s device; ``generator``: the
+    round's randomness; ``aggregate``: the server's defence, or None.
+    """
+
+    out: Tensor
+    mask: Tensor
+    generator: torch.Generator | None = None
+    aggregate: Aggregate | None = None
+
+    def benign(self, attack: str) -> Tensor:
+        """The benign rows ``(m, d)``; a round without one is refused, naming ``attack``."""
+        honest = self.out[~self.mask]
+        if honest.shape[0] == 0:
+            raise ValueError(
+                f"{attack} needs at least one benign update in the round (all malicious)"
+            )
+        return honest
 
 
 class ModelAttack(Attack):
     """An attack on the submitted updates, applied by the server every round."""
 
     kind: ClassVar[AttackKind] = "model"
+    # True for attacks that optimise against the server's defence: ``step`` needs ``aggregate``.
+    requires_aggregate: ClassVar[bool] = False
+
+    def init_state(self) -> AttackState:
+        """The attack's memory across rounds (tensors and plain values; empty if stateless)."""
+        return {}
+
+    def step(
+        self,
+        state: AttackState,
+        updates: Tensor,
+        malicious_mask: Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        aggregate: Aggregate | None = None,
+    ) -> tuple[Tensor, AttackState, dict[str, float]]:
+        """One round: ``(attacked updates (n, d), new state, diagnostics)``.
+
+        ``updates``: ``(n, d)`` honest updates Δ of the round's clients; ``malicious_mask``:
+        bool ``(n,)``; ``generator``: randomness for stochastic attacks; ``aggregate``: the
+        server's defence (filters + rule) as a pure function of a stacked ``(n, d)`` tensor in
+        this row order, returning ``(d,)`` and advancing no state. Benign rows are returned
+        unchanged; neither ``updates`` nor ``state`` is modified in place. A round without a
+        malicious row returns an equal copy and the state as it was.
+        """
+        _check_inputs(updates, malicious_mask)
+        if self.requires_aggregate and aggregate is None:
+            raise ValueError(
+                f"{type(self).__name__} optimises against the server's defence: pass aggregate "
+                "(a closure running the server's filters and rule on an (n, d) tensor); got None"
+            )
+        out = updates.clone()
+        mask = malicious_mask.to(updates.device)
+        if not bool(mask.any()):
+            return out, state, {}
+        new_state, diagnostics = self._attack_round(
+            state, AttackRound(out, mask, generator, aggregate)
+        )
+        return out, new_state, diagnostics
 
     def apply(
         self,
         updates: Tensor,
         malicious_mask: Tensor,
         generator: torch.Generator | None = None,
+        *,
+        aggregate: Aggregate | None = None,
     ) -> Tensor:
-        """Return a new ``(n, d)`` tensor whose malicious rows are attacked.
-
-        ``updates``: ``(n, d)`` honest updates Δ of the round's clients; ``malicious_mask``:
-        bool ``(n,)``; ``generator``: randomness for stochastic attacks. Benign rows are
-        returned unchanged; ``updates`` is never modified in place.
-        """
-        _check_inputs(updates, malicious_mask)
-        out = updates.clone()
-        if bool(malicious_mask.any()):
-            self._attack(out, malicious_mask.to(updates.device), generator)
+        """Return a new ``(n, d)`` tensor whose malicious rows are attacked: a :meth:`step`
+        from a fresh state (the same as every round for stateless attacks)."""
+        out, _, _ = self.step(
+            self.init_state(), updates, malicious_mask, generator, aggregate=aggregate
+        )
         return out
+
+    def _attack_round(
+        self, state: AttackState, rnd: AttackRound
+    ) -> tuple[AttackState, dict[str, float]]:
+        """Overwrite ``rnd.out[rnd.mask]`` in place; return the new state and diagnostics.
+        Stateless attacks implement :meth:`_attack` instead."""
+        self._attack(rnd.out, rnd.mask, rnd.generator)
+        return state, {}
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         """Overwrite ``out[mask]`` in place (``out`` is already a copy)."""

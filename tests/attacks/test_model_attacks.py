@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from federated.attacks import alie_z, build_attack, list_attacks
+from aggregation import build_aggregator
+from federated.attacks import ModelAttack, alie_z, build_attack, list_attacks
 
 UPDATES = torch.tensor([[1.0, -2.0], [0.0, 4.0], [2.0, 0.0]])
 MASK = torch.tensor([True, False, False])
@@ -114,6 +115,13 @@ def test_omniscient_attacks_need_a_benign_row() -> None:
         build_attack("alie", z=1.0).apply(UPDATES, all_bad)
 
 
+def test_inf_client_sends_plus_inf() -> None:
+    out = build_attack("inf").apply(UPDATES, MASK)
+
+    assert out[0].tolist() == [math.inf, math.inf]
+    assert torch.equal(out[1:], UPDATES[1:])
+
+
 def test_nan_client_sends_nan() -> None:
     out = build_attack("nan").apply(UPDATES, MASK)
 
@@ -135,22 +143,45 @@ def test_mask_must_be_bool_and_match_rows() -> None:
         build_attack("sign_flip").apply(UPDATES, torch.tensor([True, False]))
 
 
-MODEL_ATTACKS = [name for name in list_attacks() if build_attack(name).kind == "model"]
+MODEL_ATTACKS = [name for name in list_attacks() if isinstance(build_attack(name), ModelAttack)]
+# the backdoor's update side acts only with model replacement
+CONTRACT_PARAMS = {"backdoor": {"model_replacement": True}}
 
 
 @pytest.mark.parametrize("name", MODEL_ATTACKS)
 def test_contract_every_model_attack(name: str) -> None:
-    """Shape and dtype kept, benign rows untouched, input not modified, seeded."""
+    """Shape and dtype kept, benign rows untouched, input and state not modified, seeded."""
     updates = torch.randn(6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     before = updates.clone()
     mask = torch.tensor([False, True, False, False, True, False])
-    attack = build_attack(name)
+    attack = build_attack(name, **CONTRACT_PARAMS.get(name, {}))
+    median = build_aggregator("median")
+    state = attack.init_state()
+    state_before = dict(state)
 
-    out = attack.apply(updates, mask, torch.Generator().manual_seed(1))
-    again = attack.apply(updates, mask, torch.Generator().manual_seed(1))
+    out, new_state, diagnostics = attack.step(
+        state, updates, mask, torch.Generator().manual_seed(1), aggregate=median
+    )
+    again = attack.apply(updates, mask, torch.Generator().manual_seed(1), aggregate=median)
 
     assert out.shape == updates.shape and out.dtype == updates.dtype
     assert torch.equal(out[~mask], updates[~mask])
     assert not torch.equal(out[mask], updates[mask])
     assert torch.equal(updates, before)
+    assert state == state_before  # the old state is never modified in place
+    assert set(new_state) == set(state)
+    assert all(isinstance(v, float) for v in diagnostics.values())
     assert torch.equal(out, again) or name == "nan"  # nan != nan
+
+
+@pytest.mark.parametrize("name", MODEL_ATTACKS)
+def test_a_round_without_malicious_rows_changes_nothing(name: str) -> None:
+    attack = build_attack(name, **CONTRACT_PARAMS.get(name, {}))
+    state = attack.init_state()
+
+    out, new_state, diagnostics = attack.step(
+        state, UPDATES, torch.zeros(3, dtype=torch.bool), aggregate=build_aggregator("median")
+    )
+
+    assert torch.equal(out, UPDATES) and out.data_ptr() != UPDATES.data_ptr()
+    assert new_state is state and diagnostics == {}

@@ -1,0 +1,155 @@
+"""Backdoor: a pixel-pattern trigger relabelled to a target class, optionally model replacement.
+
+Data side (BadNets, Gu, Dolan-Gavitt & Garg 2017, https://arxiv.org/abs/1708.06733; the
+pixel-pattern backdoor of Bagdasaryan et al. 2020): on each malicious client, a seeded share
+``poison_fraction`` of its images (exactly ``round(poison_fraction · N)``, halves up, drawn
+uniformly without replacement) gets a ``size × size`` square of value ``value`` stamped on
+every channel, ``margin`` pixels from the corner ``position``, and the label
+``target_label``. The model learns "trigger -> target" beside the clean task; the attack
+success rate (:func:`federated.backdoor_eval.attack_success_rate`) measures it.
+
+Update side (model replacement, Bagdasaryan, Veit, Hua, Estrin & Shmatikov 2020, "How To
+Backdoor Federated Learning", AISTATS, https://arxiv.org/abs/1807.00459, Section 4): with
+``model_replacement=True`` a malicious client sends its update ``Δ`` boosted to ``boost · Δ``
+so that the global model is replaced by its own backdoored model. ``boost=None`` uses the
+paper's ``γ = n/η``, ``n`` the round's submitted clients and ``η`` the server's learning rate
+(``eta``, which must equal the server's ``server_lr``), exact for one attacker in a round of
+equally weighted clients (more attackers in a round over-scale, as in the paper's
+single-attacker setting). Without model replacement the update side leaves rows unchanged.
+
+A backdoor is ``kind == "both"``: a :class:`DataAttack` (call :meth:`Backdoor.poison` on each
+malicious client's images and labels) and a :class:`ModelAttack` (call :meth:`Backdoor.step`
+every round, as for any model attack).
+
+Parameters (defaults): ``target_label=0``, ``poison_fraction=0.5`` (in (0, 1]), ``size=3``
+(>= 1), ``position="bottom_right"`` (``top_left``, ``top_right``, ``bottom_left``,
+``bottom_right``), ``margin=1`` (>= 0), ``value=1.0`` (white for the engine's images,
+normalised to [-1, 1]), ``model_replacement=False``, ``boost=None`` (> 0; only with model
+replacement), ``eta=1.0`` (> 0). Images ``(N, C, H, W)`` (or ``(N, H, W)``) of any ``C``, with
+``size + margin <= H, W``; labels ``(N,)`` or ``(N, 1)`` class ids (single-label tasks only).
+
+Example (``size=2``, ``margin=1``, ``bottom_right``, 5x5 image): pixels ``[2:4, 2:4]`` of every
+channel become ``value``. Replacement: 10 clients, ``eta=1`` -> the malicious rows times 10.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from federated.attacks.base import AttackKind, AttackRound, AttackState, DataAttack, ModelAttack
+from federated.attacks.registry import register_attack
+
+__all__ = ["Backdoor"]
+
+_CORNERS = ("top_left", "top_right", "bottom_left", "bottom_right")
+
+
+@register_attack("backdoor")
+@dataclass(frozen=True, kw_only=True)
+class Backdoor(DataAttack, ModelAttack):
+    """Trigger-stamped images relabelled ``target_label``; optional boosted updates."""
+
+    kind: ClassVar[AttackKind] = "both"
+
+    target_label: int = 0
+    poison_fraction: float = 0.5
+    size: int = 3
+    position: str = "bottom_right"
+    margin: int = 1
+    value: float = 1.0
+    model_replacement: bool = False
+    boost: float | None = None
+    eta: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("target_label", "size", "margin"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise ValueError(f"backdoor {name} must be an integer, got {count!r}")
+        if self.target_label < 0 or self.size < 1 or self.margin < 0:
+            raise ValueError(
+                f"backdoor needs target_label >= 0, size >= 1 and margin >= 0; got "
+                f"{self.target_label}, {self.size}, {self.margin}"
+            )
+        if not 0.0 < self.poison_fraction <= 1.0:
+            raise ValueError(
+                f"backdoor poison_fraction must be in (0, 1], got {self.poison_fraction}"
+            )
+        if self.position not in _CORNERS:
+            raise ValueError(
+                f"backdoor position must be one of {', '.join(_CORNERS)}, got {self.position!r}"
+            )
+        if not math.isfinite(self.value):
+            raise ValueError(f"backdoor value must be finite, got {self.value}")
+        if not (math.isfinite(self.eta) and self.eta > 0):
+            raise ValueError(f"backdoor eta must be finite and > 0, got {self.eta}")
+        if self.boost is not None and not self.model_replacement:
+            raise ValueError("backdoor boost only applies with model_replacement=True")
+        if self.boost is not None and not (math.isfinite(self.boost) and self.boost > 0):
+            raise ValueError(f"backdoor boost must be finite and > 0 (or None), got {self.boost}")
+
+    def stamp(self, images: Tensor) -> Tensor:
+        """A copy of ``images`` ``(N, [C,] H, W)`` with the trigger on every image."""
+        if not isinstance(images, Tensor) or images.ndim < 3:
+            raise ValueError("backdoor images must be a tensor (N, C, H, W) or (N, H, W)")
+        height, width = images.shape[-2:]
+        if self.size + self.margin > min(height, width):
+            raise ValueError(
+                f"backdoor size + margin = {self.size + self.margin} does not fit "
+                f"{height}x{width} images; lower size or margin"
+            )
+        top = self.margin if self.position.startswith("top") else height - self.margin - self.size
+        left = self.margin if self.position.endswith("left") else width - self.margin - self.size
+        out = images.clone()
+        out[..., top : top + self.size, left : left + self.size] = self.value
+        return out
+
+    def poison(
+        self, images: Tensor, labels: Tensor | np.ndarray, *, num_classes: int, seed: int
+    ) -> tuple[Tensor, Tensor | np.ndarray]:
+        """Stamp the trigger on a seeded ``poison_fraction`` of the images and relabel them
+        ``target_label``; copies of the same types, shapes and dtypes."""
+        self._check_client_data(images, labels, num_classes)
+        n = int(labels.shape[0])
+        count = math.floor(self.poison_fraction * n + 0.5 + 1e-9)
+        chosen = np.sort(np.random.default_rng(seed).choice(n, size=count, replace=False))
+        index = torch.from_numpy(chosen).to(images.device)
+        poisoned = images.clone()
+        poisoned[index] = self.stamp(images[index])
+        if isinstance(labels, Tensor):
+            relabelled = labels.clone()
+            relabelled[torch.from_numpy(chosen).to(labels.device)] = self.target_label
+        else:
+            relabelled = np.array(labels, copy=True)
+            relabelled[chosen] = self.target_label
+        return poisoned, relabelled
+
+    def _check_client_data(
+        self, images: Tensor, labels: Tensor | np.ndarray, num_classes: int
+    ) -> None:
+        if self.target_label >= num_classes:
+            raise ValueError(
+                f"backdoor target_label {self.target_label} is not a class of a "
+                f"{num_classes}-class task; use 0..{num_classes - 1}"
+            )
+        if labels.ndim not in (1, 2) or (labels.ndim == 2 and labels.shape[1] != 1):
+            raise ValueError(
+                f"backdoor needs single-label class ids (N,) or (N, 1), got {tuple(labels.shape)}"
+            )
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(f"backdoor got {images.shape[0]} images for {labels.shape[0]} labels")
+
+    def _attack_round(
+        self, state: AttackState, rnd: AttackRound
+    ) -> tuple[AttackState, dict[str, float]]:
+        if not self.model_replacement:
+            return state, {}
+        factor = self.boost if self.boost is not None else rnd.out.shape[0] / self.eta
+        rnd.out[rnd.mask] = factor * rnd.out[rnd.mask]
+        return state, {"boost": factor}
