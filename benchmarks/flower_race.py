@@ -19,7 +19,7 @@ to exit (interpreter, imports, data, every round):
    environment benchmarks/.venv-flower: Flower's pins conflict with Prefect's
    (../shared/ENVIRONMENT.md). The setup step creates it when missing (``--setup``
    recreates it): ``flwr[simulation]==1.32.1`` and ``torch==2.13.0`` from the registry;
-3. ``fedsieve run`` (Prefect flows on Prefect's temporary server, MLflow tracking to the
+3. ``fedsieve run`` (Prefect flows on the command's own Prefect server, MLflow tracking to the
    project's SQLite store, the pipeline's own pre-test, non-IID screen and validation
    scores, model registration) in a temporary project with the same settings: first in
    a fresh project and PREFECT_HOME (cold), then again in the same one (warm), then
@@ -197,7 +197,7 @@ def fedsieve_run(
     clients: int, rounds: int, project: Path, prefect_home: Path, api_url: str | None = None
 ) -> dict[str, Any]:
     """``fedsieve run`` end to end in ``project`` (its params.yaml copied in first), on
-    Prefect's temporary server, or on the running server at ``api_url``."""
+    the command's own Prefect server, or on the running server at ``api_url``."""
     shutil.copy(REPO / "params.yaml", project / "params.yaml")
     env = {**os.environ, "MEDMNIST_ROOT": str(data_file().parent),
            "PREFECT_HOME": str(prefect_home), "OMP_NUM_THREADS": "2"}  # fmt: skip

@@ -4,10 +4,9 @@ data, return the update Δ = w_local − w_global and the sample count.
 FedProx (Li et al. 2020, https://arxiv.org/abs/1812.06127) is the option ``prox_mu``: the
 local objective gains μ/2·‖w − w_global‖² over the trainable parameters.
 
-The SGD step is :func:`sgd_step_`, shared with the batched backend: torch's functional
-SGD (``torch.optim.sgd.sgd``, the arithmetic of ``torch.optim.SGD``) on lists of
-tensors, which also takes the batched backend's stacked ``(G, ...)`` parameters, with
-the FedProx term added to the gradients first.
+The SGD step is :func:`sgd_step_`, shared with the batched backend: ``torch.optim.SGD``'s
+arithmetic on lists of tensors (:mod:`federated.foreach_sgd` says why it is not
+``torch.optim`` itself).
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.optim.sgd import sgd
 
+from federated.foreach_sgd import sgd_step_ as foreach_sgd_step_
 from federated.seeding import derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
 
@@ -133,26 +132,13 @@ def sgd_step_(
     momenta: list[Tensor],
     config: LocalTraining,
 ) -> None:
-    """One ``torch.optim.SGD`` step (no dampening, no Nesterov), in place on ``weights``
-    and the momentum buffers ``momenta`` (zeros before the first step; empty when
-    ``config.momentum`` is 0). ``anchors`` are the global weights for FedProx: the
-    gradient of μ/2‖w − w_g‖², μ(w − w_g), is added to ``grads`` (which are modified).
-    Works on single models and on the batched backend's stacks ``(G, ...)`` alike."""
-    if config.prox_mu > 0:
-        for grad, weight, anchor in zip(grads, weights, anchors, strict=True):
-            grad.add_(weight - anchor, alpha=config.prox_mu)
-    sgd(
-        weights,
-        grads,
-        momenta if config.momentum else [None] * len(weights),
-        foreach=True,
-        weight_decay=config.weight_decay,
-        momentum=config.momentum,
-        lr=config.lr,
-        dampening=0.0,
-        nesterov=False,
-        maximize=False,
-    )
+    """One ``torch.optim.SGD`` step with ``config``'s settings (see
+    :func:`federated.foreach_sgd.sgd_step_`); works on single models and on the batched
+    backend's stacks ``(G, ...)`` alike."""
+    foreach_sgd_step_(
+        weights, grads, anchors, momenta, lr=config.lr, momentum=config.momentum,
+        weight_decay=config.weight_decay, prox_mu=config.prox_mu,
+    )  # fmt: skip
 
 
 def client_gradient(
