@@ -272,11 +272,16 @@ class Federation:
             batch_size=self.config.eval_batch_size,
         )  # fmt: skip
 
-    def evaluate(self, state: ServerState, split: str = "test") -> dict[str, float]:
+    def evaluate(
+        self, state: ServerState, split: str = "test", *, selected: bool = False
+    ) -> dict[str, float]:
+        """Loss, ACC and AUC of the state's global model (``selected``: of the model the
+        run ends with, see :meth:`selected_model`) on the test or validation split."""
         data = self.test if split == "test" else self.val
         if data is None:
             raise ValueError("this federation has no validation split (val=)")
-        return self._scores(self.global_model(state), data)
+        model = self.selected_model(state) if selected else self.global_model(state)
+        return self._scores(model, data)
 
     def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their

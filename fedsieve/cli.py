@@ -63,7 +63,8 @@ def _stage(flow_target: str, *, resumable: bool = False) -> Handler:
 
 def _compare(args: argparse.Namespace, workdir: Path) -> int:
     from fedsieve.config import load_params, params_warnings
-    from flows.compare import compare_flow, grid_cells
+    from flows.compare import compare_flow
+    from tasks.grid import grid_cells
     from tasks.preflight import check_params
 
     params = load_params(Path(args.params), args.overrides)

@@ -194,7 +194,9 @@ class CompareParams(_Section):
     attacks: list[AttackParams] = [AttackParams(name="label_flip")]
     fractions: list[float] = [0.2]
     seeds: list[Seed] = [0]
-    max_parallel: int = Field(1, ge=1)  # local: child runs trained at the same time
+    max_parallel: int = Field(1, ge=1)  # local: cells trained at the same time
+    # local: torch threads per cell (null: the machine's cores / max_parallel)
+    threads_per_cell: int | None = Field(None, ge=1)
     # local: cells run in this process; deployment: each cell is a run of `deployment`
     # (pipeline-from-file), picked up by whichever worker is free, results read from MLflow
     dispatch: Literal["local", "deployment"] = "local"

@@ -13,9 +13,9 @@ from typing import Any
 from prefect import flow
 
 from fedsieve.config import Params, params_hash
-from flows.common import stop_if_requested
 from tasks.data import load_verified_dataset
 from tasks.reports import ProjectPaths, read_partition
+from tasks.stopping import stop_if_requested
 from tasks.tracking import open_training_run
 from tasks.training import (
     RoundProgress,

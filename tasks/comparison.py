@@ -11,11 +11,18 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from fedsieve.config import Params
 from tasks.plots import plot_compare_curves, plot_compare_heatmap
 from tasks.reports import write_csv, write_json
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, flatten_params, run_tags
 
-__all__ = ["SUMMARY_COLUMNS", "CellResult", "summary_markdown", "write_comparison_reports"]
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "CellResult",
+    "open_grid_run",
+    "summary_markdown",
+    "write_comparison_reports",
+]
 
 SUMMARY_COLUMNS = (
     "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
@@ -84,3 +91,16 @@ def write_comparison_reports(
         parent.log_artifact(reports / name, "compare")
     parent.log_table(rows, "compare_summary.json")
     return rows, markdown
+
+
+@task(name="open-grid-run", cache_policy=NO_CACHE)
+def open_grid_run(params: Params, workdir: Path, cells: int) -> Tracker:
+    """The grid's MLflow parent run, with the grid's settings as params."""
+    parent = Tracker(params.tracking.experiment)
+    parent.start(
+        run_id=None,
+        run_name=f"compare-{params.data.dataset}",
+        tags=run_tags(params, workdir) | {"kind": "compare", "cells": str(cells)},
+    )
+    parent.log_params(flatten_params({"compare": params.compare.model_dump(mode="json")}))
+    return parent

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ __all__ = [
 
 
 def rounds_to_target(
-    rounds: list[dict[str, str]], target_acc: float, target_loss: float | None = None
+    rounds: Sequence[Mapping[str, Any]], target_acc: float, target_loss: float | None = None
 ) -> int:
     """First round whose test accuracy reaches ``target_acc`` (and, when given, whose test
     loss is at most ``target_loss``); -1 if none did (the PID-MADE paper's Figure 2)."""
@@ -40,7 +41,7 @@ def rounds_to_target(
     return -1
 
 
-def detection_totals(rounds: list[dict[str, str]]) -> dict[str, float | None]:
+def detection_totals(rounds: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """False positives/negatives summed over rounds, with precision and recall."""
     total = {
         key: sum(float(row.get(key) or 0) for row in rounds)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -36,7 +36,8 @@ __all__ = [
     "tracking_uri",
 ]
 
-PARAMS_PER_BATCH = 100  # MLflow's limit on params in one log_batch call
+PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
+METRICS_PER_BATCH = 1000
 log = logging.getLogger("fedsieve.tracking")
 T = TypeVar("T")
 
@@ -192,6 +193,24 @@ class Tracker:
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v == v]
         self._guarded("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=items))
+
+    def log_history(self, rows: Sequence[Mapping[str, float]], *, step_key: str = "round") -> None:
+        """Many steps' metrics at once (each row logged at ``row[step_key]``), in batches
+        of MLflow's limit: how a comparison cell logs its rounds when it ends."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(k, float(v), now, int(row[step_key]))
+            for row in rows
+            for k, v in row.items()
+            if k != step_key and v == v
+        ]
+        for start in range(0, len(items), METRICS_PER_BATCH):
+            batch = items[start : start + METRICS_PER_BATCH]
+            self._guarded(
+                "logging metrics", lambda b=batch: self._client.log_batch(self.run_id, metrics=b)
+            )
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():

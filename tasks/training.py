@@ -37,6 +37,7 @@ __all__ = [
     "RoundProgress",
     "build_federation",
     "build_global_model",
+    "federation_from_params",
     "load_checkpoint",
     "malicious_clients",
     "record_round",
@@ -137,6 +138,20 @@ def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
 
 @task(name="build-federation", cache_policy=NO_CACHE)
 def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]) -> Federation:
+    return federation_from_params(params, data, parts)
+
+
+def federation_from_params(
+    params: Params,
+    data: MedMNISTData,
+    parts: list[np.ndarray],
+    *,
+    validation_every_round: bool = True,
+) -> Federation:
+    """The engine's federation for ``params``: clients with the data attack applied, the
+    seeded model, the rule and filters, the model attack, the non-IID check. Without
+    ``validation_every_round`` the validation split is scored only when ``eval.select``
+    needs it (a comparison cell's rounds skip it otherwise)."""
     device = resolve_device(params.train.device)
     train = params.train
     val = to_tensors(data.val, data.info, device=device)
@@ -168,7 +183,8 @@ def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]
         update_attack=_update_attack(params),
         noniid=_noniid_check(params, data.info),
         server_batch=val,  # Zeno's held-out batch
-        val=val,  # evaluated every round; eval.select=best_val picks the final model by it
+        # evaluated every round; eval.select=best_val picks the final model by it
+        val=val if validation_every_round or params.eval.select == "best_val" else None,
         backend=train.backend,
         max_parallel=train.max_parallel,
     )

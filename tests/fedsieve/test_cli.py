@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -170,12 +171,17 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(medmnis
     assert not (tmp_path / "reports").exists()
 
 
+def training(project: Path) -> bool:
+    """``fedsieve run`` has written its first checkpoint."""
+    return (project / "artifacts" / "checkpoints" / "train.pt").exists()
+
+
 def started_command(
-    project: Path, medmnist_root: Path, *args: str, trainings: int = 1, within: float = 300,
-    stderr: int = subprocess.DEVNULL,
+    project: Path, medmnist_root: Path, *args: str, ready: Callable[[Path], bool] = training,
+    within: float = 300, stderr: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
-    """``fedsieve ARGS`` started in ``project`` and returned once ``trainings`` trainings
-    have written their first checkpoint (killed if not ``within`` seconds)."""
+    """``fedsieve ARGS`` started in ``project`` and returned once ``ready(project)`` (killed
+    if not ``within`` seconds)."""
     command = subprocess.Popen(
         [FEDSIEVE, *args],
         cwd=project,
@@ -184,7 +190,7 @@ def started_command(
         stderr=stderr,
     )
     deadline = time.monotonic() + within
-    while len(list(project.glob("**/artifacts/checkpoints/train.pt"))) < trainings:
+    while not ready(project):
         if time.monotonic() > deadline or command.poll() is not None:
             command.kill()
             raise AssertionError(f"the training never reached its first round ({command.poll()})")
@@ -252,9 +258,14 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
         "compare={methods: {fedavg: {}, median: {aggregate: {name: median}}}, "
         "attacks: [{name: none}], fractions: [0.0], seeds: [0], max_parallel: 2}"
     )
+
+    def both_cells_running(project: Path) -> bool:
+        return (project / "mlflow.db").exists() and len(mlflow_run_statuses(project)) == 3
+
     command = started_command(
-        tmp_path, medmnist_root, "compare", "--set", "train.rounds=500", "--set", grid, trainings=2
-    )
+        tmp_path, medmnist_root, "compare", "--set", "train.rounds=500", "--set", grid,
+        ready=both_cells_running,
+    )  # fmt: skip
 
     command.terminate()
 
