@@ -67,6 +67,7 @@ from federated.vectors import StateLayout, layout_of, vector_to_model_
 
 __all__ = [
     "auto_max_parallel",
+    "batched_pays",
     "batched_unsupported_reason",
     "supports_batched",
     "train_clients_batched",
@@ -108,6 +109,21 @@ def batched_unsupported_reason(model: nn.Module) -> str | None:
         if not value.is_floating_point() and not name.endswith("num_batches_tracked"):
             return f"{name} is a non-floating buffer the batched backend does not update"
     return None
+
+
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def batched_pays(model: nn.Module, device: torch.device) -> bool:
+    """Whether training clients together is faster than one by one here: on CUDA, always
+    (many clients' small steps fill the GPU); on a CPU only for models without
+    convolutions, whose steps are small matrix products dominated by per-step overhead
+    (a CPU's convolutions are already compute-bound one client at a time, and vmapped
+    they run slower). Measured by ``python -m benchmarks.grid_throughput`` (backend sweep:
+    docs/results.md)."""
+    if device.type == "cuda":
+        return True
+    return not any(isinstance(module, CONVOLUTIONS) for module in model.modules())
 
 
 def supports_batched(model: nn.Module) -> bool:

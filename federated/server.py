@@ -18,9 +18,9 @@ A round with fewer than ``min_clients`` survivors is skipped: the global model i
 ``backend`` picks how the sampled clients are trained: ``sequential`` (one
 :func:`~federated.client.train_client` call per client), ``batched`` (all in one
 :func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
-``auto`` (batched on a CUDA device when :func:`~federated.batched.supports_batched` says
-the model allows it, sequential otherwise: on a CPU the batched backend is slower, see
-``benchmarks/round_speed.py``). If the batched call raises, the
+``auto`` (batched where :func:`~federated.batched.batched_pays` and
+:func:`~federated.batched.supports_batched` say so: on a CUDA device, and on a CPU for
+models without convolutions; see ``benchmarks/grid_throughput.py``). If the batched call raises, the
 round falls back to training each client alone, so a broken client is still dropped alone
 as ``client_error``.
 """
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, drop_non_finite
-from federated.batched import batched_unsupported_reason, train_clients_batched
+from federated.batched import batched_pays, batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
@@ -222,7 +222,7 @@ class Federation:
         self.loss_fn = loss_function(multi_label)
         self.backend = backend
         self.batched = backend == "batched" or (
-            backend == "auto" and unsupported is None and self.device.type == "cuda"
+            backend == "auto" and unsupported is None and batched_pays(model, self.device)
         )
         self.max_parallel = max_parallel  # clients trained at once (None: sized to memory)
 

@@ -266,3 +266,15 @@ def test_cpu_federation_trains_channels_last_weights_and_reads_them_in_logical_o
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     assert torch.equal(start.global_vector, model_to_vector(contiguous))
     assert torch.equal(round_trip, state.global_vector)
+
+
+def test_auto_batches_where_it_pays_on_cuda_always_on_a_cpu_without_convolutions():
+    from federated.batched import batched_pays
+    from models import build_model
+
+    cnn = build_model("small_cnn", in_channels=1, num_classes=2)
+    logreg = build_model("logreg", in_channels=1, num_classes=2)
+
+    assert batched_pays(cnn, torch.device("cuda")) and batched_pays(logreg, torch.device("cuda"))
+    assert not batched_pays(cnn, torch.device("cpu"))
+    assert batched_pays(logreg, torch.device("cpu"))

@@ -6,7 +6,7 @@ from federated.seeding import seeded_init
 from federated.vectors import layout_of, model_to_vector, vector_to_model_
 from models import build_model, list_models
 
-IMAGE_MODELS = ["resnet18", "resnet34", "resnet50", "small_cnn"]
+IMAGE_MODELS = ["logreg", "resnet18", "resnet34", "resnet50", "small_cnn"]
 
 
 def test_registry_lists_the_image_models():
@@ -72,3 +72,14 @@ def test_vector_round_trip_covers_float_state_including_batchnorm_buffers():
     assert not any(name.endswith("num_batches_tracked") for name in layout.names)
     with pytest.raises(ValueError, match="entries"):
         vector_to_model_(model, vector[:-1])
+
+
+def test_logistic_regression_is_one_linear_map_of_the_pixels():
+    model = build_model("logreg", in_channels=1, num_classes=10, image_size=8)
+    images = torch.randn(4, 1, 8, 8)
+
+    logits = model(images)
+
+    expected = images.flatten(1) @ model.linear.weight.T + model.linear.bias
+    assert torch.allclose(logits, expected)
+    assert sum(p.numel() for p in model.parameters()) == 64 * 10 + 10
