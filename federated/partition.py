@@ -26,6 +26,7 @@ __all__ = [
     "PARTITIONERS",
     "PartitionError",
     "build_partitioner",
+    "group_by_client",
     "list_partitioners",
     "partition_report",
 ]
@@ -61,6 +62,14 @@ def _check_inputs(labels: np.ndarray, num_clients: int, min_samples: int) -> Non
             f"{len(labels)} samples cannot give {num_clients} clients {max(min_samples, 1)} samples "
             f"each; use fewer clients (at most {len(labels) // max(min_samples, 1)}) or lower min_samples"
         )
+
+
+def group_by_client(owners: np.ndarray, samples: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Each client's sample indices, sorted, from parallel arrays of (owner, sample):
+    one sort for the whole population, near-linear in the number of clients."""
+    order = np.lexsort((samples, owners))  # by client, then by sample
+    counts = np.bincount(owners, minlength=num_clients)
+    return np.split(samples[order], np.cumsum(counts)[:-1])
 
 
 def _single_label(labels: np.ndarray, scheme: str) -> np.ndarray:
@@ -100,14 +109,15 @@ class DirichletPartitioner:
         classes = np.unique(labels)
         smallest = None
         for _ in range(self.max_draws):
-            parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+            owners, samples = [], []
             for cls in classes:
                 members = rng.permutation(np.flatnonzero(labels == cls))
                 shares = rng.dirichlet(np.full(num_clients, self.alpha))
                 cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
-                for client, chunk in enumerate(np.split(members, cuts)):
-                    parts[client].append(chunk)
-            result = [np.sort(np.concatenate(p)) for p in parts]
+                counts = np.diff(np.concatenate([[0], cuts, [len(members)]]))
+                owners.append(np.repeat(np.arange(num_clients), counts))
+                samples.append(members)
+            result = group_by_client(np.concatenate(owners), np.concatenate(samples), num_clients)
             sizes = np.array([len(p) for p in result])
             if sizes.min() >= self.min_samples:
                 return result
@@ -145,15 +155,20 @@ class ShardPartitioner:
                 "raise classes_per_client or the number of clients"
             )
         order = rng.permutation(classes)
-        # Round-robin over a shuffled class order: every class gets a holder, every client k classes.
-        held = [order[(client * k + np.arange(k)) % len(classes)] for client in range(num_clients)]
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        # Round-robin over a shuffled class order: every class gets a holder, every client k
+        # classes (client c holds the classes at positions c·k, ..., c·k + k - 1, mod C).
+        positions = (np.arange(num_clients)[:, None] * k + np.arange(k)) % len(classes)
+        held = order[positions]  # (clients, k)
+        owners, samples = [], []
         for cls in classes:
-            holders = [c for c in range(num_clients) if cls in held[c]]
+            holders = np.flatnonzero((held == cls).any(axis=1))
             members = rng.permutation(np.flatnonzero(labels == cls))
-            for holder, chunk in zip(holders, np.array_split(members, len(holders)), strict=True):
-                parts[holder].append(chunk)
-        result = [np.sort(np.concatenate(p)) for p in parts]
+            # np.array_split's sizes: the first len % h holders get one sample more
+            base, extra = divmod(len(members), len(holders))
+            counts = np.full(len(holders), base) + (np.arange(len(holders)) < extra)
+            owners.append(np.repeat(holders, counts))
+            samples.append(members)
+        result = group_by_client(np.concatenate(owners), np.concatenate(samples), num_clients)
         _check_counts(
             np.array([len(p) for p in result]),
             self.min_samples,

@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-__all__ = ["derive_seed", "seeded_init", "torch_generator"]
+__all__ = ["derive_seed", "sample_clients", "seeded_init", "torch_generator"]
 
 T = TypeVar("T")
 
@@ -42,3 +42,12 @@ def seeded_init(seed: int, build: Callable[[], T]) -> T:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, INIT))
         return build()
+
+
+def sample_clients(seed: int, round_number: int, population: int, count: int) -> list[int]:
+    """The ``count`` client positions of ``population`` sampled for a round, sorted: a
+    seeded draw without replacement, the same whichever clients were drawn before."""
+    if count >= population:
+        return list(range(population))
+    rng = np.random.default_rng(derive_seed(seed, round_number, SAMPLING))
+    return sorted(int(i) for i in rng.choice(population, size=count, replace=False))

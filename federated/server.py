@@ -42,7 +42,7 @@ from federated.batched import batched_pays, batched_unsupported_reason, train_cl
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
-from federated.seeding import ATTACK, SAMPLING, SHUFFLE, derive_seed
+from federated.seeding import ATTACK, SHUFFLE, derive_seed, sample_clients
 from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
 from federated.vectors import model_to_vector, vector_to_model_
 
@@ -245,11 +245,9 @@ class Federation:
 
     def sample_clients(self, round_number: int) -> list[int]:
         """Seeded choice of :attr:`clients_per_round` client positions for a round."""
-        n, k = len(self.clients), self.clients_per_round
-        if k == n:
-            return list(range(n))
-        rng = np.random.default_rng(derive_seed(self.config.seed, round_number, SAMPLING))
-        return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
+        return sample_clients(
+            self.config.seed, round_number, len(self.clients), self.clients_per_round
+        )
 
     def _load(self, vector: Tensor) -> nn.Module:
         vector_to_model_(self.model, vector)

@@ -109,3 +109,28 @@ def test_report_holds_sizes_and_class_histograms():
         {"client": 1, "size": 1, "classes": [0, 1]},
     ]
     assert (report["total"], report["size_min"], report["size_max"]) == (3, 1, 2)
+
+
+def test_samples_are_grouped_by_owner_and_sorted_within_each_client():
+    from federated.partition import group_by_client
+
+    owners = np.array([2, 0, 2, 1, 0, 2])
+    samples = np.array([9, 4, 1, 7, 3, 5])
+
+    groups = group_by_client(owners, samples, num_clients=4)
+
+    assert [g.tolist() for g in groups] == [[3, 4], [7], [1, 5, 9], []]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "params"), [("dirichlet", {"alpha": 1.0}), ("shards", {}), ("iid", {})]
+)
+def test_a_population_of_100000_clients_is_split_into_disjoint_sorted_parts(scheme, params):
+    labels = np.random.default_rng(0).integers(0, 10, size=1_000_000)
+
+    parts = build_partitioner(scheme, **params)(labels, 100_000, seed=0)
+
+    assert len(parts) == 100_000 and min(len(p) for p in parts) >= 1
+    merged = np.concatenate(parts)
+    assert len(merged) == len(labels) and len(np.unique(merged)) == len(labels)
+    assert all(np.all(np.diff(p) > 0) for p in parts[:1000])
