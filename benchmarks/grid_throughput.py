@@ -1,12 +1,14 @@
 """Benchmark: how many robustness-grid cells an hour, against the engine alone and the
 machine's compute floor (CPU).
 
-    python -m benchmarks.grid_throughput [--seeds 2] [--max-parallel 2] [--skip-grid]
+    python -m benchmarks.grid_throughput [--seeds 2] [--max-parallel 2] [--without fedlag]
 
 The cells are the BreastMNIST fidelity grid (``benchmarks/params/fidelity-breastmnist.yaml``:
 20 IID clients, 4 label flippers, 30 rounds of 2 local epochs at batch 8, the small CNN,
-ten methods) with ``--seeds`` seeds each. Measured, each in fresh processes timed from
-start to exit:
+ten methods) with ``--seeds`` seeds each, less the methods named by ``--without``
+(default: FedLag, whose exact rule alone costs several times a cell's training at these
+sizes on a CPU; every method's cell time is measured and reported apart). Measured, each
+in fresh processes timed from start to exit:
 
 1. the grid through ``fedsieve compare`` (its own Prefect server, MLflow child runs,
    summary and figures), ``--max-parallel`` cells at once with the default threads;
@@ -50,8 +52,19 @@ def data_root() -> Path:
     return Path(os.environ.get("MEDMNIST_ROOT") or REPO.parent / "shared" / "data" / "medmnist")
 
 
+WITHOUT: list[str] = []  # methods left out of the measured grid (set from --without)
+
+
 def overrides(seeds: int, max_parallel: int, threads: int | None = None) -> list[str]:
-    grid = [f"compare.seeds={list(range(seeds))}", f"compare.max_parallel={max_parallel}"]
+    import yaml
+
+    methods = yaml.safe_load(PARAMS.read_text())["compare"]["methods"]
+    kept = {name: spec for name, spec in methods.items() if name not in WITHOUT}
+    grid = [
+        f"compare.seeds={list(range(seeds))}",
+        f"compare.max_parallel={max_parallel}",
+        f"compare.methods={json.dumps(kept)}",
+    ]
     if threads is not None:
         grid.append(f"compare.threads_per_cell={threads}")
     return [*grid, "tracking.experiment=grid-throughput", "train.device=cpu"]
@@ -64,10 +77,11 @@ def grid_cells_of(seeds: int, max_parallel: int) -> list[Any]:
     return grid_cells(load_params(PARAMS, overrides(seeds, max_parallel)), REPO)
 
 
-def engine_only(seeds: int, max_parallel: int, threads: int) -> None:
+def engine_only(seeds: int, max_parallel: int, threads: int, without: list[str]) -> None:
     """The grid's cells through the engine alone (run in a subprocess; prints JSON)."""
     import torch
 
+    WITHOUT[:] = without
     from federated.data import load_medmnist
     from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
@@ -90,7 +104,8 @@ def engine_only(seeds: int, max_parallel: int, threads: int) -> None:
 
     with ThreadPoolExecutor(max_workers=max_parallel) as pool:
         seconds = list(pool.map(train, cells))
-    print(json.dumps({"cells": len(cells), "cell_s": [round(s, 2) for s in seconds]}))
+    cell_s = {cell.name: round(s, 2) for cell, s in zip(cells, seconds, strict=True)}
+    print(json.dumps({"cells": len(cells), "cell_s": cell_s}))
 
 
 def local_training_rate(workers: int, threads: int, steps: int = 3) -> None:
@@ -271,7 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-parallel", type=int, default=2)
     parser.add_argument("--skip-grid", action="store_true", help="leave out fedsieve compare")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the backend sweep")
+    parser.add_argument("--without", nargs="*", default=["fedlag"], help="methods left out")
     args = parser.parse_args(argv)
+    WITHOUT[:] = args.without
     from benchmarks.common import cpu_environment
 
     cores = len(os.sched_getaffinity(0))
@@ -283,7 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **cpu_environment(),
         "settings": {"params": str(PARAMS.relative_to(REPO)), "seeds": args.seeds,
-                     "max_parallel": args.max_parallel, "threads_per_cell": threads},
+                     "max_parallel": args.max_parallel, "threads_per_cell": threads,
+                     "methods_left_out": args.without},
         "cells": cells,
     }  # fmt: skip
     rates = {}
@@ -299,8 +317,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["one_cell"] = profile
     print("one cell:", profile, flush=True)
     choices = {}
+    _, every_method = subprocess_json("engine_only", 1, 1, 1, [])
+    report["one_cell_per_method_s"] = every_method["cell_s"]  # one seed, one thread each
+    print("one cell per method:", every_method["cell_s"], flush=True)
     for parallel, per in ((args.max_parallel, threads), (1, cores), (1, 1)):
-        wall, _ = subprocess_json("engine_only", args.seeds, parallel, per)
+        wall, _ = subprocess_json("engine_only", args.seeds, parallel, per, args.without)
         choices[f"{parallel}x{per}"] = {
             "wall_s": round(wall, 1),
             "cells_per_hour": round(3600 * cells / wall),

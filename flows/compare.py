@@ -113,8 +113,8 @@ def compare_flow(params: Params, workdir: Path) -> list[dict[str, Any]]:
             results = run_cells_on_workers(params, cells, parent.run_id)
         else:
             results = run_cells_here(params, cells, workdir, parent.run_id)
-        done: list[CellResult] = [
-            (c.method, c.attack, c.fraction, c.seed, c.scenario, r)
+        done = [
+            CellResult(c.method, c.attack, c.fraction, c.seed, r["metrics"], r["accuracy"])
             for c, r in zip(cells, results, strict=True)
         ]
         rows, markdown = write_comparison_reports(

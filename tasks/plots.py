@@ -95,32 +95,42 @@ def plot_exclusion_heatmap(trail: Sequence[Mapping[str, Any]], path: Path) -> Pa
     return _save(fig, path)
 
 
-def plot_compare_curves(curves: Mapping[str, Mapping[str, Sequence[float]]], path: Path) -> Path:
-    """Test accuracy per round for each method, one panel per scenario (attack @ fraction)."""
+def plot_compare_curves(
+    curves: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]], path: Path
+) -> Path:
+    """Test accuracy per round for each method, one panel per scenario (attack @
+    fraction): the mean over seeds, with its 95 % interval as a band."""
     scenarios = list(curves)
     fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.8), squeeze=False)
     for ax, scenario in zip(axes[0], scenarios, strict=True):
-        for method, accuracy in curves[scenario].items():
-            ax.plot(range(1, len(accuracy) + 1), accuracy, label=method)
+        for method, (mean, half) in curves[scenario].items():
+            rounds = np.arange(1, len(mean) + 1)
+            (line,) = ax.plot(rounds, mean, label=method)
+            low, high = np.asarray(mean) - np.asarray(half), np.asarray(mean) + np.asarray(half)
+            ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
         ax.set_title(scenario)
         ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (mean over seeds)")
+        ax.set_ylabel("test accuracy (mean, 95% interval)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, path)
 
 
 def plot_compare_heatmap(
-    table: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path
+    table: np.ndarray, tied: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path
 ) -> Path:
-    """Final test accuracy, scenario (rows) x method (columns), values written in."""
+    """Mean final test accuracy, scenario (rows) x method (columns), values written in;
+    ``tied`` entries (not distinguishable from their row's best) are marked with ≈."""
     fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2.5, 0.6 * len(rows) + 1.8))
     image = ax.imshow(table, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), rows)
     for i in range(table.shape[0]):
         for j in range(table.shape[1]):
-            ax.text(j, i, f"{table[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
-    fig.colorbar(image, ax=ax, label="final test accuracy")
-    ax.set_title("Final accuracy: scenario x method")
+            mark = "≈" if tied[i, j] else ""
+            ax.text(
+                j, i, f"{table[i, j]:.3f}{mark}", ha="center", va="center", color="w", fontsize=8
+            )
+    fig.colorbar(image, ax=ax, label="final test accuracy (mean over seeds)")
+    ax.set_title("Final accuracy; ≈: within the row best's 95% interval")
     return _save(fig, path)
