@@ -38,11 +38,13 @@ import torch
 from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, drop_non_finite
+from federated.attacks.base import ModelAttack
+from federated.backdoor_eval import attack_success_rate
 from federated.batched import batched_pays, batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
-from federated.seeding import ATTACK, SHUFFLE, derive_seed, sample_clients
+from federated.seeding import ATTACK, SHUFFLE, derive_seed, sample_clients, torch_generator
 from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
 from federated.vectors import model_to_vector, vector_to_model_
 
@@ -56,8 +58,6 @@ __all__ = [
     "detection_counts",
 ]
 
-# Called with (round, client updates (n, d), malicious mask (n,), seed) -> attacked updates.
-UpdateAttack = Callable[[int, Tensor, Tensor, int], Tensor]
 Backend = Literal["sequential", "batched", "auto"]
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,22 @@ class FederationConfig:
     # the model a run ends with: the last round's, or the round with the best validation
     # AUC (MedMNIST's protocol; earliest on ties; needs the Federation's ``val`` split)
     select: Literal["last", "best_val"] = "last"
+    # fail closed: the most clients a round may leave out (filters, screens, non-finite
+    # updates, a selecting rule's choice): an int is a count, a float in [0, 1) a share of
+    # the round's sampled clients; a round above it is not aggregated and halts the run
+    max_excluded: int | float | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_excluded, bool) or (
+            self.max_excluded is not None
+            and not (
+                (isinstance(self.max_excluded, int) and self.max_excluded >= 0)
+                or (isinstance(self.max_excluded, float) and 0 <= self.max_excluded < 1)
+            )
+        ):
+            raise ValueError(
+                f"max_excluded must be a count >= 0 or a share in [0, 1), got {self.max_excluded!r}"
+            )
         if self.select not in ("last", "best_val"):
             raise ValueError(f"select must be 'last' or 'best_val', got {self.select!r}")
         if self.rounds < 1:
@@ -110,6 +124,8 @@ class ServerState:
     best_round: int = 0
     best_val_auc: float = -math.inf
     best_vector: Tensor | None = None
+    attack_state: dict[str, Any] = field(default_factory=dict)  # a model attack's memory
+    halted: str | None = None  # why the run stopped (max_excluded), in one line
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +138,8 @@ class ServerState:
             "best_round": self.best_round,
             "best_val_auc": self.best_val_auc,
             "best_vector": None if self.best_vector is None else self.best_vector.detach().cpu(),
+            "attack_state": self.attack_state,
+            "halted": self.halted,
         }
 
     @classmethod
@@ -137,6 +155,8 @@ class ServerState:
             best_round=int(data.get("best_round", 0)),
             best_val_auc=float(data.get("best_val_auc", -math.inf)),
             best_vector=None if best_vector is None else best_vector.to(device),
+            attack_state=dict(data.get("attack_state", {})),
+            halted=data.get("halted"),
         )
 
     @property
@@ -170,6 +190,8 @@ class Aggregation:
     aggregator_state: dict[str, Any]
     filter_states: list[dict[str, Any]]
     kept_ids: list[int]
+    attack_state: dict[str, Any] = field(default_factory=dict)
+    attack_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Federation:
@@ -188,7 +210,8 @@ class Federation:
         config: FederationConfig,
         multi_label: bool = False,
         malicious: frozenset[int] = frozenset(),
-        update_attack: UpdateAttack | None = None,
+        model_attack: ModelAttack | None = None,
+        backdoor_test: tuple[Tensor, int] | None = None,
         noniid: NonIIDCheck | None = None,
         server_batch: tuple[Tensor, Tensor] | None = None,
         val: tuple[Tensor, Tensor] | None = None,
@@ -213,7 +236,9 @@ class Federation:
         self.config = config
         self.multi_label = multi_label
         self.malicious = malicious
-        self.update_attack = update_attack
+        self.model_attack = model_attack  # rewrites the malicious rows every round
+        # a backdoor's triggered test images and target label: its success rate every round
+        self.backdoor_test = backdoor_test
         self.noniid = noniid
         self.server_batch = server_batch  # held-out batch for oracle rules such as Zeno
         if config.select == "best_val" and val is None:
@@ -236,6 +261,7 @@ class Federation:
             global_vector=model_to_vector(self.model).to(self.device),
             aggregator_state=self.rule.init_state(),
             filter_states=[f.init_state() for f in self.filters],
+            attack_state=self.model_attack.init_state() if self.model_attack else {},
         )
 
     @property
@@ -280,6 +306,14 @@ class Federation:
             raise ValueError("this federation has no validation split (val=)")
         model = self.selected_model(state) if selected else self.global_model(state)
         return self._scores(model, data)
+
+    def backdoor_asr(self, state: ServerState, *, selected: bool = False) -> float | None:
+        """The backdoor's attack success rate on the triggered test images for the state's
+        global (``selected``: final) model; ``None`` without a backdoor."""
+        if self.backdoor_test is None:
+            return None
+        model = self.selected_model(state) if selected else self.global_model(state)
+        return attack_success_rate(model, *self.backdoor_test)
 
     def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their
@@ -358,12 +392,34 @@ class Federation:
         screen = self._noniid_screen(state, round_number, sampled)
         rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
         outcome = self._aggregate(state, round_number, updates, rows)
+        halted = self._exclusion_bound_exceeded(round_number, rows)
+        if halted is not None:  # fail closed: no aggregate from what was left
+            outcome.global_vector = state.global_vector
         new_state = self._next_state(state, round_number, outcome)
+        new_state.halted = halted
         metrics = self._round_metrics(new_state, round_number, rows, updates, screen, outcome)
         new_state.history.append(metrics)
         trail_rows = list(rows.values())
         new_state.trail.extend(trail_rows)
         return new_state, RoundReport(round=round_number, metrics=metrics, clients=trail_rows)
+
+    def _exclusion_bound_exceeded(
+        self, round_number: int, rows: dict[int, dict[str, Any]]
+    ) -> str | None:
+        """Why the round must not be aggregated, if more of its clients were left out
+        than ``max_excluded`` allows (a client whose training failed is not counted)."""
+        bound = self.config.max_excluded
+        if bound is None:
+            return None
+        judged = [r for r in rows.values() if r["reason"] != "client_error"]
+        left_out = sum(bool(r["excluded"] or r.get("selected") is False) for r in judged)
+        allowed = bound if isinstance(bound, int) else math.floor(bound * len(rows))
+        if left_out <= allowed:
+            return None
+        return (
+            f"round {round_number}: {left_out} of {len(rows)} clients left out, more than "
+            f"train.max_excluded = {bound!r} allows ({allowed}); the round was not aggregated"
+        )
 
     def _train_clients(
         self,
@@ -443,17 +499,19 @@ class Federation:
         rows: dict[int, dict[str, Any]],
     ) -> Aggregation:
         """Attack, drop non-finite rows, filter, aggregate: the new global vector, the
-        rule's and filters' states and the ids that reached the rule."""
+        rule's, filters' and attack's states and the ids that reached the rule."""
         outcome = Aggregation(
-            state.global_vector, state.aggregator_state, list(state.filter_states), []
-        )
+            state.global_vector, state.aggregator_state, list(state.filter_states), [],
+            attack_state=state.attack_state,
+        )  # fmt: skip
         if not updates:
             return outcome
         ids = [u.client_id for u in updates]
-        stacked = self._attacked(round_number, torch.stack([u.delta for u in updates]), ids)
+        stacked = torch.stack([u.delta for u in updates])
         weights = torch.tensor(
             [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
         )
+        stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
         _, _, keep = drop_non_finite(stacked, weights)
         keep = keep.clone()
         for client_id, finite in zip(ids, keep.tolist(), strict=True):
@@ -476,16 +534,62 @@ class Federation:
         )
         return outcome
 
-    def _attacked(self, round_number: int, stacked: Tensor, ids: list[int]) -> Tensor:
+    def _attacked(
+        self,
+        state: ServerState,
+        round_number: int,
+        stacked: Tensor,
+        weights: Tensor,
+        ids: list[int],
+        outcome: Aggregation,
+    ) -> Tensor:
         """The round's updates ``(n, d)`` after the model attack, if any malicious client
-        is among them."""
-        if self.update_attack is None or not self.malicious:
+        is among them; the attack's new state and its diagnostics go into ``outcome``."""
+        attack = self.model_attack
+        if attack is None or not self.malicious:
             return stacked
         mask = torch.tensor([i in self.malicious for i in ids], device=stacked.device)
         if not bool(mask.any()):
             return stacked
-        seed = derive_seed(self.config.seed, round_number, ATTACK)
-        return self.update_attack(round_number, stacked, mask, seed)
+        generator = torch_generator(
+            derive_seed(self.config.seed, round_number, ATTACK), stacked.device
+        )
+        defence = self._defence(state, weights, ids) if attack.requires_aggregate else None
+        attacked, outcome.attack_state, diagnostics = attack.step(
+            state.attack_state, stacked, mask, generator, aggregate=defence
+        )
+        outcome.attack_metrics = {f"attack_{k}": float(v) for k, v in diagnostics.items()}
+        return attacked
+
+    def _defence(
+        self, state: ServerState, weights: Tensor, ids: list[int]
+    ) -> Callable[[Tensor], Tensor]:
+        """What the server would make of a candidate round ``(n, d)`` (rows in ``ids``'
+        order): non-finite rows dropped, the filters, the rule; no state advanced. What an
+        optimising attacker (Opt-ALIE, Opt-IPM) is assumed to know of the defence."""
+        extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
+
+        def defend(candidate: Tensor) -> Tensor:
+            _, _, keep = drop_non_finite(candidate, weights)
+            keep = keep.clone()
+            for flt, flt_state in zip(self.filters, state.filter_states, strict=True):
+                positions = keep.nonzero().flatten()
+                if len(positions) == 0:
+                    break
+                decision, _ = flt.step(
+                    flt_state, candidate[positions], [ids[p] for p in positions.tolist()],
+                    weights[positions],
+                )  # fmt: skip
+                keep[positions[~decision.keep.to(keep.device)]] = False
+            positions = keep.nonzero().flatten()
+            if len(positions) < self.config.min_clients:  # the round would be skipped
+                return torch.zeros_like(candidate[0])
+            result, _, _ = self.rule.step(
+                state.aggregator_state, candidate[positions], weights[positions], **extra
+            )
+            return result
+
+        return defend
 
     def _filter(
         self,
@@ -545,6 +649,7 @@ class Federation:
             best_round=state.best_round,
             best_val_auc=state.best_val_auc,
             best_vector=state.best_vector,
+            attack_state=outcome.attack_state,
         )
 
     def _round_metrics(
@@ -562,6 +667,9 @@ class Federation:
         metrics = {f"test_{k}": v for k, v in self._scores(model, self.test).items()}
         if self.val is not None:
             metrics |= {f"val_{k}": v for k, v in self._scores(model, self.val).items()}
+        if self.backdoor_test is not None:
+            triggered, target = self.backdoor_test
+            metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)
         if self.config.select == "best_val" and metrics["val_auc"] > new_state.best_val_auc:
             new_state.best_round = round_number  # NaN AUC (one class) never counts as best
             new_state.best_val_auc = metrics["val_auc"]
@@ -577,6 +685,7 @@ class Federation:
             "round_skipped": float(skipped),
             "client_loss_mean": float(np.mean(losses)) if losses else math.nan,
             **screen.metrics,
+            **outcome.attack_metrics,
             **detection_counts(trail_rows),
         }
 

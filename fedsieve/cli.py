@@ -27,7 +27,7 @@ from pathlib import Path
 import fedsieve  # noqa: F401  (telemetry off and PREFECT_HOME before Prefect loads)
 from fedsieve import ops
 from fedsieve.arguments import add_params_arguments, add_resume_argument, checked_params
-from fedsieve.errors import ServiceError, UsageError
+from fedsieve.errors import RunHalted, ServiceError, UsageError
 from fedsieve.local_server import prefect_server
 
 __all__ = ["COMMANDS", "console", "main"]
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except usage_errors() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
-    except ServiceError as error:  # a tracking store or Prefect server that is not there
+    except (ServiceError, RunHalted) as error:  # a server that is not there; a run failed closed
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 1
 

@@ -109,6 +109,18 @@ class TrainParams(_Section):
     # convolutions (where it measured faster), when the model allows; else sequential
     backend: Literal["auto", "sequential", "batched"] = "auto"
     max_parallel: int | None = Field(None, ge=1)  # batched: clients at once (None: by memory)
+    # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
+    # the round's sampled clients); a round above it halts the run (null: off)
+    max_excluded: int | float | None = None
+
+    @field_validator("max_excluded")
+    @classmethod
+    def _count_or_share(cls, value: int | float | None) -> int | float | None:
+        if value is None or (isinstance(value, int) and value >= 0):
+            return value
+        if isinstance(value, float) and 0 <= value < 1:
+            return value
+        raise ValueError("a count of clients >= 0 or a share of them in [0, 1), or null")
 
 
 class _RegistryEntry(BaseModel):

@@ -2,12 +2,13 @@
 
 Each carries a one-line message for the user. The CLI ends a command with exit code 2 on
 a :class:`UsageError` (the input is the user's to fix) and 1 on a :class:`ServiceError`
-(a tracking store or Prefect server that cannot be used).
+(a tracking store or Prefect server that cannot be used) or a :class:`RunHalted` (a run
+that failed closed).
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "OpsError", "ServiceError", "UsageError"]
+__all__ = ["ConfigError", "OpsError", "RunHalted", "ServiceError", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -24,3 +25,8 @@ class OpsError(UsageError):
 
 class ServiceError(RuntimeError):
     """The tracking store or the Prefect server cannot be used."""
+
+
+class RunHalted(RuntimeError):
+    """A run stopped on purpose: a round left out more clients than ``train.max_excluded``
+    allows (fail closed, not aggregated from a minority)."""

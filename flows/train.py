@@ -20,6 +20,7 @@ from tasks.tracking import open_training_run
 from tasks.training import (
     RoundProgress,
     build_federation,
+    halt_if_bound_exceeded,
     load_checkpoint,
     record_round,
     resumed_state,
@@ -56,10 +57,11 @@ def train_flow(
         state = resumed_state(federation, checkpoint)
         rounds = params.train.rounds
         with RoundProgress(rounds, state.round, federation.clients_per_round) as progress:
-            while state.round < rounds:
+            while state.round < rounds and state.halted is None:
                 stop_if_requested()  # a cancelled comparison stops its cells between rounds
                 state, report = train_round(federation, state, on_client=progress.client_done)
                 record_round(tracker, report, state, paths.checkpoint, digest)
                 progress.round_done(report)
         write_training_reports(paths, federation.selected_model(state), state, params, tracker)
+        halt_if_bound_exceeded(state)  # fail closed: reports written, the run closed FAILED
     return write_run_info(paths, tracker, state, digest)

@@ -39,7 +39,7 @@ __all__ = [
 RUN_COLUMNS = (
     "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
     "rounds_to_target", "total_false_positives", "total_false_negatives",
-    "detection_precision", "detection_recall",
+    "detection_precision", "detection_recall", "backdoor_asr",
 )  # fmt: skip
 # summarised over seeds: metric key -> short name in the summary
 SUMMARISED = {
@@ -48,6 +48,7 @@ SUMMARISED = {
     "rounds_to_target": "rounds_to_target",
     "total_false_positives": "fp",
     "total_false_negatives": "fn",
+    "backdoor_asr": "asr",  # a backdoor's attack success rate (absent otherwise)
 }
 
 
@@ -114,8 +115,9 @@ def _shown(mean: float, half: float, digits: int) -> str:
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The summary over seeds as a Markdown table (mean ± 95 % half-width)."""
     lines = [
-        "| method | attack | fraction | seeds | test ACC | test AUC | rounds to target | FP | FN |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | attack | fraction | seeds | test ACC | test AUC | rounds to target | FP | FN"
+        " | backdoor ASR |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
@@ -123,7 +125,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"{_shown(row['acc_mean'], row['acc_ci95'], 3)} | "
             f"{_shown(row['auc_mean'], row['auc_ci95'], 3)} | "
             f"{_shown(row['rounds_to_target_mean'], row['rounds_to_target_ci95'], 1)} | "
-            f"{_shown(row['fp_mean'], row['fp_ci95'], 1)} | {_shown(row['fn_mean'], row['fn_ci95'], 1)} |"
+            f"{_shown(row['fp_mean'], row['fp_ci95'], 1)} | {_shown(row['fn_mean'], row['fn_ci95'], 1)} | "
+            f"{_shown(row['asr_mean'], row['asr_ci95'], 3)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -12,13 +12,15 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from federated.attacks import Backdoor
+from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.data import MedMNISTData, to_tensors
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate
 from fedsieve.config import Params
 from tasks.reports import ProjectPaths, write_json
 from tasks.tracking import Tracker
-from tasks.training import build_global_model, resolve_device
+from tasks.training import build_global_model, resolve_device, run_attack
 
 __all__ = [
     "detection_totals",
@@ -84,6 +86,9 @@ def score_final_model(
             batch_size=params.eval.batch_size,
         )  # fmt: skip
         results |= {f"{split}_{k}": v for k, v in scores.items()}
+        if split == "test" and isinstance(attack := run_attack(params), Backdoor):
+            triggered = triggered_test_set(images, targets, attack)
+            results["backdoor_asr"] = attack_success_rate(model, triggered, attack.target_label)
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
     results |= {

@@ -31,6 +31,7 @@ from federated.data import MedMNISTData
 from federated.partition import build_partitioner
 from federated.server import Federation, ServerState
 from fedsieve.config import Params
+from fedsieve.errors import RunHalted
 from tasks.data import data_root
 from tasks.evaluation import detection_totals, rounds_to_target
 from tasks.reports import write_csv, write_json
@@ -155,7 +156,7 @@ def run_grid_cell(
     with tracker.ended_on_failure():
         federation = federation_from_params(params, data, parts, validation_every_round=False)
         state = federation.initial_state()
-        while state.round < params.train.rounds:
+        while state.round < params.train.rounds and state.halted is None:
             stop_if_requested()  # a cancelled or failed grid stops its cells between rounds
             state, _ = federation.run_round(state)
         results = cell_results(federation, state, params)
@@ -167,6 +168,8 @@ def run_grid_cell(
         tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
         for name in ("rounds.csv", "exclusions.csv"):
             tracker.log_artifact(reports / name, "reports")
+        if state.halted is not None:  # fail closed: the cell, and so the grid, stops here
+            raise RunHalted(f"{cell.name}: {state.halted}")
         tracker.end()
     return {"metrics": results, "accuracy": [row["test_acc"] for row in state.history]}
 
@@ -174,8 +177,10 @@ def run_grid_cell(
 def cell_results(federation: Federation, state: ServerState, params: Params) -> dict[str, Any]:
     """The cell's final numbers, with the keys of the pipeline's ``reports/metrics.json``."""
     scores = federation.evaluate(state, "test", selected=True)
+    asr = federation.backdoor_asr(state, selected=True)
     return {
         **{f"test_{k}": v for k, v in scores.items()},
+        **({} if asr is None else {"backdoor_asr": asr}),
         "rounds": state.round,
         "selected_round": state.selected_round,
         "rounds_to_target": rounds_to_target(

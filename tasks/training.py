@@ -15,10 +15,19 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from aggregation import build_aggregator, build_filter
-from federated.attacks import DataAttack, ModelAttack, build_attack, choose_malicious, client_seed
+from federated.attacks import (
+    Attack,
+    Backdoor,
+    DataAttack,
+    ModelAttack,
+    build_attack,
+    choose_malicious,
+    client_seed,
+)
+from federated.backdoor_eval import triggered_test_set
 from federated.client import ClientData, LocalTraining
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
-from federated.seeding import seeded_init, torch_generator
+from federated.seeding import seeded_init
 from federated.server import (
     Federation,
     FederationConfig,
@@ -27,6 +36,7 @@ from federated.server import (
     ServerState,
 )
 from fedsieve.config import Params
+from fedsieve.errors import RunHalted
 from models import build_model
 from tasks.plots import plot_curves, plot_exclusion_heatmap
 from tasks.reports import ProjectPaths, write_csv, write_json
@@ -38,11 +48,13 @@ __all__ = [
     "build_federation",
     "build_global_model",
     "federation_from_params",
+    "halt_if_bound_exceeded",
     "load_checkpoint",
     "malicious_clients",
     "record_round",
     "resolve_device",
     "resumed_state",
+    "run_attack",
     "save_checkpoint",
     "train_round",
     "write_run_info",
@@ -87,40 +99,49 @@ def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:
     )
 
 
+def run_attack(params: Params) -> Attack:
+    """The run's attack; a backdoor's model replacement scales by n over the server's
+    learning rate unless ``eta`` is given."""
+    settings = params.attack.params()
+    if params.attack.name == "backdoor":
+        settings.setdefault("eta", params.train.server_lr)
+    return build_attack(params.attack.name, **settings)
+
+
 def _clients(
-    params: Params, data: MedMNISTData, parts: list[np.ndarray], device: torch.device
+    params: Params,
+    data: MedMNISTData,
+    parts: list[np.ndarray],
+    device: torch.device,
+    attack: Attack,
 ) -> list[ClientData]:
-    """Each client's images and labels on ``device``, a data attack's poison applied to
-    the malicious clients' labels."""
+    """Each client's images and labels on ``device``, a data attack's poison (labels, or
+    images and labels for a backdoor) applied to the malicious clients' data."""
     images, targets = to_tensors(data.train, data.info, device=device)
-    attack = build_attack(params.attack.name, **params.attack.params())
     malicious = malicious_clients(params)
     clients = []
     for client_id, idx in enumerate(parts):
         index = torch.as_tensor(idx, device=device)
-        client_targets = targets[index]
+        client_images, client_targets = images[index], targets[index]
         if isinstance(attack, DataAttack) and client_id in malicious:
-            client_targets = attack.poison_labels(
+            client_images, client_targets = attack.poison(
+                client_images,
                 client_targets,
                 num_classes=data.info.n_classes,
                 seed=client_seed(params.seed, client_id),
             )
-        clients.append(ClientData(client_id, images[index], client_targets))
+        clients.append(ClientData(client_id, client_images, client_targets))
     return clients
 
 
-def _update_attack(params: Params) -> Callable[..., torch.Tensor] | None:
-    """The server's hook for a model attack (None for data attacks and no attack)."""
-    attack = build_attack(params.attack.name, **params.attack.params())
-    if not isinstance(attack, ModelAttack):
+def _backdoor_test(
+    attack: Attack, test: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, int] | None:
+    """A backdoor's triggered test images and target label (its success rate is scored
+    every round); ``None`` for other attacks."""
+    if not isinstance(attack, Backdoor):
         return None
-
-    def update_attack(
-        round_number: int, updates: torch.Tensor, mask: torch.Tensor, seed: int
-    ) -> torch.Tensor:
-        return attack.apply(updates, mask, torch_generator(seed, updates.device))
-
-    return update_attack
+    return triggered_test_set(*test, attack), attack.target_label
 
 
 def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
@@ -155,10 +176,12 @@ def federation_from_params(
     device = resolve_device(params.train.device)
     train = params.train
     val = to_tensors(data.val, data.info, device=device)
+    test = to_tensors(data.test, data.info, device=device)
+    attack = run_attack(params)
     return Federation(
         model=build_global_model(params, data.info).to(device),
-        clients=_clients(params, data, parts, device),
-        test=to_tensors(data.test, data.info, device=device),
+        clients=_clients(params, data, parts, device, attack),
+        test=test,
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=[build_filter(f.name, **f.params()) for f in params.filters],
         local=LocalTraining(
@@ -177,10 +200,12 @@ def federation_from_params(
             seed=params.seed,
             eval_batch_size=params.eval.batch_size,
             select=params.eval.select,
+            max_excluded=train.max_excluded,
         ),
         multi_label=data.info.multi_label,
         malicious=malicious_clients(params),
-        update_attack=_update_attack(params),
+        model_attack=attack if isinstance(attack, ModelAttack) else None,
+        backdoor_test=_backdoor_test(attack, test),
         noniid=_noniid_check(params, data.info),
         server_batch=val,  # Zeno's held-out batch
         # evaluated every round; eval.select=best_val picks the final model by it
@@ -368,3 +393,11 @@ class RoundProgress:
             "round %d/%d: test loss %.4f acc %.4f auc %.4f",
             report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], metrics["test_auc"],
         )  # fmt: skip
+
+
+@task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)
+def halt_if_bound_exceeded(state: ServerState) -> None:
+    """Fail closed: a run whose round left out more clients than ``train.max_excluded``
+    ends here, after its reports are written, with that round's one-line reason."""
+    if state.halted is not None:
+        raise RunHalted(state.halted)

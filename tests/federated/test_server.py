@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from aggregation import build_aggregator
+from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining
 from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
@@ -97,12 +98,9 @@ def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root, broken_clie
 
 
 def test_non_finite_updates_never_reach_the_global_model(medmnist_root):
-    def send_nan(round_number, updates, mask, seed):
-        out = updates.clone()
-        out[mask] = float("nan")
-        return out
-
-    federation = make_federation(medmnist_root, malicious=frozenset({2}), update_attack=send_nan)
+    federation = make_federation(
+        medmnist_root, malicious=frozenset({2}), model_attack=build_attack("nan")
+    )
 
     state, report = federation.run_round(federation.initial_state())
 
@@ -113,13 +111,10 @@ def test_non_finite_updates_never_reach_the_global_model(medmnist_root):
 
 
 def test_too_few_survivors_skip_the_round_and_keep_the_model(medmnist_root):
-    def send_inf(round_number, updates, mask, seed):
-        return torch.where(mask[:, None], torch.full_like(updates, float("inf")), updates)
-
     federation = make_federation(
         medmnist_root,
         malicious=frozenset({0, 1, 2}),
-        update_attack=send_inf,
+        model_attack=build_attack("inf"),
         config=FederationConfig(rounds=1, min_clients=2),
     )
     start = federation.initial_state()
@@ -251,3 +246,92 @@ def test_last_selection_ends_with_the_last_round_and_best_val_needs_a_split(medm
     assert state.selected_round == 2 and state.best_vector is None
     with pytest.raises(ValueError, match="select='best_val' needs a validation split"):
         make_federation(medmnist_root, config=FederationConfig(rounds=1, select="best_val"))
+
+
+def test_an_optimising_attack_sees_the_servers_defence_and_its_state_is_kept(medmnist_root):
+    federation = make_federation(
+        medmnist_root,
+        malicious=frozenset({1}),
+        rule=build_aggregator("median"),
+        model_attack=build_attack("opt_alie"),
+    )
+
+    state, report = federation.run_round(federation.initial_state())
+
+    assert "attack_factor" in report.metrics  # the factor its search chose against the median
+    assert torch.isfinite(state.global_vector).all()
+    restored = ServerState.from_dict(state.to_dict())
+    assert restored.attack_state == state.attack_state
+
+
+def test_a_stateful_attack_carries_its_memory_through_a_checkpoint(medmnist_root):
+    federation = make_federation(
+        medmnist_root, malicious=frozenset({0}), model_attack=build_attack("mimic")
+    )
+    state = run(federation, 2)
+
+    saved = torch.load(io.BytesIO(_saved(state)), weights_only=True)
+
+    assert ServerState.from_dict(saved).attack_state.keys() == state.attack_state.keys()
+
+
+def _saved(state):
+    buffer = io.BytesIO()
+    torch.save(state.to_dict(), buffer)
+    return buffer.getvalue()
+
+
+def test_a_backdoor_is_scored_every_round_beside_clean_accuracy(medmnist_root):
+    from federated.attacks import Backdoor
+    from federated.backdoor_eval import triggered_test_set
+
+    data = load_medmnist("breastmnist", medmnist_root)
+    test = to_tensors(data.test, data.info)
+    backdoor = Backdoor(target_label=0)
+    federation = make_federation(
+        medmnist_root, backdoor_test=(triggered_test_set(*test, backdoor), 0)
+    )
+
+    state, report = federation.run_round(federation.initial_state())
+
+    assert 0.0 <= report.metrics["backdoor_asr"] <= 1.0
+    assert federation.backdoor_asr(state) == report.metrics["backdoor_asr"]
+
+
+@pytest.mark.parametrize("bound", [1, 0.3])
+def test_a_round_leaving_out_more_than_the_bound_halts_the_run_unaggregated(medmnist_root, bound):
+    federation = make_federation(  # Multi-Krum keeps 3 of the 5 clients: 2 left out a round
+        medmnist_root,
+        num_clients=5,
+        rule=build_aggregator("multi_krum", f=1, m=3),
+        config=FederationConfig(rounds=2, max_excluded=bound),
+    )
+    start = federation.initial_state()
+
+    state, _ = federation.run_round(start)
+
+    assert state.halted.startswith("round 1: 2 of 5 clients left out, more than")
+    assert "train.max_excluded" in state.halted
+    assert torch.equal(state.global_vector, start.global_vector)
+    assert len(state.trail) == 5 and sum(r.get("selected") is False for r in state.trail) == 2
+    assert ServerState.from_dict(state.to_dict()).halted == state.halted
+
+
+def test_a_round_within_the_bound_is_aggregated(medmnist_root):
+    federation = make_federation(
+        medmnist_root,
+        num_clients=5,
+        rule=build_aggregator("multi_krum", f=1, m=3),
+        config=FederationConfig(rounds=2, max_excluded=2),
+    )
+    start = federation.initial_state()
+
+    state, _ = federation.run_round(start)
+
+    assert state.halted is None and not torch.equal(state.global_vector, start.global_vector)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, 1.5, True])
+def test_the_bound_is_a_count_or_a_share(bad):
+    with pytest.raises(ValueError, match="max_excluded must be a count"):
+        FederationConfig(rounds=1, max_excluded=bad)

@@ -100,3 +100,51 @@ def test_compare_grid_runs_children_under_one_parent(project, prefect_server):
     assert {"compare/summary.csv", "compare/heatmap.png"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id, "compare")
     }
+
+
+def test_a_backdoor_run_reports_its_success_rate_every_round_and_at_the_end(
+    project, prefect_server
+):
+    params = load_params(
+        project / "params.yaml",
+        [
+            "partition.num_clients=3",
+            "train.rounds=2",
+            "train.local_epochs=1",
+            "attack={name: backdoor, target_label: 0, poison_fraction: 0.5, ids: [1]}",
+        ],
+    )
+
+    partition_flow(params, project)
+    train_flow(params, project)
+    metrics = evaluate_flow(params, project)
+
+    with (project / "reports" / "rounds.csv").open() as handle:
+        asr = [float(row["backdoor_asr"]) for row in csv.DictReader(handle)]
+    assert len(asr) == 2 and all(0.0 <= a <= 1.0 for a in asr)
+    assert 0.0 <= metrics["backdoor_asr"] <= 1.0
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run_id = json.loads((project / "artifacts/model/run.json").read_text())["run_id"]
+    assert len(client.get_metric_history(run_id, "backdoor_asr")) == 2
+    assert client.get_run(run_id).data.metrics["final_backdoor_asr"] == metrics["backdoor_asr"]
+
+
+def test_a_round_over_the_exclusion_bound_stops_the_run_failed_on_the_record(
+    project, prefect_server, capsys
+):
+    from fedsieve.cli import main
+
+    code = main(
+        ["run", "--set", "partition.num_clients=5", "--set", "train.rounds=3",
+         "--set", "train.local_epochs=1", "--set", "aggregate={name: multi_krum, f: 1, m: 3}",
+         "--set", "train.max_excluded=1"]
+    )  # fmt: skip
+
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fedsieve: error: round 1: 2 of 5 clients left out, more than")
+    with (project / "reports" / "exclusions.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 5  # the round's trail is written
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FAILED"
