@@ -12,6 +12,9 @@ O(block·n²), and they hold the two primitives most rules reduce to:
 - ``centered_gram`` / ``squared_distances``: the clients' Gram matrix after subtracting
   the column mean block by block (so a common offset of the updates costs no precision),
   accumulated in float64, and the pairwise squared distances derived from it.
+- ``window_shares`` / ``point_shares``: which clients a coordinate-wise rule's output is
+  made of, per column (the per-client attribution behind every such rule's
+  ``effective_weight`` and trimmed share), by comparisons with the sorted values only.
 - On a CUDA GPU with Triton installed, one-pass kernels replace the torch paths where
   they apply (float32 or half precision, not too many clients): ``centered_gram`` uses
   :mod:`aggregation.gram_kernel`, ``order_kernels_for`` hands the rules that reduce
@@ -41,9 +44,11 @@ __all__ = [
     "fedlag_kernel_for",
     "krum_scores",
     "order_kernels_for",
+    "point_shares",
     "ranking",
     "sort_columns",
     "squared_distances",
+    "window_shares",
 ]
 
 _log = logging.getLogger(__name__)
@@ -225,3 +230,37 @@ def krum_scores(dist: Tensor, n_neighbours: int) -> Tensor:
     others = dist.clone()
     others.fill_diagonal_(math.inf)
     return torch.sort(others, dim=1).values[:, :k].sum(dim=1)
+
+
+def window_shares(
+    values: Tensor, ordered: Tensor, start: Tensor | int, count: Tensor | int
+) -> Tensor:
+    """Each client's share ``(n, c)`` of the window ``[start, start + count)`` of every
+    column's sorted values: 1 strictly inside, 0 outside. A run of equal values crossing a
+    window edge puts only some of its positions inside; those are split equally among the
+    clients holding the value, so equal values always get equal shares (and the shares of
+    a column sum to ``count``).
+
+    ``values`` ``(n, c)`` the clients' values, ``ordered`` the same block sorted per column;
+    ``start`` and ``count`` ints or ``(c,)`` long tensors (count >= 1).
+    """
+    c = ordered.shape[1]
+    start = torch.as_tensor(start, device=ordered.device).expand(c)
+    end = start + torch.as_tensor(count, device=ordered.device).expand(c)
+    low = ordered.gather(0, start[None, :])[0]
+    high = ordered.gather(0, (end - 1)[None, :])[0]
+    below_low, upto_low = (values < low).sum(dim=0), (values <= low).sum(dim=0)
+    below_high, upto_high = (values < high).sum(dim=0), (values <= high).sum(dim=0)
+    low_part = (torch.minimum(upto_low, end) - start) / (upto_low - below_low)
+    high_part = (end - torch.maximum(below_high, start)) / (upto_high - below_high)
+    share = ((values > low) & (values < high)).to(ordered.dtype)
+    at_low = (values == low) * low_part.to(ordered.dtype)
+    at_high = (values == high) * high_part.to(ordered.dtype)
+    return share + torch.where(low == high, at_low, at_low + at_high)
+
+
+def point_shares(values: Tensor, points: Tensor) -> Tensor:
+    """``(n, c)``: per column, 1/k for each of the k clients whose value equals the
+    column's ``points`` value ``(c,)`` (one of the sorted values), 0 for the others."""
+    equal = (values == points).to(values.dtype)
+    return equal / equal.sum(dim=0)
