@@ -64,6 +64,8 @@ __all__ = [
     "PreAggregation",
     "PreAggregator",
     "RoundInputs",
+    "check_int",
+    "check_minority",
     "check_updates",
     "drop_non_finite",
     "normalised_weights",
@@ -89,6 +91,21 @@ def check_updates(updates: Tensor, weights: Tensor | None) -> None:
     if weights is not None and weights.shape != (updates.shape[0],):
         raise ValueError(
             f"weights must have shape ({updates.shape[0]},) to match updates, got {tuple(weights.shape)}"
+        )
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+    """Raise unless ``value`` is an int (not a bool) >= ``minimum`` (a hyperparameter check)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_minority(rule: str, n: int, f: int) -> None:
+    """Raise unless ``n > 2f``: the f tolerated Byzantine clients are a minority."""
+    if n <= 2 * f:
+        raise ValueError(
+            f"{rule} with f={f} needs n_clients > 2f = {2 * f} (a Byzantine minority), got "
+            f"{n} clients: lower f or wait for more clients"
         )
 
 
@@ -310,7 +327,8 @@ class PreAggregation:
     columns for dropped rows); ``row_of`` long ``(m,)``: the input row each output row
     stands for, or None when output rows mix clients into new entities (buckets);
     ``columns``: per-input-row float64 ``(n,)`` values for the trail (clip factor, bucket,
-    ...; NaN for dropped rows); ``dropped_non_finite``: input rows holding NaN or Inf.
+    ...; NaN for dropped rows); ``info``: scalars of the round (e.g. ARC's threshold);
+    ``dropped_non_finite``: input rows holding NaN or Inf.
     """
 
     rows: Tensor
@@ -318,6 +336,7 @@ class PreAggregation:
     mixing: Tensor
     row_of: Tensor | None
     columns: dict[str, Tensor] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     dropped_non_finite: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
 
@@ -369,6 +388,7 @@ class PreAggregator:
                 name: on_caller_rows(values, positions, n, torch.nan)
                 for name, values in done.columns.items()
             },
+            info=done.info,
             dropped_non_finite=_dropped(positions, n),
         )
         return result, new_state

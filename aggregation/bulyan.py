@@ -40,15 +40,11 @@ import torch
 from torch import Tensor
 
 from aggregation.base import AggregationRule
-from aggregation.median import WindowTally, sorted_median
+from aggregation.median import sorted_median, window_rule
 from aggregation.ops import (
-    block_columns,
     centered_gram,
-    column_blocks,
-    compute_dtype,
     krum_scores,
     ranking,
-    sort_columns,
     squared_distances,
 )
 from aggregation.registry import register_aggregator
@@ -111,7 +107,7 @@ class Bulyan(AggregationRule):
             raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
-        n, d = updates.shape
+        n = updates.shape[0]
         f = self.f
         if n < 4 * f + 3:
             raise ValueError(
@@ -121,15 +117,10 @@ class Bulyan(AggregationRule):
         theta, beta = n - 2 * f, n - 4 * f
         dist = squared_distances(centered_gram(updates)).cpu()
         selected = torch.sort(iterated_krum(dist, f, theta)).values
-        rows = selected.to(updates.device)
-        dtype = compute_dtype(updates.dtype)
-        out = torch.empty(d, dtype=updates.dtype, device=updates.device)
-        tally = WindowTally(theta, d)
-        block = block_columns(updates, 8 * theta * dtype.itemsize)
-        for columns in column_blocks(d, block):
-            values = updates[rows, columns].to(dtype)
-            ordered = sort_columns(values)
-            start = closest_to_median_start(ordered, beta)
-            out[columns] = closest_to_median_mean(ordered, beta, start).to(updates.dtype)
-            tally.add(values, ordered, start, beta)
-        return out, {"selected": selected, **tally.diagnostics(selected, n)}
+        out, diagnostics = window_rule(
+            updates,
+            lambda ordered: (closest_to_median_start(ordered, beta), beta),
+            lambda ordered, start: closest_to_median_mean(ordered, beta, start),
+            rows=selected,
+        )
+        return out, {"selected": selected, **diagnostics}

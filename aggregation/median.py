@@ -40,7 +40,14 @@ from aggregation.ops import (
 )
 from aggregation.registry import register_aggregator
 
-__all__ = ["Median", "WindowTally", "middle_window", "sorted_median", "window_rule"]
+__all__ = [
+    "Median",
+    "WindowTally",
+    "coordinate_median",
+    "middle_window",
+    "sorted_median",
+    "window_rule",
+]
 
 
 def sorted_median(sorted_block: Tensor) -> Tensor:
@@ -49,6 +56,19 @@ def sorted_median(sorted_block: Tensor) -> Tensor:
     if n % 2 == 1:
         return sorted_block[n // 2].clone()
     return sorted_block[n // 2 - 1] * 0.5 + sorted_block[n // 2] * 0.5
+
+
+def coordinate_median(updates: Tensor) -> Tensor:
+    """The coordinate-wise median ``(d,)`` alone (no attribution), e.g. as an anchor."""
+    kernels = order_kernels_for(updates)
+    if kernels is not None:  # one pass on a CUDA GPU
+        return kernels.median(updates)
+    n, d = updates.shape
+    dtype = compute_dtype(updates.dtype)
+    out = torch.empty(d, dtype=updates.dtype, device=updates.device)
+    for columns in column_blocks(d, block_columns(updates, 4 * n * dtype.itemsize)):
+        out[columns] = sorted_median(sort_columns(updates[:, columns].to(dtype))).to(out.dtype)
+    return out
 
 
 def middle_window(n: int) -> tuple[int, int]:
@@ -83,27 +103,39 @@ class WindowTally:
         return {"effective_weight": weight, "columns": {"trimmed_share": 1.0 - used}}
 
 
+# Maps a sorted block (m, c) to the window (start: int or (c,), count) its rule averages.
+Window = Callable[[Tensor], tuple[Tensor | int, int]]
+# Maps a sorted block (m, c) and the window's start to the rule's values (c,).
+Reduce = Callable[[Tensor, Tensor | int], Tensor]
+
+
 def window_rule(
     updates: Tensor,
-    window: tuple[int, int],
-    reduce: Callable[[Tensor], Tensor],
-    fast: Tensor | None,
+    window: Window,
+    reduce: Reduce,
+    fast: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, Diagnostics]:
-    """A rule that reduces the same window ``(start, count)`` of every column's sorted
-    values (``reduce`` maps a sorted block ``(n, c)`` to ``(c,)``), with its attribution.
-    ``fast`` is the result from a one-pass GPU kernel where there is one: the sorts then
-    only attribute it to the clients."""
+    """A rule that reduces a window of each column's sorted values, with its attribution.
+
+    Works on ``updates[rows]`` (all rows when None; the others get weight 0 and trimmed
+    share 1). ``fast`` is the result from a one-pass GPU kernel where there is one: the
+    sorts then only attribute it to the clients.
+    """
     n, d = updates.shape
+    m = n if rows is None else rows.numel()
+    picked = slice(None) if rows is None else rows.to(updates.device)
     out = torch.empty(d, dtype=updates.dtype, device=updates.device) if fast is None else fast
     dtype = compute_dtype(updates.dtype)
-    tally = WindowTally(n, d)
-    for columns in column_blocks(d, block_columns(updates, 6 * n * dtype.itemsize)):
-        values = updates[:, columns].to(dtype)
+    tally = WindowTally(m, d)
+    for columns in column_blocks(d, block_columns(updates, 8 * m * dtype.itemsize)):
+        values = updates[picked, columns].to(dtype)
         ordered = sort_columns(values)
+        start, count = window(ordered)
         if fast is None:
-            out[columns] = reduce(ordered).to(updates.dtype)
-        tally.add(values, ordered, *window)
-    return out, tally.diagnostics()
+            out[columns] = reduce(ordered, start).to(updates.dtype)
+        tally.add(values, ordered, start, count)
+    return out, tally.diagnostics(rows, n)
 
 
 @register_aggregator("median")
@@ -114,4 +146,7 @@ class Median(AggregationRule):
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         kernels = order_kernels_for(updates)
         fast = None if kernels is None else kernels.median(updates)
-        return window_rule(updates, middle_window(updates.shape[0]), sorted_median, fast)
+        middle = middle_window(updates.shape[0])
+        return window_rule(
+            updates, lambda _: middle, lambda ordered, _: sorted_median(ordered), fast
+        )

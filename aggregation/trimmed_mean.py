@@ -78,5 +78,8 @@ class TrimmedMean(AggregationRule):
         kernels = order_kernels_for(updates)
         fast = None if kernels is None else kernels.trimmed_mean(updates, f)
         return window_rule(
-            updates, (f, n - 2 * f), lambda ordered: ordered[f : n - f].mean(dim=0), fast
+            updates,
+            lambda _: (f, n - 2 * f),
+            lambda ordered, _: ordered[f : n - f].mean(dim=0),
+            fast,
         )
