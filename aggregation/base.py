@@ -64,6 +64,7 @@ __all__ = [
     "PreAggregation",
     "PreAggregator",
     "RoundInputs",
+    "TolerantPreAggregator",
     "check_int",
     "check_minority",
     "check_updates",
@@ -76,6 +77,8 @@ __all__ = [
 
 State = dict[str, Any]
 Diagnostics = dict[str, Any]
+Weights = Tensor | None
+Rng = torch.Generator | None
 # Maps candidate updates (k, d) to the server-batch loss after applying each one, (k,).
 Oracle = Callable[[Tensor], Tensor]
 
@@ -340,6 +343,9 @@ class PreAggregation:
     dropped_non_finite: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
 
+Transformed = tuple[PreAggregation, State]
+
+
 class PreAggregator:
     """Base for pre-aggregators. Subclasses are frozen dataclasses of hyperparameters and
     implement :meth:`transform` on finite rows; :meth:`step` drops non-finite rows first.
@@ -353,14 +359,9 @@ class PreAggregator:
     def init_state(self) -> State:
         return {}
 
-    def transform(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[PreAggregation, State]:
-        """One round on finite ``updates`` (indices in the result refer to its rows)."""
+    def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
+        """One round on finite ``updates`` (indices in the result refer to its rows);
+        ``rng`` is the generator passed to :meth:`step`."""
         raise NotImplementedError
 
     def step(
@@ -392,6 +393,22 @@ class PreAggregator:
             dropped_non_finite=_dropped(positions, n),
         )
         return result, new_state
+
+
+@dataclass(frozen=True, kw_only=True)
+class TolerantPreAggregator(PreAggregator):
+    """A pre-aggregator built for ``f`` Byzantine clients; each round checks ``n > 2f``
+    (call :meth:`check_clients`) before its transform."""
+
+    f: int = 0  # number of Byzantine clients tolerated
+
+    def __post_init__(self) -> None:
+        check_int("f", self.f, 0)
+
+    def check_clients(self, name: str, updates: Tensor) -> int:
+        """The number of rows n, after checking ``n > 2f`` for the pre-aggregator ``name``."""
+        check_minority(name, updates.shape[0], self.f)
+        return updates.shape[0]
 
 
 @dataclass

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aggregation.base import PreAggregation, PreAggregator, State, check_int, check_minority
+from aggregation.base import (
+    Rng,
+    State,
+    TolerantPreAggregator,
+    Transformed,
+    Weights,
+)
 from aggregation.norm_bounded_mean import clip_factors
 from aggregation.ops import row_products
 from aggregation.preaggregators.clip import scaled_rows
@@ -36,23 +42,11 @@ __all__ = ["ARC"]
 
 @register_preaggregator("arc")
 @dataclass(frozen=True, kw_only=True)
-class ARC(PreAggregator):
+class ARC(TolerantPreAggregator):
     """Clip the ``floor(2f(n - f)/n)`` largest updates to the next norm."""
 
-    f: int = 0  # number of Byzantine clients tolerated
-
-    def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-
-    def transform(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[PreAggregation, State]:
-        n = updates.shape[0]
-        check_minority("arc", n, self.f)
+    def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
+        n = self.check_clients("arc", updates)
         clipped = (2 * self.f * (n - self.f)) // n
         norms = row_products(updates)[1].sqrt()
         threshold = float(torch.sort(norms).values[n - clipped - 1])

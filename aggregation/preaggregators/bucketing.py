@@ -38,7 +38,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from aggregation.base import PreAggregation, PreAggregator, State, check_int
+from aggregation.base import (
+    PreAggregation,
+    PreAggregator,
+    Rng,
+    State,
+    Transformed,
+    Weights,
+    check_int,
+)
 from aggregation.registry import register_preaggregator
 
 __all__ = ["Bucketing", "bucket_mixing"]
@@ -66,23 +74,17 @@ class Bucketing(PreAggregator):
     def __post_init__(self) -> None:
         check_int("s", self.s, 1)
 
-    def transform(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[PreAggregation, State]:
+    def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
         n = updates.shape[0]
         if self.s == 1:
             order = torch.arange(n)
-        elif generator is None:
+        elif rng is None:
             raise TypeError(
                 "bucketing draws a random permutation: call step(state, updates, weights, "
                 "generator=torch.Generator().manual_seed(seed)) with the round's seed"
             )
         else:
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(n, generator=rng)
         mixing = bucket_mixing(order, self.s)
         bucket = torch.empty(n, dtype=torch.float64)
         bucket[order] = (torch.arange(n) // self.s).to(torch.float64)

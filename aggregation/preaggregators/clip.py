@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aggregation.base import PreAggregation, PreAggregator, State
+from aggregation.base import PreAggregation, PreAggregator, Rng, State, Transformed, Weights
 from aggregation.norm_bounded_mean import clip_factors
 from aggregation.ops import row_products
 from aggregation.registry import register_preaggregator
@@ -57,12 +57,6 @@ class StaticClipping(PreAggregator):
         if not self.c > 0:
             raise ValueError(f"c must be > 0, got {self.c!r}")
 
-    def transform(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[PreAggregation, State]:
+    def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
         norms = row_products(updates)[1].sqrt()
         return scaled_rows(updates, weights, clip_factors(norms, self.c), norms), state

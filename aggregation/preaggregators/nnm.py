@@ -33,7 +33,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aggregation.base import PreAggregation, PreAggregator, State, check_int, check_minority
+from aggregation.base import (
+    PreAggregation,
+    Rng,
+    State,
+    TolerantPreAggregator,
+    Transformed,
+    Weights,
+)
 from aggregation.ops import centered_gram, ranking, squared_distances
 from aggregation.registry import register_preaggregator
 
@@ -53,23 +60,11 @@ def neighbour_mixing(dist: Tensor, k: int) -> Tensor:
 
 @register_preaggregator("nnm")
 @dataclass(frozen=True, kw_only=True)
-class NNM(PreAggregator):
+class NNM(TolerantPreAggregator):
     """Replace every update by the mean of its ``n - f`` nearest neighbours."""
 
-    f: int = 0  # number of Byzantine clients tolerated
-
-    def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-
-    def transform(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None,
-        generator: torch.Generator | None,
-    ) -> tuple[PreAggregation, State]:
-        n = updates.shape[0]
-        check_minority("nnm", n, self.f)
+    def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
+        n = self.check_clients("nnm", updates)
         mixing = neighbour_mixing(squared_distances(centered_gram(updates)).cpu(), n - self.f)
         result = PreAggregation(
             rows=mixing.to(updates) @ updates,
