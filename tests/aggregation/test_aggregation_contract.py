@@ -72,6 +72,16 @@ TRANSLATION_EQUIVARIANT = {
 # others shrink updates towards a center or zero, or rescale them; FoolsGold returns zero
 # when every client has a copy).
 INSIDE_HULL = set(RULES) - {"centered_clipping", "fltrust", "norm_bounded_mean", "foolsgold"}
+# Coordinate-wise rules: each output coordinate is a combination of that coordinate's
+# values, and their effective weights average those per-coordinate coefficients.
+COORDINATEWISE = {
+    "median",
+    "trimmed_mean",
+    "ema",
+    "meamed",
+    "weighted_median",
+    "weighted_trimmed_mean",
+}
 # Rules whose effective weights do not sum to 1: the clipped share goes to the previous
 # center or to zero, FLTrust rescales every update to the reference's norm.
 PARTIAL_WEIGHT = {"centered_clipping", "fltrust", "norm_bounded_mean"}
@@ -459,3 +469,30 @@ def test_bad_round_inputs_are_refused(inputs: dict[str, Any], message: str) -> N
 
     with pytest.raises(ValueError, match=message):
         build("fedavg").step({}, updates, **inputs)
+
+
+@pytest.mark.parametrize("name", sorted(COORDINATEWISE))
+@pytest.mark.parametrize("ties", [False, True])
+def test_coordinatewise_weights_reproduce_each_coordinate_and_average(
+    name: str, ties: bool, diagnose: Diagnose
+) -> None:
+    updates, weights = sample()
+    if ties:
+        updates = updates.mul(1.5).round()  # runs of equal values at every window edge
+
+    out, diagnostics = diagnose(build(name), updates, weights)
+
+    per_column = []
+    for k in range(D):
+        value, column = diagnose(build(name), updates[:, k : k + 1], weights)
+        coefficients = column["effective_weight"]
+        torch.testing.assert_close(coefficients @ updates[:, k], out[k : k + 1].squeeze(0))
+        torch.testing.assert_close(value, out[k : k + 1])
+        # clients holding equal values get equal coefficients (per unit of weight)
+        share = coefficients / weights.double() if name.startswith("weighted") else coefficients
+        equal = updates[:, k, None] == updates[None, :, k]
+        torch.testing.assert_close(
+            share[:, None].expand(N, N)[equal], share[None, :].expand(N, N)[equal]
+        )
+        per_column.append(coefficients)
+    torch.testing.assert_close(diagnostics["effective_weight"], torch.stack(per_column).mean(dim=0))
