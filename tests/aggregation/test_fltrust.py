@@ -58,5 +58,5 @@ def test_no_trusted_client_gives_a_zero_update() -> None:
 
 
 def test_a_zero_reference_is_refused() -> None:
-    with pytest.raises(ValueError, match="reference .* is zero"):
+    with pytest.raises(ValueError, match=r"reference .* is zero"):
         build_aggregator("fltrust")(torch.ones(3, 2), reference=torch.zeros(2))
