@@ -1,4 +1,5 @@
-"""Pluggable aggregation rules and client filters, picked by name from params.yaml.
+"""Pluggable aggregation rules, pre-aggregators and client filters, picked by name from
+params.yaml.
 
 >>> from aggregation import build_aggregator
 >>> agg = build_aggregator("fedavg")
@@ -8,35 +9,66 @@
 from aggregation import (  # noqa: F401  (importing a module registers its rules/filters)
     bulyan,
     centered_clipping,
+    dnc,
     ema,
     fedlag,
     filters,
+    fltrust,
+    foolsgold,
     geometric_median,
     krum,
+    mda,
+    meamed,
     mean,
     median,
+    monna,
+    norm_bounded_mean,
+    preaggregators,
     trimmed_mean,
+    weighted_median,
+    weighted_trimmed_mean,
     zeno,
 )
-from aggregation.base import AggregationRule, Filter, FilterDecision, drop_non_finite
+from aggregation.base import (
+    AggregationRule,
+    Filter,
+    FilterDecision,
+    PreAggregation,
+    PreAggregator,
+    RoundInputs,
+    drop_non_finite,
+)
+from aggregation.preaggregators import Chain, client_columns, preaggregate
 from aggregation.registry import (
     build_aggregator,
     build_filter,
+    build_preaggregator,
     list_aggregators,
     list_filters,
+    list_preaggregators,
     register_aggregator,
     register_filter,
+    register_preaggregator,
 )
 
 __all__ = [
     "AggregationRule",
+    "Chain",
     "Filter",
     "FilterDecision",
+    "PreAggregation",
+    "PreAggregator",
+    "RoundInputs",
     "build_aggregator",
     "build_filter",
+    "build_preaggregator",
+    "client_columns",
     "drop_non_finite",
     "list_aggregators",
     "list_filters",
+    "list_preaggregators",
+    "preaggregate",
     "register_aggregator",
     "register_filter",
+    "register_preaggregator",
 ]

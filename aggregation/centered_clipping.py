@@ -17,12 +17,20 @@ State (kept in the open, checkpointable): ``{"center": Tensor (d,) | None}``.
 Parameters: ``tau: float = 10.0`` (clipping radius, > 0, in update units: tune it to the
 norm of honest updates; 10 is the usual default of public implementations),
 ``n_iter: int = 1`` (>= 1; the authors' reference code uses 1, the paper's analysis
-allows more). Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics ``{"scales": float64
-(n_iter, n) the factors min(1, tau / ||x_i - v||) (CPU)}``.
+allows more). Shapes: ``(n, d), (n,) | None -> (d,)``.
+
+Diagnostics: ``columns["clip_factor"]`` float64 (n,), the factor ``min(1, tau / ||x_i -
+v||)`` of the last iteration (``columns["distance"]`` the distance it came from);
+``effective_weight`` (n,): the coefficients c with ``result = a * previous_center + c @
+updates`` (exact; each iteration maps ``c -> (1 - mean(s)) c + s / n``, so they sum to
+``1 - a``, less than 1 when clipping kept the center back; the center's own share ``a``
+is ``diagnostics["center_weight"]``).
 
 Example (tau = 1, n_iter = 1, center 0): updates ``[[0.5, 0], [0, 0.5], [4, 3]]``:
 the first two are inside the ball and kept, the third (norm 5) is scaled by 1/5 to
 ``[0.8, 0.6]``; the mean is ``[(0.5 + 0.8) / 3, (0.5 + 0.6) / 3] = [0.4333, 0.3667]``.
+Clip factors ``[1, 1, 0.2]``, effective weights ``[1/3, 1/3, 0.2/3]``, center weight
+``1 - 2.2/3 = 0.2667``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, State, check_updates
+from aggregation.base import AggregationRule, RoundInputs, State
 from aggregation.ops import block_columns, column_blocks, compute_dtype
 from aggregation.registry import register_aggregator
 
@@ -70,10 +78,9 @@ class CenteredClipping(AggregationRule):
     def init_state(self) -> State:
         return {"center": None}
 
-    def step(
-        self, state: State, updates: Tensor, weights: Tensor | None = None
+    def advance(
+        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
     ) -> tuple[Tensor, State, dict[str, Any]]:
-        check_updates(updates, weights)
         n, d = updates.shape
         previous = state.get("center")
         if previous is None:
@@ -85,13 +92,20 @@ class CenteredClipping(AggregationRule):
             )
         else:
             center = previous.to(device=updates.device, dtype=updates.dtype)
-        all_scales = []
+        weight = torch.zeros(n, dtype=torch.float64)  # of the clients in the center
+        center_weight = 1.0  # of the previous center in the center
         for _ in range(self.n_iter):
             dist = distances_to(updates, center)
             scales = (self.tau / dist).clamp(max=1.0)  # 1 where dist == 0 (tau / 0 = inf)
             # v + (1/n) sum_i s_i (x_i - v) = (1 - mean(s)) v + (s / n) @ x
             coefficients = (scales / n).to(device=updates.device, dtype=updates.dtype)
-            center = (1.0 - float(scales.mean())) * center + coefficients @ updates
-            all_scales.append(scales.cpu())
-        diagnostics = {"scales": torch.stack(all_scales)}
+            keep = 1.0 - float(scales.mean())
+            center = keep * center + coefficients @ updates
+            weight = keep * weight + (scales / n).cpu()
+            center_weight *= keep
+        diagnostics = {
+            "effective_weight": weight,
+            "center_weight": center_weight,
+            "columns": {"clip_factor": scales.cpu(), "distance": dist.cpu()},
+        }
         return center, {"center": center.clone()}, diagnostics

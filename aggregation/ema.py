@@ -32,14 +32,20 @@ Choices the paper leaves open, made here:
 - client weights are ignored (the paper's rule is unweighted).
 
 Parameters: ``k: float = 1.5`` (>= 0, Tukey's fence). Shapes: ``(n, d), (n,) | None ->
-(d,)``.
+(d,)``. Diagnostics: ``columns["fenced_share"]``, the share of a client's coordinates
+outside the fences; ``effective_weight`` (n,), its coefficient in the output averaged over
+the coordinates (the estimate is ``(1 - w) m + (w/2) q1 + (w/2) q3`` and each quantile
+interpolates two order statistics, so each coordinate is a fixed combination of at most
+six kept values; equal values share equally): an attribution, as for the median.
 
 Example (k = 1.5): one coordinate with values ``0, 1, 2, 3, 4, 5, 6, 7, 8, 100``: Q1 =
 2.25, Q3 = 6.75, IQR = 4.5, fences [-4.5, 13.5], so 100 is dropped; over 0..8, q1 = 2,
 m = 4, q3 = 6 and w = 0.70 + 0.39/9, so the result is 4 (the mean of the kept values).
 A skewed second coordinate ``0, 0, 0, 0, 0, 0, 1, 1, 2, 4``: Q1 = 0, Q3 = 1, fences
 [-1.5, 2.5], 4 is dropped; over the nine kept values q1 = 0, m = 0, q3 = 1, so the
-result is ``(0.70 + 0.39/9) / 2 = 0.37167`` (to 5 places).
+result is ``(0.70 + 0.39/9) / 2 = 0.37167`` (to 5 places). The client holding 100 in
+the first coordinate and 4 in the second is fenced in both: fenced share 1, effective
+weight 0.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from aggregation.ops import (
     column_blocks,
     compute_dtype,
     order_kernels_for,
+    point_shares,
     sort_columns,
 )
 from aggregation.registry import register_aggregator
@@ -98,19 +105,47 @@ class EstimatedMean(AggregationRule):
             raise ValueError(f"k must be >= 0, got {self.k!r}")
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
-        kernels = order_kernels_for(updates)
-        if kernels is not None:  # one pass on a CUDA GPU
-            return kernels.estimated_mean(updates, self.k), {}
         n, d = updates.shape
-        dtype = compute_dtype(updates.dtype)
+        kernels = order_kernels_for(updates)
+        # On a CUDA GPU the result comes from one kernel pass; the sorts below then only
+        # attribute it to the clients.
         out = torch.empty(d, dtype=updates.dtype, device=updates.device)
-        block = block_columns(updates, 6 * n * dtype.itemsize)
-        for columns in column_blocks(d, block):
-            ordered = sort_columns(updates[:, columns].to(dtype))
-            out[columns] = self._estimate(ordered).to(updates.dtype)
-        return out, {}
+        if kernels is not None:
+            out = kernels.estimated_mean(updates, self.k)
+        dtype = compute_dtype(updates.dtype)
+        weight = torch.zeros(n, dtype=torch.float64)
+        fenced = torch.zeros(n, dtype=torch.float64)
+        for columns in column_blocks(d, block_columns(updates, 10 * n * dtype.itemsize)):
+            values = updates[:, columns].to(dtype)
+            ordered = sort_columns(values)
+            start, count = self._window(ordered)
+            if kernels is None:
+                out[columns] = self._estimate(ordered, start, count).to(updates.dtype)
+            low = ordered.gather(0, start[None, :])
+            high = ordered.gather(0, (start + count - 1)[None, :])
+            fenced += ((values < low) | (values > high)).sum(dim=1).to("cpu", torch.float64)
+            coefficients = self._coefficients(values, ordered, start, count)
+            weight += coefficients.sum(dim=1).to("cpu", torch.float64)
+        diagnostics = {"effective_weight": weight / d, "columns": {"fenced_share": fenced / d}}
+        return out, diagnostics
 
-    def _estimate(self, ordered: Tensor) -> Tensor:
+    def _coefficients(
+        self, values: Tensor, ordered: Tensor, start: Tensor, count: Tensor
+    ) -> Tensor:
+        """Each client's coefficient ``(n, c)`` in the estimate of each column."""
+        w = 0.70 + 0.39 / count.to(ordered.dtype)
+        coefficients = torch.zeros_like(values)
+        for q, share in ((0.25, w / 2), (0.5, 1.0 - w), (0.75, w / 2)):
+            position = start.to(ordered.dtype) + q * (count - 1).to(ordered.dtype)
+            low = position.floor()
+            high = torch.minimum(low + 1, (start + count - 1).to(ordered.dtype))
+            for index, part in ((low, 1.0 - (position - low)), (high, position - low)):
+                point = ordered.gather(0, index.long()[None, :])[0]
+                coefficients += point_shares(values, point) * (share * part)
+        return coefficients
+
+    def _window(self, ordered: Tensor) -> tuple[Tensor, Tensor]:
+        """Per column, ``(start, count)`` of the sorted values inside the fences."""
         n, c = ordered.shape
         everything = torch.zeros(c, dtype=torch.long, device=ordered.device)
         all_n = torch.full((c,), n, dtype=torch.long, device=ordered.device)
@@ -124,8 +159,10 @@ class EstimatedMean(AggregationRule):
         start = (ordered[:below] < lower).sum(dim=0, dtype=torch.int32).long()
         count = inside + (ordered[inside:] <= upper).sum(dim=0, dtype=torch.int32).long() - start
         empty = count == 0
-        start = torch.where(empty, everything, start)
-        count = torch.where(empty, all_n, count)
+        return torch.where(empty, everything, start), torch.where(empty, all_n, count)
+
+    def _estimate(self, ordered: Tensor, start: Tensor, count: Tensor) -> Tensor:
+        """Luo et al.'s estimate from the values ``[start, start + count)`` of each column."""
         kept_q1 = window_quantile(ordered, start, count, 0.25)
         median = window_quantile(ordered, start, count, 0.5)
         kept_q3 = window_quantile(ordered, start, count, 0.75)

@@ -39,10 +39,17 @@ the same pairs. ``None`` (default) evaluates every pair.
 Parameters: ``eps: float = 1e-12`` (> 0), ``max_candidates: int | None = None`` (>= 1),
 ``seed: int = 0``. State: ``{"round": int}``. Shapes: ``(n, d), (n,) | None -> (d,)``.
 
+Diagnostics: ``effective_weight`` (n,), each client's responsibility for the fused value
+averaged over the coordinates: ``w_i N(D | g_i, sigma²) / L(D)`` at the chosen D (its
+share of the winning likelihood; sums to 1). An attribution: D itself is the midpoint of
+two values, so the output is no weighted mean of the clients with these weights.
+
 Example (equal weights): one parameter with values ``0, 1, 1, 10``: mu = 3, sigma² =
 16.5; the candidates are 0.5 (twice), 1, 5 and 5.5 (twice);
 ``L(1) ∝ exp(-1/33) + 2 + exp(-81/33) = 3.0560`` beats ``L(0.5) = 3.0422`` and
-``L(5) = 2.1692``, so FedLag returns ``1`` (the mean is 3).
+``L(5) = 2.1692``, so FedLag returns ``1`` (the mean is 3). The responsibilities at 1 are
+``exp(-1/33), 1, 1, exp(-81/33)`` over their sum 3.0560: ``[0.3175, 0.3272, 0.3272,
+0.0281]``, the effective weights of this one-coordinate example.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, State, check_updates, normalised_weights
+from aggregation.base import AggregationRule, RoundInputs, State, normalised_weights
 from aggregation.ops import block_columns, column_blocks, fedlag_kernel_for, sort_columns
 from aggregation.registry import register_aggregator
 
@@ -191,10 +198,9 @@ class FedLag(AggregationRule):
     def init_state(self) -> State:
         return {"round": 0}
 
-    def step(
-        self, state: State, updates: Tensor, weights: Tensor | None = None
+    def advance(
+        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
     ) -> tuple[Tensor, State, dict[str, Any]]:
-        check_updates(updates, weights)
         n, d = updates.shape
         round_ = int(state.get("round", 0))
         w = normalised_weights(updates, weights).to(torch.float64)
@@ -207,7 +213,8 @@ class FedLag(AggregationRule):
         screen = _screen_dtype(n, updates.device)
         kernel = fedlag_kernel_for(updates)
         if kernel is not None and pairs is None and screen == torch.float32 and n > 1:
-            return self._on_gpu(kernel, updates, w), {"round": round_ + 1}, {}
+            out = self._on_gpu(kernel, updates, w)
+            return out, {"round": round_ + 1}, self._attribution(updates, out, w)
         if pairs is not None:
             per_column = 8 * n * (3 * pairs.shape[1] + 4)
         elif screen is not None:
@@ -226,7 +233,20 @@ class FedLag(AggregationRule):
             else:
                 fused = fedlag_direct(values, w, self.eps)
             out[columns] = fused.to(updates.dtype)
-        return out, {"round": round_ + 1}, {}
+        return out, {"round": round_ + 1}, self._attribution(updates, out, w)
+
+    def _attribution(self, updates: Tensor, out: Tensor, w: Tensor) -> dict[str, Any]:
+        """The clients' responsibilities for the fused values, averaged over the
+        parameters (computed by blocks from the updates and the result)."""
+        n, d = updates.shape
+        total = torch.zeros(n, dtype=torch.float64)
+        for columns in column_blocks(d, block_columns(updates, 8 * 3 * n)):
+            values = updates[:, columns].T.to(torch.float64)  # (c, n)
+            _, var = _moments(values, self.eps)
+            fused = out[columns].to(torch.float64)[:, None]  # (c, 1)
+            logits = w.log() - (fused - values).square() / (2.0 * var)
+            total += torch.softmax(logits, dim=1).sum(dim=0).cpu()
+        return {"effective_weight": total / d, "columns": {}}
 
     def _on_gpu(self, kernel: Any, updates: Tensor, w: Tensor) -> Tensor:
         """The Triton kernels (:mod:`aggregation.fedlag_kernel`); the few parameters whose

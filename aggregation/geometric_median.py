@@ -19,8 +19,10 @@ O(n²) each on CPU, and a second pass over the updates forms ``z = beta @ update
 Parameters: ``nu: float = 1e-6`` (smoothing, > 0, in update units), ``max_iter: int =
 100`` (>= 1), ``tol: float = 1e-6`` (>= 0). The RFA paper reports that a few iterations
 suffice in practice; the defaults aim at a converged median, which costs little here.
-Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics ``{"weights": float64 (n,) final
-beta (CPU, sums to 1), "iterations": int, "objective": float}``.
+Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics ``{"effective_weight": float64 (n,)
+the final Weiszfeld weights beta (CPU, sum to 1; exact: the median is beta @ updates),
+"columns": {"distance": float64 (n,) ||z - w_i|| at the median}, "iterations": int,
+"objective": float}``. A far client gets weight ``alpha_i / ||z - w_i||`` (normalised).
 
 Example: updates ``[[0, 0], [2, 0], [0, 2], [2, 2], [100, 100]]`` with equal weights.
 By symmetry the median lies on the diagonal at ``(t, t)``; there the unit vectors
@@ -47,8 +49,9 @@ def weiszfeld_on_gram(
     gram: Tensor, alpha: Tensor, *, nu: float, max_iter: int, tol: float
 ) -> tuple[Tensor, int, float]:
     """Smoothed Weiszfeld iterations on a Gram matrix ``(n, n)`` with weights ``alpha``
-    (n,), both float64. Returns ``(beta, iterations, objective)``: the median is
-    ``beta @ points``."""
+    (n,), both float64. Returns ``(beta, distances, iterations)``: the median is
+    ``beta @ points``, ``distances`` (n,) its distances to the points (the objective is
+    ``alpha @ distances``)."""
 
     def distances(beta: Tensor) -> Tensor:
         g_beta = gram @ beta
@@ -67,7 +70,7 @@ def weiszfeld_on_gram(
         dist = distances(beta)
         if step <= tol * float(alpha @ dist):
             break
-    return beta, iterations, float(alpha @ dist)
+    return beta, dist, iterations
 
 
 @register_aggregator("geometric_median")
@@ -90,9 +93,14 @@ class GeometricMedian(AggregationRule):
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         alpha = normalised_weights(updates, weights).to(device="cpu", dtype=torch.float64)
         gram = centered_gram(updates).cpu()
-        beta, iterations, objective = weiszfeld_on_gram(
+        beta, dist, iterations = weiszfeld_on_gram(
             gram, alpha, nu=self.nu, max_iter=self.max_iter, tol=self.tol
         )
         result = beta.to(device=updates.device, dtype=updates.dtype) @ updates
-        diagnostics = {"weights": beta, "iterations": iterations, "objective": objective}
+        diagnostics = {
+            "effective_weight": beta,
+            "columns": {"distance": dist},
+            "iterations": iterations,
+            "objective": float(alpha @ dist),
+        }
         return result, diagnostics

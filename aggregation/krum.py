@@ -13,8 +13,9 @@ sum of squared distances to all other updates, so the choice does not depend on 
 client order. Distances come from the centered Gram matrix (one O(n²·d) matmul pass).
 
 Parameters: ``f: int`` (>= 0, required), Multi-Krum also ``m: int | None`` (>= 1).
-Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics ``{"selected": LongTensor (CPU)
-of the chosen rows, ascending, "scores": float64 (n,) Krum scores (CPU)}``.
+Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics: ``selected`` (LongTensor, CPU: the
+chosen rows, ascending), ``columns["krum_score"]`` (float64 (n,) Krum scores) and
+``effective_weight`` (one-hot for Krum, 1/m on the selected rows for Multi-Krum; exact).
 
 Example (f = 1, so each update is scored on its 5 - 1 - 2 = 2 nearest others): updates
 ``[[0, 0], [1, 0], [2, 0], [4, 0], [10, 0]]`` have scores ``[5, 2, 5, 13, 100]``
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule
+from aggregation.base import AggregationRule, row_mean
 from aggregation.ops import centered_gram, krum_scores, ranking, squared_distances
 from aggregation.registry import register_aggregator
 
@@ -54,13 +55,6 @@ def krum_ranking(updates: Tensor, f: int) -> tuple[Tensor, Tensor]:
     return ranking(scores, dist.sum(dim=1)), scores
 
 
-def _mean_of_rows(updates: Tensor, rows: Tensor) -> Tensor:
-    """Unweighted mean of ``updates[rows]`` as a matrix-vector product (no row copies)."""
-    coefficients = torch.zeros(updates.shape[0], dtype=updates.dtype, device=updates.device)
-    coefficients[rows.to(updates.device)] = 1.0 / rows.numel()
-    return coefficients @ updates
-
-
 def _check_f(f: int) -> None:
     if not isinstance(f, int) or isinstance(f, bool) or f < 0:
         raise ValueError(f"f must be an integer >= 0, got {f!r}")
@@ -80,7 +74,14 @@ class Krum(AggregationRule):
         check_krum_condition("krum", updates.shape[0], self.f)
         order, scores = krum_ranking(updates, self.f)
         best = order[:1]
-        return updates[int(best)].clone(), {"selected": best, "scores": scores}
+        weight = torch.zeros(updates.shape[0], dtype=torch.float64)
+        weight[best] = 1.0
+        diagnostics = {
+            "selected": best,
+            "effective_weight": weight,
+            "columns": {"krum_score": scores},
+        }
+        return updates[int(best)].clone(), diagnostics
 
 
 @register_aggregator("multi_krum")
@@ -104,4 +105,10 @@ class MultiKrum(AggregationRule):
             raise ValueError(f"multi_krum averages m={m} updates but only {n} clients sent one")
         order, scores = krum_ranking(updates, self.f)
         selected = torch.sort(order[:m]).values
-        return _mean_of_rows(updates, selected), {"selected": selected, "scores": scores}
+        result, weight = row_mean(updates, selected)
+        diagnostics = {
+            "selected": selected,
+            "effective_weight": weight,
+            "columns": {"krum_score": scores},
+        }
+        return result, diagnostics

@@ -12,6 +12,9 @@ O(block·n²), and they hold the two primitives most rules reduce to:
 - ``centered_gram`` / ``squared_distances``: the clients' Gram matrix after subtracting
   the column mean block by block (so a common offset of the updates costs no precision),
   accumulated in float64, and the pairwise squared distances derived from it.
+- ``window_shares`` / ``point_shares``: which clients a coordinate-wise rule's output is
+  made of, per column (the per-client attribution behind every such rule's
+  ``effective_weight`` and trimmed share), by comparisons with the sorted values only.
 - On a CUDA GPU with Triton installed, one-pass kernels replace the torch paths where
   they apply (float32 or half precision, not too many clients): ``centered_gram`` uses
   :mod:`aggregation.gram_kernel`, ``order_kernels_for`` hands the rules that reduce
@@ -34,16 +37,21 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "WeightedColumns",
     "block_columns",
     "centered_gram",
     "column_blocks",
     "compute_dtype",
     "fedlag_kernel_for",
+    "gram",
     "krum_scores",
     "order_kernels_for",
+    "point_shares",
     "ranking",
+    "row_products",
     "sort_columns",
     "squared_distances",
+    "window_shares",
 ]
 
 _log = logging.getLogger(__name__)
@@ -225,3 +233,105 @@ def krum_scores(dist: Tensor, n_neighbours: int) -> Tensor:
     others = dist.clone()
     others.fill_diagonal_(math.inf)
     return torch.sort(others, dim=1).values[:, :k].sum(dim=1)
+
+
+def window_shares(
+    values: Tensor, ordered: Tensor, start: Tensor | int, count: Tensor | int
+) -> Tensor:
+    """Each client's share ``(n, c)`` of the window ``[start, start + count)`` of every
+    column's sorted values: 1 strictly inside, 0 outside. A run of equal values crossing a
+    window edge puts only some of its positions inside; those are split equally among the
+    clients holding the value, so equal values always get equal shares (and the shares of
+    a column sum to ``count``).
+
+    ``values`` ``(n, c)`` the clients' values, ``ordered`` the same block sorted per column;
+    ``start`` and ``count`` ints or ``(c,)`` long tensors (count >= 1).
+    """
+    c = ordered.shape[1]
+    start = torch.as_tensor(start, device=ordered.device).expand(c)
+    end = start + torch.as_tensor(count, device=ordered.device).expand(c)
+    low = ordered.gather(0, start[None, :])[0]
+    high = ordered.gather(0, (end - 1)[None, :])[0]
+    below_low, upto_low = (values < low).sum(dim=0), (values <= low).sum(dim=0)
+    below_high, upto_high = (values < high).sum(dim=0), (values <= high).sum(dim=0)
+    low_part = (torch.minimum(upto_low, end) - start) / (upto_low - below_low)
+    high_part = (end - torch.maximum(below_high, start)) / (upto_high - below_high)
+    share = ((values > low) & (values < high)).to(ordered.dtype)
+    at_low = (values == low) * low_part.to(ordered.dtype)
+    at_high = (values == high) * high_part.to(ordered.dtype)
+    return share + torch.where(low == high, at_low, at_low + at_high)
+
+
+def point_shares(values: Tensor, points: Tensor) -> Tensor:
+    """``(n, c)``: per column, 1/k for each of the k clients whose value equals the
+    column's ``points`` value ``(c,)`` (one of the sorted values), 0 for the others."""
+    equal = (values == points).to(values.dtype)
+    return equal / equal.sum(dim=0)
+
+
+def gram(rows: Tensor) -> Tensor:
+    """The rows' plain Gram matrix ``rows @ rows.T`` ``(n, n)`` float64 on the CPU, summed
+    block by block in float64 (no overflow for huge float32 values)."""
+    n, d = rows.shape
+    out = torch.zeros(n, n, dtype=torch.float64, device=rows.device)
+    for columns in column_blocks(d, block_columns(rows, 2 * n * 8)):
+        block = rows[:, columns].to(torch.float64)
+        out += block @ block.T
+    return ((out + out.T) / 2).cpu()
+
+
+def row_products(rows: Tensor, vector: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(rows @ vector, squared norms of the rows)``, each float64 ``(n,)`` on the CPU,
+    computed block by block in float64 (the products are 0 without a vector)."""
+    n, d = rows.shape
+    dots = torch.zeros(n, dtype=torch.float64, device=rows.device)
+    squares = torch.zeros(n, dtype=torch.float64, device=rows.device)
+    for columns in column_blocks(d, block_columns(rows, 2 * n * 8)):
+        block = rows[:, columns].to(torch.float64)
+        if vector is not None:
+            dots += block @ vector[columns].to(block)
+        squares += block.square().sum(dim=1)
+    return dots.cpu(), squares.cpu()
+
+
+class WeightedColumns:
+    """A block of client values ``(n, c)`` sorted per column, with each client's weight
+    carried along, for the size-weighted coordinate-wise rules.
+
+    ``ordered`` (n, c) the sorted values, ``index`` (n, c) the client at each sorted
+    position, ``weight`` (n, c) float64 its weight, ``before`` (n, c) the total weight of
+    the positions before it (so position p spans the weight interval ``[before, before +
+    weight]``). Runs of equal values are tracked so that :meth:`spread` can share what a
+    run receives among its clients by their weights, whatever order the sort left them in.
+    """
+
+    def __init__(self, values: Tensor, weights: Tensor) -> None:
+        n = values.shape[0]
+        self.ordered, self.index = torch.sort(values, dim=0, stable=True)
+        self.weight = weights.to(torch.float64)[self.index]
+        self.before = self.weight.cumsum(dim=0) - self.weight
+        positions = torch.arange(n, device=values.device)[:, None].expand_as(self.index)
+        starts = torch.ones_like(self.ordered, dtype=torch.bool)
+        starts[1:] = self.ordered[1:] != self.ordered[:-1]
+        ends = torch.ones_like(starts)
+        ends[:-1] = starts[1:]
+        self.first = torch.where(starts, positions, 0).cummax(dim=0).values
+        last = torch.where(ends, positions, n - 1).flip(0).cummin(dim=0).values.flip(0)
+        self.last = last
+
+    def run_weight(self) -> tuple[Tensor, Tensor]:
+        """``(start, end)`` (n, c): the weight interval spanned by each position's run."""
+        start = self.before.gather(0, self.first)
+        end = (self.before + self.weight).gather(0, self.last)
+        return start, end
+
+    def spread(self, position_weights: Tensor) -> Tensor:
+        """Per-client coefficients ``(n, c)`` from coefficients of the sorted positions
+        ``(n, c)``: each run's total is shared among its clients in proportion to their
+        weights (equally when they all weigh 0)."""
+        total = position_weights.cumsum(dim=0)
+        run_total = total.gather(0, self.last) - (total - position_weights).gather(0, self.first)
+        start, end = self.run_weight()
+        count = (self.last - self.first + 1).to(torch.float64)
+        share = torch.where(end > start, self.weight / (end - start).clamp_min(1e-300), 1.0 / count)
+        return torch.zeros_like(share).scatter_(0, self.index, share * run_total)

@@ -10,11 +10,15 @@ average the remaining ``n - 2f``. Give either ``f`` (values dropped per side) or
 Parameters: ``f: int | None`` (>= 0), ``beta: float | None`` (0 <= beta < 0.5); exactly
 one is required. Needs ``n > 2f`` clients, checked at call time.
 
-Shapes: ``(n, d), (n,) | None -> (d,)``.
+Shapes: ``(n, d), (n,) | None -> (d,)``. Diagnostics: ``effective_weight`` (n,), each
+client's coefficient averaged over the coordinates (1/(n - 2f) where its value is kept;
+equal values at the trimming edge share the kept positions equally): an attribution, as
+for the median; ``columns["trimmed_share"]``, the share of its coordinates trimmed.
 
 Example (f = 1): updates ``[[1, 0], [2, 10], [3, 20], [100, 30], [-50, 40]]`` ->
 ``[2, 20]`` (column 0 sorted is -50, 1, 2, 3, 100: mean of 1, 2, 3; column 1: mean of
-10, 20, 30).
+10, 20, 30). Clients 0 and 3 are trimmed in one column, client 4 in both: effective
+weights ``[1/6, 1/3, 1/3, 1/6, 0]``, trimmed shares ``[0.5, 0, 0, 0.5, 1]``.
 """
 
 from __future__ import annotations
@@ -23,16 +27,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from aggregation.base import AggregationRule
+from aggregation.median import window_rule
 from aggregation.ops import (
-    block_columns,
-    column_blocks,
-    compute_dtype,
     order_kernels_for,
-    sort_columns,
 )
 from aggregation.registry import register_aggregator
 
@@ -68,7 +68,7 @@ class TrimmedMean(AggregationRule):
         return math.floor(self.beta * n)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
-        n, d = updates.shape
+        n = updates.shape[0]
         f = self.trimmed(n)
         if n <= 2 * f:
             raise ValueError(
@@ -76,12 +76,10 @@ class TrimmedMean(AggregationRule):
                 f"{n} clients sent updates: it needs n_clients > 2f (lower f)"
             )
         kernels = order_kernels_for(updates)
-        if kernels is not None:  # one pass on a CUDA GPU
-            return kernels.trimmed_mean(updates, f), {}
-        dtype = compute_dtype(updates.dtype)
-        out = torch.empty(d, dtype=updates.dtype, device=updates.device)
-        block = block_columns(updates, 4 * n * dtype.itemsize)
-        for columns in column_blocks(d, block):
-            ordered = sort_columns(updates[:, columns].to(dtype))
-            out[columns] = ordered[f : n - f].mean(dim=0).to(updates.dtype)
-        return out, {}
+        fast = None if kernels is None else kernels.trimmed_mean(updates, f)
+        return window_rule(
+            updates,
+            lambda _: (f, n - 2 * f),
+            lambda ordered, _: ordered[f : n - f].mean(dim=0),
+            fast,
+        )

@@ -28,7 +28,8 @@ Parameters: ``b: int`` (required, >= 0: updates discarded, at least the number o
 suspected faulty clients; ``n > b`` is checked at call time), ``rho: float = 5e-4``
 (>= 0, in 1/update² units; tune it with the loss scale). Client weights are ignored.
 Shapes: ``(n, d), (n,) | None -> (d,)``; diagnostics ``{"selected": LongTensor (CPU) of
-the kept rows, ascending, "scores": float64 (n,) (CPU), "base_loss": float}``.
+the kept rows, ascending, "columns": {"zeno_score": float64 (n,)}, "effective_weight":
+1/(n - b) on the kept rows (exact), "base_loss": float}``.
 
 Example (b = 1, rho = 0.1): loss ``(x - 1)²`` summed over 2 parameters from x = 0 (base
 loss 2); updates ``[[1, 1], [0.5, 0.5], [-1, 0]]`` give losses 0, 0.5, 5 and scores
@@ -38,20 +39,16 @@ dropped and Zeno returns ``[0.75, 0.75]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, State, check_updates
+from aggregation.base import AggregationRule, Oracle, RoundInputs, State, required, row_mean
 from aggregation.registry import register_aggregator
 
 __all__ = ["Oracle", "Zeno"]
-
-# Maps candidate updates (k, d) to the server-batch loss after applying each one, (k,).
-Oracle = Callable[[Tensor], Tensor]
 
 
 @register_aggregator("zeno")
@@ -70,21 +67,15 @@ class Zeno(AggregationRule):
         if not self.rho >= 0:
             raise ValueError(f"rho must be >= 0, got {self.rho!r}")
 
-    def step(
-        self,
-        state: State,
-        updates: Tensor,
-        weights: Tensor | None = None,
-        *,
-        oracle: Oracle | None = None,
+    def advance(
+        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
     ) -> tuple[Tensor, State, dict[str, Any]]:
-        check_updates(updates, weights)
-        if oracle is None:
-            raise TypeError(
-                "zeno scores updates with the model's loss: call "
-                "step(state, updates, weights, oracle=...) from the server loop, where "
-                "oracle maps updates (k, d) to the server-batch loss after each, (k,)"
-            )
+        oracle = required(
+            inputs.oracle,
+            "zeno",
+            "oracle",
+            "a map from updates (k, d) to the server-batch loss after each, (k,)",
+        )
         n, d = updates.shape
         if n <= self.b:
             raise ValueError(
@@ -100,16 +91,14 @@ class Zeno(AggregationRule):
         keep = n - self.b
         # Highest scores first; equal scores keep the lower row index (stable sort).
         selected = torch.sort(torch.sort(-scores, stable=True).indices[:keep]).values
-        coefficients = torch.zeros(n, dtype=updates.dtype, device=updates.device)
-        coefficients[selected.to(updates.device)] = 1.0 / keep
-        diagnostics = {"selected": selected, "scores": scores, "base_loss": float(base)}
-        return coefficients @ updates, state, diagnostics
-
-    def __call__(
-        self, updates: Tensor, weights: Tensor | None = None, *, oracle: Oracle | None = None
-    ) -> Tensor:
-        result, _, _ = self.step(self.init_state(), updates, weights, oracle=oracle)
-        return result
+        result, weight = row_mean(updates, selected)
+        diagnostics = {
+            "selected": selected,
+            "effective_weight": weight,
+            "columns": {"zeno_score": scores},
+            "base_loss": float(base),
+        }
+        return result, state, diagnostics
 
 
 def _losses(oracle: Oracle, candidates: Tensor, expected: int) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -23,15 +24,54 @@ def quadratic_oracle(target: Tensor) -> Oracle:
     return oracle
 
 
+def round_inputs(rule: AggregationRule, updates: Tensor, target: Tensor | None) -> dict[str, Any]:
+    """What the server would pass ``rule`` besides the updates: the synthetic oracle
+    (target 0 unless given), a reference update (``target``, else a fixed honest-scale
+    direction) and the rows' client ids (their indices)."""
+    n, d = updates.shape
+    inputs: dict[str, Any] = {}
+    if rule.requires_oracle:
+        goal = torch.zeros(d, dtype=torch.float64) if target is None else target
+        inputs["oracle"] = quadratic_oracle(goal)
+    if rule.requires_reference:
+        direction = torch.randn(d, generator=torch.Generator().manual_seed(99), dtype=torch.float64)
+        inputs["reference"] = (direction if target is None else target).to(updates)
+    if rule.requires_client_ids:
+        inputs["client_ids"] = list(range(n))
+    return inputs
+
+
 @pytest.fixture
 def make_oracle() -> Callable[[Tensor], Oracle]:
     return quadratic_oracle
 
 
+@pytest.fixture(scope="session")
+def inputs_for() -> Callable[..., dict[str, Any]]:
+    return round_inputs
+
+
+def step_fresh(
+    rule: AggregationRule,
+    updates: Tensor,
+    weights: Tensor | None = None,
+    target: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """``(result, diagnostics)`` of ``rule`` from a fresh state, called the way the server
+    calls it, with the round inputs it needs."""
+    inputs = round_inputs(rule, updates, target)
+    result, _, diagnostics = rule.step(rule.init_state(), updates, weights, **inputs)
+    return result, diagnostics
+
+
+@pytest.fixture(scope="session")
+def diagnose() -> Callable[..., tuple[Tensor, dict[str, Any]]]:
+    return step_fresh
+
+
 @pytest.fixture
 def aggregate() -> Callable[..., Tensor]:
-    """Call any rule the way the server does: rules that need an oracle get the
-    synthetic quadratic one (target 0 unless given)."""
+    """Call any rule the way the server does, with the round inputs it needs."""
 
     def run(
         rule: AggregationRule,
@@ -39,12 +79,6 @@ def aggregate() -> Callable[..., Tensor]:
         weights: Tensor | None = None,
         target: Tensor | None = None,
     ) -> Tensor:
-        if rule.requires_oracle:
-            goal = torch.zeros(updates.shape[1], dtype=torch.float64) if target is None else target
-            result, _, _ = rule.step(
-                rule.init_state(), updates, weights, oracle=quadratic_oracle(goal)
-            )
-            return result
-        return rule(updates, weights)
+        return step_fresh(rule, updates, weights, target)[0]
 
     return run

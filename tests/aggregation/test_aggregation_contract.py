@@ -1,7 +1,8 @@
 """One contract suite run over every registered aggregation rule.
 
 Each rule is built with the parameters in ``PARAMS`` (for n = 11 clients, f = 2) and
-called the way the server calls it (Zeno gets a synthetic quadratic-loss oracle).
+called the way the server calls it (Zeno gets a synthetic quadratic-loss oracle, FLTrust
+and MoNNA a reference update, FoolsGold the rows' client ids).
 """
 
 from __future__ import annotations
@@ -32,11 +33,24 @@ PARAMS: dict[str, dict[str, Any]] = {
     "ema": {},
     "fedlag": {},
     "zeno": {"b": F},
+    "mda": {"f": F},
+    "monna": {"f": F},
+    "meamed": {"f": F},
+    "dnc": {"f": F},
+    "fltrust": {},
+    "foolsgold": {},
+    "weighted_median": {},
+    "weighted_trimmed_mean": {"beta": 0.2},  # above the share of the weight rows 0-1 hold
+    "norm_bounded_mean": {},
 }
 RULES = list_aggregators()
-NOT_ROBUST = {"fedavg"}
+# FedAvg follows any update; FoolsGold down-weights look-alike (sybil) histories, not
+# large updates: two unlike huge updates keep their full weight.
+NOT_ROBUST = {"fedavg", "foolsgold"}
+# FoolsGold gives identical clients no weight (they are sybils): identical rows -> zero.
+NOT_IDENTITY = {"foolsgold"}
 # Rules with rule(X + c) = rule(X) + c (centered clipping starts from a zero center, Zeno's
-# oracle is not translated).
+# oracle and FLTrust's reference are not translated, norms and cosines are not invariant).
 TRANSLATION_EQUIVARIANT = {
     "fedavg",
     "median",
@@ -47,9 +61,46 @@ TRANSLATION_EQUIVARIANT = {
     "geometric_median",
     "ema",
     "fedlag",
+    "mda",
+    "monna",
+    "meamed",
+    "dnc",
+    "weighted_median",
+    "weighted_trimmed_mean",
 }
-# Rules whose output is a per-coordinate convex combination of the clients' values.
-INSIDE_HULL = set(RULES) - {"centered_clipping"}
+# Rules whose output is a per-coordinate convex combination of the clients' values (the
+# others shrink updates towards a center or zero, or rescale them; FoolsGold returns zero
+# when every client has a copy).
+INSIDE_HULL = set(RULES) - {"centered_clipping", "fltrust", "norm_bounded_mean", "foolsgold"}
+# Coordinate-wise rules: each output coordinate is a combination of that coordinate's
+# values, and their effective weights average those per-coordinate coefficients.
+COORDINATEWISE = {
+    "median",
+    "trimmed_mean",
+    "ema",
+    "meamed",
+    "weighted_median",
+    "weighted_trimmed_mean",
+}
+# Rules whose effective weights do not sum to 1: the clipped share goes to the previous
+# center or to zero, FLTrust rescales every update to the reference's norm.
+PARTIAL_WEIGHT = {"centered_clipping", "fltrust", "norm_bounded_mean"}
+# Rules whose output is effective_weight @ updates (centered clipping from a zero center);
+# the coordinate-wise rules' effective weights are per-coordinate averages (attributions).
+WEIGHTED_MEAN = {
+    "fedavg",
+    "krum",
+    "multi_krum",
+    "geometric_median",
+    "zeno",
+    "centered_clipping",
+    "mda",
+    "monna",
+    "dnc",
+    "fltrust",
+    "foolsgold",
+    "norm_bounded_mean",
+}
 Aggregate = Callable[..., Tensor]
 
 
@@ -107,7 +158,7 @@ def test_client_order_does_not_matter(name: str, aggregate: Aggregate) -> None:
     torch.testing.assert_close(permuted, out, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", RULES)
+@pytest.mark.parametrize("name", sorted(set(RULES) - NOT_IDENTITY))
 def test_identical_rows_return_that_row(name: str, aggregate: Aggregate) -> None:
     row = torch.randn(D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     updates = row.repeat(N, 1)
@@ -182,16 +233,15 @@ def test_non_finite_rows_are_dropped_before_the_rule(name: str, aggregate: Aggre
         ),
     )
 )
-def test_output_inside_each_coordinates_range(values: Any) -> None:
+def test_output_inside_each_coordinates_range(
+    values: Any, inputs_for: Callable[..., dict[str, Any]]
+) -> None:
     updates = torch.from_numpy(values)
     low, high = updates.min(dim=0).values, updates.max(dim=0).values
     slack = 1e-9 * (1.0 + updates.abs().max())
     for name in sorted(INSIDE_HULL):
         rule = build(name)
-        if rule.requires_oracle:
-            out = rule.step({}, updates, oracle=lambda c: c.square().sum(dim=1))[0]
-        else:
-            out = rule(updates)
+        out = rule(updates, **inputs_for(rule, updates, None))
         assert bool((out >= low - slack).all() and (out <= high + slack).all()), name
 
 
@@ -207,7 +257,15 @@ def test_output_inside_each_coordinates_range(values: Any) -> None:
 def test_coordinatewise_rules_ignore_order_even_with_ties(values: Any, seed: int) -> None:
     updates = torch.from_numpy(values)
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
-    for name in ("median", "trimmed_mean", "ema", "fedlag"):
+    for name in (
+        "median",
+        "trimmed_mean",
+        "ema",
+        "fedlag",
+        "meamed",
+        "weighted_median",
+        "weighted_trimmed_mean",
+    ):
         rule = build(name)
         torch.testing.assert_close(rule(updates[perm]), rule(updates), rtol=1e-12, atol=1e-12)
 
@@ -240,6 +298,16 @@ def test_unknown_parameter_lists_the_accepted_ones(name: str) -> None:
         ("fedlag", {"max_candidates": 0}, "max_candidates"),
         ("zeno", {"b": -1}, "b"),
         ("zeno", {"b": 1, "rho": -1.0}, "rho"),
+        ("mda", {"f": -1}, "f"),
+        ("mda", {"f": 1, "max_nodes": 0}, "max_nodes"),
+        ("monna", {"f": 1, "anchor": "mean"}, "anchor"),
+        ("meamed", {"f": 1.5}, "f"),
+        ("dnc", {"f": 1, "n_iters": 0}, "n_iters"),
+        ("dnc", {"f": 1, "sub_dim": 0}, "sub_dim"),
+        ("dnc", {"f": 1, "filter_frac": -0.5}, "filter_frac"),
+        ("foolsgold", {"kappa": 0.0}, "kappa"),
+        ("weighted_trimmed_mean", {"beta": 0.5}, "beta"),
+        ("norm_bounded_mean", {"max_norm": 0.0}, "max_norm"),
         ("krum", {}, "f"),  # required
     ],
 )
@@ -259,6 +327,10 @@ def test_invalid_hyperparameters_fail_when_built(
         ("bulyan", {"f": 2}, 10, "f=2"),
         ("trimmed_mean", {"f": 3}, 6, "f=3"),
         ("zeno", {"b": 4}, 4, "b=4"),
+        ("mda", {"f": 3}, 6, "f=3"),
+        ("monna", {"f": 3}, 6, "f=3"),
+        ("meamed", {"f": 3}, 6, "f=3"),
+        ("dnc", {"f": 6}, 6, "f=6"),
     ],
 )
 def test_data_conditions_are_checked_at_call_time(
@@ -269,3 +341,158 @@ def test_data_conditions_are_checked_at_call_time(
 
     with pytest.raises(ValueError, match=parameter):
         aggregate(rule, updates)
+
+
+Diagnose = Callable[..., tuple[Tensor, dict[str, Any]]]
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_every_rule_reports_per_client_weights_and_columns(name: str, diagnose: Diagnose) -> None:
+    updates, weights = sample()
+
+    _, diagnostics = diagnose(build(name), updates, weights)
+
+    weight = diagnostics["effective_weight"]
+    assert weight.shape == (N,) and weight.dtype == torch.float64
+    assert bool(torch.isfinite(weight).all()) and bool((weight >= 0).all())
+    for column, values in diagnostics["columns"].items():
+        assert values.shape == (N,), column
+        assert bool(torch.isfinite(values).all()), column
+
+
+@pytest.mark.parametrize("name", sorted(set(RULES) - PARTIAL_WEIGHT))
+def test_effective_weights_sum_to_one(name: str, diagnose: Diagnose) -> None:
+    updates, weights = sample()
+
+    _, diagnostics = diagnose(build(name), updates, weights)
+
+    assert float(diagnostics["effective_weight"].sum()) == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED_MEAN))
+def test_weighted_mean_rules_are_their_effective_weights_times_the_updates(
+    name: str, diagnose: Diagnose
+) -> None:
+    updates, weights = sample()
+
+    out, diagnostics = diagnose(build(name), updates, weights)
+
+    torch.testing.assert_close(diagnostics["effective_weight"] @ updates, out)
+
+
+@pytest.mark.parametrize("name", sorted(set(RULES) - PARTIAL_WEIGHT))
+def test_a_selected_or_heavier_honest_client_outweighs_a_huge_one(
+    name: str, diagnose: Diagnose
+) -> None:
+    updates, weights = sample()
+    updates[0] = 1e6  # an outlier every robust rule should (almost) ignore
+
+    _, diagnostics = diagnose(build(name), updates, weights)
+
+    weight = diagnostics["effective_weight"]
+    if name not in NOT_ROBUST:
+        assert float(weight[0]) < float(weight[1:].max()), name
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_non_finite_rows_are_dropped_by_the_rule_and_reported(
+    name: str, diagnose: Diagnose
+) -> None:
+    updates, weights = sample()
+    clean, clean_diagnostics = diagnose(build(name), updates, weights)
+    broken = torch.ones(2, D, dtype=updates.dtype)
+    broken[0, 3] = float("nan")
+    broken[1, 5] = -float("inf")
+    poisoned = torch.cat([updates[:4], broken, updates[4:]])  # rows 4 and 5
+    rows = [*range(4), *range(6, N + 2)]
+
+    out, diagnostics = diagnose(
+        build(name), poisoned, torch.cat([weights[:4], weights[:2], weights[4:]])
+    )
+
+    torch.testing.assert_close(out, clean, rtol=1e-12, atol=1e-12)
+    assert diagnostics["dropped_non_finite"].tolist() == [4, 5]
+    weight = diagnostics["effective_weight"]
+    assert weight[4:6].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(weight[rows], clean_diagnostics["effective_weight"])
+    for column, values in diagnostics["columns"].items():
+        assert bool(values[4:6].isnan().all()), column
+        torch.testing.assert_close(values[rows], clean_diagnostics["columns"][column])
+    if "selected" in clean_diagnostics:
+        expected = [rows[i] for i in clean_diagnostics["selected"].tolist()]
+        assert diagnostics["selected"].tolist() == expected
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_a_non_finite_weight_drops_that_client(name: str, diagnose: Diagnose) -> None:
+    updates, weights = sample()
+    clean, _ = diagnose(build(name), updates, weights)
+    extended = torch.cat([updates[:3], updates[:1], updates[3:]])  # row 3 is a copy of row 0
+    sizes = torch.cat([weights[:3], torch.tensor([float("nan")], dtype=weights.dtype), weights[3:]])
+
+    out, diagnostics = diagnose(build(name), extended, sizes)
+
+    assert diagnostics["dropped_non_finite"].tolist() == [3]
+    torch.testing.assert_close(out, clean, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_all_rows_non_finite_raise(name: str, diagnose: Diagnose) -> None:
+    updates = torch.full((N, D), float("nan"), dtype=torch.float64)
+
+    with pytest.raises(ValueError, match="every one of the 11 updates"):
+        diagnose(build(name), updates, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "keyword"),
+    [("zeno", "oracle"), ("fltrust", "reference"), ("foolsgold", "client_ids")],
+)
+def test_a_missing_round_input_says_how_to_pass_it(name: str, keyword: str) -> None:
+    updates, _ = sample()
+
+    with pytest.raises(TypeError, match=rf"{name} needs {keyword}: call step\("):
+        build(name)(updates)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"client_ids": [0] * N}, "client_ids must be 11 distinct ids"),
+        ({"client_ids": [0, 1]}, "client_ids must be 11 distinct ids"),
+        ({"reference": torch.zeros(D + 1)}, r"reference must have shape \(16,\)"),
+        ({"reference": torch.full((D,), float("inf"))}, "reference .* holds NaN or Inf"),
+    ],
+)
+def test_bad_round_inputs_are_refused(inputs: dict[str, Any], message: str) -> None:
+    updates, _ = sample()
+
+    with pytest.raises(ValueError, match=message):
+        build("fedavg").step({}, updates, **inputs)
+
+
+@pytest.mark.parametrize("name", sorted(COORDINATEWISE))
+@pytest.mark.parametrize("ties", [False, True])
+def test_coordinatewise_weights_reproduce_each_coordinate_and_average(
+    name: str, ties: bool, diagnose: Diagnose
+) -> None:
+    updates, weights = sample()
+    if ties:
+        updates = updates.mul(1.5).round()  # runs of equal values at every window edge
+
+    out, diagnostics = diagnose(build(name), updates, weights)
+
+    per_column = []
+    for k in range(D):
+        value, column = diagnose(build(name), updates[:, k : k + 1], weights)
+        coefficients = column["effective_weight"]
+        torch.testing.assert_close(coefficients @ updates[:, k], out[k : k + 1].squeeze(0))
+        torch.testing.assert_close(value, out[k : k + 1])
+        # clients holding equal values get equal coefficients (per unit of weight)
+        share = coefficients / weights.double() if name.startswith("weighted") else coefficients
+        equal = updates[:, k, None] == updates[None, :, k]
+        torch.testing.assert_close(
+            share[:, None].expand(N, N)[equal], share[None, :].expand(N, N)[equal]
+        )
+        per_column.append(coefficients)
+    torch.testing.assert_close(diagnostics["effective_weight"], torch.stack(per_column).mean(dim=0))

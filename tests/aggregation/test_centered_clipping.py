@@ -33,7 +33,11 @@ def test_docstring_example() -> None:
 
     torch.testing.assert_close(out, torch.tensor([1.3 / 3, 1.1 / 3], dtype=torch.float64))
     torch.testing.assert_close(state["center"], out)
-    assert diagnostics["scales"].tolist() == [[1.0, 1.0, 0.2]]
+    assert diagnostics["columns"]["clip_factor"].tolist() == [1.0, 1.0, 0.2]
+    torch.testing.assert_close(
+        diagnostics["effective_weight"], torch.tensor([1 / 3, 1 / 3, 0.2 / 3], dtype=torch.float64)
+    )
+    assert diagnostics["center_weight"] == pytest.approx(1 - 2.2 / 3)
 
 
 @pytest.mark.parametrize(("tau", "n_iter"), [(0.5, 1), (2.0, 3), (100.0, 2)])
@@ -45,10 +49,15 @@ def test_matches_loops_over_two_rounds(tau: float, n_iter: int) -> None:
     center = np.zeros(12)
 
     for points in rounds:
-        out, state, _ = rule.step(state, torch.from_numpy(points))
+        previous = center
+        out, state, diagnostics = rule.step(state, torch.from_numpy(points))
         center = reference_cc(points, center, tau, n_iter)
 
         np.testing.assert_allclose(out.numpy(), center, rtol=1e-12, atol=1e-12)
+        # the effective weights and the center's share reproduce the result
+        combined = diagnostics["center_weight"] * previous
+        combined += diagnostics["effective_weight"].numpy() @ points
+        np.testing.assert_allclose(combined, center, rtol=1e-10, atol=1e-12)
 
 
 def test_state_survives_a_checkpoint_round_trip() -> None:

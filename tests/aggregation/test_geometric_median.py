@@ -46,7 +46,14 @@ def test_matches_scipy_minimisation_with_weights(n: int, d: int, seed: int) -> N
 
     np.testing.assert_allclose(out.numpy(), reference, atol=1e-6)
     assert objective(out.numpy()) <= objective(reference) + 1e-9
-    assert diagnostics["weights"].sum().item() == pytest.approx(1.0)
+    weight = diagnostics["effective_weight"]
+    assert weight.sum().item() == pytest.approx(1.0)
+    np.testing.assert_allclose(weight.numpy() @ points, out.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(
+        diagnostics["columns"]["distance"].numpy(),
+        np.linalg.norm(points - out.numpy(), axis=1),
+        rtol=1e-6,
+    )
     assert diagnostics["iterations"] >= 1
 
 

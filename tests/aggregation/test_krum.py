@@ -30,7 +30,7 @@ def test_docstring_example_krum() -> None:
     assert out.tolist() == [1.0, 0.0]
     assert diagnostics["selected"].tolist() == [1]
     torch.testing.assert_close(
-        diagnostics["scores"],
+        diagnostics["columns"]["krum_score"],
         torch.tensor([5.0, 2.0, 5.0, 13.0, 100.0], dtype=torch.float64),
         rtol=1e-5,  # distances from a float32 Gram matrix
         atol=0.0,
@@ -53,7 +53,7 @@ def test_krum_matches_loops_on_random_inputs(n: int, f: int, seed: int) -> None:
 
     out, _, diagnostics = build_aggregator("krum", f=f).step({}, torch.from_numpy(points))
 
-    np.testing.assert_allclose(diagnostics["scores"].numpy(), scores, rtol=1e-9)
+    np.testing.assert_allclose(diagnostics["columns"]["krum_score"].numpy(), scores, rtol=1e-9)
     np.testing.assert_array_equal(out.numpy(), points[np.argmin(scores)])
 
 

@@ -35,7 +35,7 @@ def test_docstring_example(make_oracle: Callable[[Tensor], Oracle]) -> None:
     assert state == {}
     assert diagnostics["selected"].tolist() == [0, 1]
     torch.testing.assert_close(
-        diagnostics["scores"], torch.tensor([1.8, 1.45, -3.1], dtype=torch.float64)
+        diagnostics["columns"]["zeno_score"], torch.tensor([1.8, 1.45, -3.1], dtype=torch.float64)
     )
     assert diagnostics["base_loss"] == 2.0
 
@@ -51,7 +51,7 @@ def test_scores_follow_the_definition(make_oracle: Callable[[Tensor], Oracle]) -
 
     base = 0.5 * float(target.square().sum())
     expected = base - oracle(updates) - rho * updates.square().sum(dim=1)
-    torch.testing.assert_close(diagnostics["scores"], expected)
+    torch.testing.assert_close(diagnostics["columns"]["zeno_score"], expected)
     assert diagnostics["selected"].tolist() == sorted(
         expected.argsort(descending=True)[:4].tolist()
     )
