@@ -94,8 +94,9 @@ def engine_only(seeds: int, max_parallel: int, threads: int, without: list[str])
     def train(cell: Any) -> float:
         started = time.perf_counter()
         params = cell.params
+        clients, root = parts[partition_key(params)]
         federation = federation_from_params(
-            params, data, parts[partition_key(params)], validation_every_round=False
+            params, data, clients, root, validation_every_round=False
         )
         state = federation.initial_state()
         while state.round < params.train.rounds:
@@ -123,7 +124,7 @@ def local_training_rate(workers: int, threads: int, steps: int = 3) -> None:
     torch.set_num_threads(threads)
     [cell] = grid_cells_of(1, 1)[:1]
     data = load_medmnist("breastmnist", data_root())
-    parts = partitions_for.fn([cell], data)[partition_key(cell.params)]
+    parts, _ = partitions_for.fn([cell], data)[partition_key(cell.params)]
     train = cell.params.train
     local = LocalTraining(
         epochs=train.local_epochs, lr=train.lr, momentum=train.momentum,

@@ -29,6 +29,7 @@ __all__ = [
     "group_by_client",
     "list_partitioners",
     "partition_report",
+    "split_off_root",
 ]
 
 PARTITIONERS: Registry = Registry("partition scheme")
@@ -62,6 +63,25 @@ def _check_inputs(labels: np.ndarray, num_clients: int, min_samples: int) -> Non
             f"{len(labels)} samples cannot give {num_clients} clients {max(min_samples, 1)} samples "
             f"each; use fewer clients (at most {len(labels) // max(min_samples, 1)}) or lower min_samples"
         )
+
+
+def split_off_root(labels: np.ndarray, root_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The server's root data (FLTrust's): ``root_size`` training indices drawn uniformly
+    with ``seed``, and the rest, from which the clients' partition is drawn; both sorted.
+    ``root_size = 0`` holds nothing back."""
+    n = len(labels)
+    if not 0 <= root_size < n:
+        raise PartitionError(
+            f"partition.root_size = {root_size}: the server's root data must be 0 to {n - 1} "
+            f"of the {n} training images"
+        )
+    if root_size == 0:
+        return np.empty(0, dtype=np.int64), np.arange(n)
+    chosen = np.random.default_rng(np.random.SeedSequence([int(seed), 7])).choice(
+        n, size=root_size, replace=False
+    )
+    root = np.sort(chosen)
+    return root, np.setdiff1d(np.arange(n), root, assume_unique=True)
 
 
 def group_by_client(owners: np.ndarray, samples: np.ndarray, num_clients: int) -> list[np.ndarray]:

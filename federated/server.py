@@ -37,14 +37,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import AggregationRule, Filter, drop_non_finite
+from aggregation.base import AggregationRule, Filter, PreAggregator, drop_non_finite
+from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
 from federated.batched import batched_pays, batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
-from federated.seeding import ATTACK, SHUFFLE, derive_seed, sample_clients, torch_generator
+from federated.seeding import (
+    ATTACK,
+    PREAGGREGATION,
+    SHUFFLE,
+    derive_seed,
+    sample_clients,
+    torch_generator,
+)
 from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
 from federated.vectors import model_to_vector, vector_to_model_
 
@@ -125,6 +133,7 @@ class ServerState:
     best_val_auc: float = -math.inf
     best_vector: Tensor | None = None
     attack_state: dict[str, Any] = field(default_factory=dict)  # a model attack's memory
+    preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     halted: str | None = None  # why the run stopped (max_excluded), in one line
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +148,7 @@ class ServerState:
             "best_val_auc": self.best_val_auc,
             "best_vector": None if self.best_vector is None else self.best_vector.detach().cpu(),
             "attack_state": self.attack_state,
+            "preaggregator_states": self.preaggregator_states,
             "halted": self.halted,
         }
 
@@ -156,6 +166,7 @@ class ServerState:
             best_val_auc=float(data.get("best_val_auc", -math.inf)),
             best_vector=None if best_vector is None else best_vector.to(device),
             attack_state=dict(data.get("attack_state", {})),
+            preaggregator_states=list(data.get("preaggregator_states", [])),
             halted=data.get("halted"),
         )
 
@@ -190,6 +201,7 @@ class Aggregation:
     aggregator_state: dict[str, Any]
     filter_states: list[dict[str, Any]]
     kept_ids: list[int]
+    preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     attack_state: dict[str, Any] = field(default_factory=dict)
     attack_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -206,6 +218,8 @@ class Federation:
         test: tuple[Tensor, Tensor],
         rule: AggregationRule,
         filters: Sequence[Filter] = (),
+        preaggregators: Sequence[PreAggregator] = (),
+        root: ClientData | None = None,
         local: LocalTraining,
         config: FederationConfig,
         multi_label: bool = False,
@@ -232,6 +246,13 @@ class Federation:
         self.test = test
         self.rule = rule
         self.filters = list(filters)
+        self.preaggregators = list(preaggregators)  # in front of the rule, in this order
+        if rule.requires_reference and root is None:
+            raise ValueError(
+                f"aggregator {type(rule).__name__} needs the server's root data (root=): "
+                "its reference update is trained on it every round"
+            )
+        self.root = root  # the server's own clean data (FLTrust's reference update)
         self.local = local
         self.config = config
         self.multi_label = multi_label
@@ -262,6 +283,7 @@ class Federation:
             aggregator_state=self.rule.init_state(),
             filter_states=[f.init_state() for f in self.filters],
             attack_state=self.model_attack.init_state() if self.model_attack else {},
+            preaggregator_states=[p.init_state() for p in self.preaggregators],
         )
 
     @property
@@ -502,6 +524,7 @@ class Federation:
         rule's, filters' and attack's states and the ids that reached the rule."""
         outcome = Aggregation(
             state.global_vector, state.aggregator_state, list(state.filter_states), [],
+            preaggregator_states=list(state.preaggregator_states),
             attack_state=state.attack_state,
         )  # fmt: skip
         if not updates:
@@ -524,11 +547,10 @@ class Federation:
         outcome.kept_ids = [ids[p] for p in positions.tolist()]
         if len(outcome.kept_ids) < self.config.min_clients:
             return outcome
-        extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
-        aggregate, outcome.aggregator_state, diagnostics = self.rule.step(
-            state.aggregator_state, stacked[positions], weights[positions], **extra
-        )
-        self._record_selection(diagnostics, outcome.kept_ids, rows)
+        decided = self._decide(state, round_number, stacked[positions], weights[positions],
+                               outcome.kept_ids)  # fmt: skip
+        aggregate, outcome.aggregator_state, outcome.preaggregator_states = decided[:3]
+        self._record_decisions(decided[3], outcome.kept_ids, rows)
         outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
             state.global_vector.dtype
         )
@@ -554,7 +576,9 @@ class Federation:
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, ATTACK), stacked.device
         )
-        defence = self._defence(state, weights, ids) if attack.requires_aggregate else None
+        defence = (
+            self._defence(state, round_number, weights, ids) if attack.requires_aggregate else None
+        )
         attacked, outcome.attack_state, diagnostics = attack.step(
             state.attack_state, stacked, mask, generator, aggregate=defence
         )
@@ -562,12 +586,11 @@ class Federation:
         return attacked
 
     def _defence(
-        self, state: ServerState, weights: Tensor, ids: list[int]
+        self, state: ServerState, round_number: int, weights: Tensor, ids: list[int]
     ) -> Callable[[Tensor], Tensor]:
         """What the server would make of a candidate round ``(n, d)`` (rows in ``ids``'
         order): non-finite rows dropped, the filters, the rule; no state advanced. What an
         optimising attacker (Opt-ALIE, Opt-IPM) is assumed to know of the defence."""
-        extra = {"oracle": self._oracle(state)} if self.rule.requires_oracle else {}
 
         def defend(candidate: Tensor) -> Tensor:
             _, _, keep = drop_non_finite(candidate, weights)
@@ -584,10 +607,10 @@ class Federation:
             positions = keep.nonzero().flatten()
             if len(positions) < self.config.min_clients:  # the round would be skipped
                 return torch.zeros_like(candidate[0])
-            result, _, _ = self.rule.step(
-                state.aggregator_state, candidate[positions], weights[positions], **extra
-            )
-            return result
+            kept = [ids[p] for p in positions.tolist()]
+            return self._decide(
+                state, round_number, candidate[positions], weights[positions], kept
+            )[0]
 
         return defend
 
@@ -624,17 +647,61 @@ class Federation:
                     keep[position] = False
         return states
 
+    def _decide(
+        self,
+        state: ServerState,
+        round_number: int,
+        updates: Tensor,
+        weights: Tensor,
+        ids: list[int],
+    ) -> tuple[Tensor, dict[str, Any], list[dict[str, Any]], dict[str, Tensor]]:
+        """The pre-aggregators, then the rule, on the rows that passed the filters: the
+        aggregate, the rule's and pre-aggregators' new states, and per-client values for
+        the trail (effective weight, the rule's and every pre-aggregator's columns)."""
+        generator = torch_generator(
+            derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
+        )
+        chain, pre_states = preaggregate(
+            self.preaggregators, state.preaggregator_states, updates, weights,
+            client_ids=ids, generator=generator,
+        )  # fmt: skip
+        inputs: dict[str, Any] = {}
+        if self.rule.requires_oracle:
+            inputs["oracle"] = self._oracle(state)
+        if self.rule.requires_reference:
+            inputs["reference"] = self._reference(state, round_number)
+        if chain.row_ids is not None:
+            inputs["client_ids"] = chain.row_ids
+        aggregate, rule_state, diagnostics = self.rule.step(
+            state.aggregator_state, chain.rows, chain.weights, **inputs
+        )
+        return (
+            aggregate,
+            rule_state,
+            pre_states,
+            chain.columns | client_columns(diagnostics, chain.mixing),
+        )
+
+    def _reference(self, state: ServerState, round_number: int) -> Tensor:
+        """The server's own update from its root data, made as a client makes its own."""
+        assert self.root is not None  # checked when the federation was built
+        seed = derive_seed(self.config.seed, round_number, self.root.client_id, SHUFFLE)
+        return train_client(
+            self.model, state.global_vector, self.root, self.local, self.loss_fn, seed=seed
+        ).delta
+
     @staticmethod
-    def _record_selection(
-        diagnostics: dict[str, Any], kept_ids: list[int], rows: dict[int, dict[str, Any]]
+    def _record_decisions(
+        columns: dict[str, Tensor], kept_ids: list[int], rows: dict[int, dict[str, Any]]
     ) -> None:
-        """A selecting rule's (Krum, Multi-Krum, Bulyan) choice, as ``selected`` per client."""
-        selected = diagnostics.get("selected")
-        if selected is None:
-            return
-        chosen = {kept_ids[i] for i in torch.as_tensor(selected).tolist()}
-        for client_id in kept_ids:
-            rows[client_id]["selected"] = client_id in chosen
+        """Per-client values of the pre-aggregators and the rule into the trail; a
+        selecting rule's choice (Krum, Multi-Krum, Bulyan) as ``selected``."""
+        for name, values in columns.items():
+            for client_id, value in zip(kept_ids, values.tolist(), strict=True):
+                if name == "selected":
+                    rows[client_id]["selected"] = bool(value)
+                elif value == value:  # NaN: the value does not apply to this client
+                    rows[client_id][name] = float(value)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation
@@ -650,6 +717,7 @@ class Federation:
             best_val_auc=state.best_val_auc,
             best_vector=state.best_vector,
             attack_state=outcome.attack_state,
+            preaggregator_states=outcome.preaggregator_states,
         )
 
     def _round_metrics(

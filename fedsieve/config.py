@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import aggregation  # noqa: F401  (fills the registries)
-from aggregation.registry import AGGREGATORS, FILTERS
+from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
 from federated.attacks import ATTACKS
 from federated.registry import Registry, RegistryError
 from fedsieve.errors import ConfigError
@@ -61,6 +61,9 @@ class PartitionParams(_Section):
     classes_per_client: int = Field(2, ge=1)  # shards
     sigma: float = Field(1.0, gt=0)  # quantity: log-normal spread of client sizes
     min_samples: int = Field(8, ge=1)
+    # the server's root data (FLTrust's reference): training images held back from every
+    # client, a seeded uniform draw (0 = none)
+    root_size: int = Field(0, ge=0)
 
     @field_validator("scheme")
     @classmethod
@@ -149,6 +152,13 @@ class AggregateParams(_RegistryEntry):
         return self
 
 
+class PreAggregatorParams(_RegistryEntry):
+    @model_validator(mode="after")
+    def _buildable(self) -> PreAggregatorParams:
+        self._check(PREAGGREGATORS)
+        return self
+
+
 class FilterParams(_RegistryEntry):
     @model_validator(mode="after")
     def _buildable(self) -> FilterParams:
@@ -197,6 +207,7 @@ class MethodParams(_Section):
 
     aggregate: AggregateParams = AggregateParams()
     filters: list[FilterParams] = []
+    preaggregators: list[PreAggregatorParams] = []
 
 
 class CompareParams(_Section):
@@ -256,6 +267,7 @@ class Params(_Section):
     train: TrainParams = TrainParams()
     aggregate: AggregateParams = AggregateParams()
     filters: list[FilterParams] = []
+    preaggregators: list[PreAggregatorParams] = []
     attack: AttackParams = AttackParams()
     pretest: PretestParams = PretestParams()
     noniid: NonIIDParams = NonIIDParams()

@@ -18,12 +18,14 @@ __all__ = ["partition_flow"]
 @flow(name="partition")
 def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
     data = load_verified_dataset(params.data, workdir)
-    parts, report = partition_clients(
+    parts, root, report = partition_clients(
         data.train.targets,
         data.info.n_classes,
         scheme=params.partition.scheme,
         num_clients=params.partition.num_clients,
         seed=params.seed,
         params=params.partition.partitioner_params(),
+        root_size=params.partition.root_size,
     )
-    return write_partition_reports(ProjectPaths(workdir), parts, report, params, data.info.labels)
+    paths = ProjectPaths(workdir)
+    return write_partition_reports(paths, parts, root, report, params, data.info.labels)

@@ -11,7 +11,7 @@ from prefect import flow
 
 from fedsieve.config import Params
 from tasks.data import load_verified_dataset
-from tasks.reports import ProjectPaths, read_partition
+from tasks.reports import ProjectPaths, read_partition, read_root
 from tasks.stats import collect_client_updates, test_normality, write_pretest_report
 from tasks.training import build_federation, train_round
 
@@ -22,7 +22,9 @@ __all__ = ["pretest_flow"]
 def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     paths = ProjectPaths(workdir)
     data = load_verified_dataset(params.data, workdir)
-    federation = build_federation(params, data, read_partition(paths.partition))
+    federation = build_federation(
+        params, data, read_partition(paths.partition), read_root(paths.partition)
+    )
     state = federation.initial_state()
     while state.round < params.pretest.round:  # the same rounds training would run
         state, _ = train_round(federation, state)

@@ -14,7 +14,7 @@ from prefect import flow
 
 from fedsieve.config import Params, params_hash
 from tasks.data import load_verified_dataset
-from tasks.reports import ProjectPaths, read_partition
+from tasks.reports import ProjectPaths, read_partition, read_root
 from tasks.stopping import stop_if_requested
 from tasks.tracking import open_training_run
 from tasks.training import (
@@ -53,7 +53,9 @@ def train_flow(
     )
     with tracker.ended_on_failure():
         data = load_verified_dataset(params.data, workdir)
-        federation = build_federation(params, data, read_partition(paths.partition))
+        federation = build_federation(
+            params, data, read_partition(paths.partition), read_root(paths.partition)
+        )
         state = resumed_state(federation, checkpoint)
         rounds = params.train.rounds
         with RoundProgress(rounds, state.round, federation.clients_per_round) as progress:

@@ -28,12 +28,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from federated.data import MedMNISTData
-from federated.partition import build_partitioner
 from federated.server import Federation, ServerState
 from fedsieve.config import Params
 from fedsieve.errors import RunHalted
 from tasks.data import data_root
 from tasks.evaluation import detection_totals, rounds_to_target
+from tasks.partition import split_partition
 from tasks.reports import write_csv, write_json
 from tasks.stopping import RunStopped, stop_if_requested
 from tasks.tracking import Tracker, flatten_params, run_tags
@@ -85,6 +85,7 @@ def grid_cells(params: Params, workdir: Path) -> list[Cell]:
                         seed=seed,
                         aggregate=spec.aggregate.model_dump(mode="json"),
                         filters=[f.model_dump(mode="json") for f in spec.filters],
+                        preaggregators=[p.model_dump(mode="json") for p in spec.preaggregators],
                         attack={**attack.model_dump(mode="json"), "fraction": fraction},
                     )
                     cells.append(
@@ -101,16 +102,21 @@ def partition_key(params: Params) -> str:
     )
 
 
+Partition = tuple[list[np.ndarray], np.ndarray]  # the clients' indices, the server's root
+
+
 @task(name="partition-grid", cache_policy=NO_CACHE)
-def partitions_for(cells: Sequence[Cell], data: MedMNISTData) -> dict[str, list[np.ndarray]]:
+def partitions_for(cells: Sequence[Cell], data: MedMNISTData) -> dict[str, Partition]:
     """Each distinct partition of the grid, drawn once (cells of the same seed share it)."""
-    parts: dict[str, list[np.ndarray]] = {}
+    parts: dict[str, Partition] = {}
     for cell in cells:
         key = partition_key(cell.params)
         if key not in parts:
             scheme = cell.params.partition
-            partitioner = build_partitioner(scheme.scheme, **scheme.partitioner_params())
-            parts[key] = partitioner(data.train.targets, scheme.num_clients, seed=cell.params.seed)
+            parts[key] = split_partition(
+                data.train.targets, scheme.scheme, scheme.num_clients, cell.params.seed,
+                scheme.partitioner_params(), scheme.root_size,
+            )  # fmt: skip
     return parts
 
 
@@ -140,7 +146,7 @@ def cell_threads(threads: int) -> Iterator[None]:
 def run_grid_cell(
     cell: Cell,
     data: MedMNISTData,
-    parts: list[np.ndarray],
+    parts: Partition,
     workdir: Path,
     parent_run_id: str | None,
 ) -> dict[str, Any]:
@@ -154,7 +160,10 @@ def run_grid_cell(
     tracker.start(run_id=None, run_name=cell.name, tags=tags)
     tracker.log_params(flatten_params(params.model_dump(mode="json")))
     with tracker.ended_on_failure():
-        federation = federation_from_params(params, data, parts, validation_every_round=False)
+        clients, root = parts
+        federation = federation_from_params(
+            params, data, clients, root, validation_every_round=False
+        )
         state = federation.initial_state()
         while state.round < params.train.rounds and state.halted is None:
             stop_if_requested()  # a cancelled or failed grid stops its cells between rounds

@@ -21,13 +21,15 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from aggregation import build_aggregator, build_filter
+from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
+from aggregation.preaggregators import preaggregate
 from federated.data import DataError, ensure_medmnist, load_medmnist
-from federated.partition import PartitionError, build_partitioner
+from federated.partition import PartitionError
 from federated.registry import RegistryError
 from fedsieve.config import Params
 from fedsieve.errors import ConfigError
 from tasks.data import data_root
+from tasks.partition import split_partition
 
 __all__ = ["check_params", "clients_per_round", "preflight"]
 
@@ -48,10 +50,11 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
             params.data.dataset, root, download=params.data.download, progress=sys.stderr.isatty()
         )
         labels = load_medmnist(params.data.dataset, root).train.targets
-        partitioner = build_partitioner(
-            params.partition.scheme, **params.partition.partitioner_params()
-        )
-        partitioner(labels, params.partition.num_clients, seed=params.seed)
+        scheme = params.partition
+        split_partition(
+            labels, scheme.scheme, scheme.num_clients, params.seed,
+            scheme.partitioner_params(), scheme.root_size,
+        )  # fmt: skip
     except (DataError, PartitionError, RegistryError) as error:
         raise ConfigError(f"{source}: {error}") from None
     sampled = clients_per_round(params)
@@ -82,12 +85,43 @@ def check_rules(params: Params, n: int, *, source: str = "params") -> None:
                     f"{source}: {where} with {n} clients per round: {error}"
                 ) from None
         rule = build_aggregator(params.aggregate.name, **params.aggregate.params())
-        extra = {"oracle": lambda c: (c**2).sum(dim=1)} if rule.requires_oracle else {}
+        if rule.requires_reference and params.partition.root_size == 0:
+            raise ConfigError(
+                f"{source}: aggregate ({params.aggregate.name}) scores clients against the "
+                "server's own update from its root data: set partition.root_size > 0"
+            )
         try:
-            rule.step(rule.init_state(), updates, weights, **extra)
+            _probe_rule(params, rule, updates, weights, generator)
         except ValueError as error:
             where = f"aggregate ({params.aggregate.name})"
             raise ConfigError(f"{source}: {where} with {n} clients per round: {error}") from None
+
+
+def _probe_rule(
+    params: Params,
+    rule: AggregationRule,
+    updates: torch.Tensor,
+    weights: torch.Tensor,
+    generator: torch.Generator,
+) -> None:
+    """The pre-aggregators, then the rule, once on the synthetic round (as the server runs
+    them, with a synthetic oracle or reference where the rule needs one)."""
+    stages = [build_preaggregator(p.name, **p.params()) for p in params.preaggregators]
+    ids = list(range(updates.shape[0]))
+    chain, _ = preaggregate(
+        stages, [s.init_state() for s in stages], updates, weights, client_ids=ids,
+        generator=generator,
+    )  # fmt: skip
+    inputs: dict[str, object] = {}
+    if rule.requires_oracle:
+        inputs["oracle"] = lambda c: (c**2).sum(dim=1)
+    if rule.requires_reference:
+        inputs["reference"] = torch.randn(
+            updates.shape[1], generator=generator, dtype=updates.dtype
+        )
+    if chain.row_ids is not None:
+        inputs["client_ids"] = chain.row_ids
+    rule.step(rule.init_state(), chain.rows, chain.weights, **inputs)
 
 
 @task(name="preflight", cache_policy=NO_CACHE)

@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ProjectPaths", "read_partition", "write_csv", "write_json", "write_partition"]
+__all__ = [
+    "ProjectPaths",
+    "read_partition",
+    "read_root",
+    "write_csv",
+    "write_json",
+    "write_partition",
+]
 
 
 @dataclass(frozen=True)
@@ -122,10 +129,16 @@ def write_csv(
     return path
 
 
-def write_partition(path: Path, parts: Sequence[np.ndarray]) -> Path:
+def write_partition(
+    path: Path, parts: Sequence[np.ndarray], root: np.ndarray | None = None
+) -> Path:
+    """Each client's training indices, and the server's root data (``root``) if any."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"client_{i}": part for i, part in enumerate(parts)}
+    if root is not None and len(root):
+        arrays["root"] = root
     with path.open("wb") as handle:
-        np.savez(handle, **{f"client_{i}": part for i, part in enumerate(parts)})
+        np.savez(handle, **arrays)
     return path
 
 
@@ -135,4 +148,11 @@ def read_partition(path: Path) -> list[np.ndarray]:
             f"{path} not found: run the partition stage first (fedsieve partition)"
         )
     with np.load(path, allow_pickle=False) as archive:
-        return [archive[f"client_{i}"] for i in range(len(archive.files))]
+        clients = sum(name.startswith("client_") for name in archive.files)
+        return [archive[f"client_{i}"] for i in range(clients)]
+
+
+def read_root(path: Path) -> np.ndarray | None:
+    """The server's root data indices written with the partition, or None."""
+    with np.load(path, allow_pickle=False) as archive:
+        return archive["root"] if "root" in archive.files else None

@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
-from aggregation import build_aggregator, build_filter
+from aggregation import build_aggregator, build_filter, build_preaggregator
 from federated.attacks import (
     Attack,
     Backdoor,
@@ -134,6 +134,17 @@ def _clients(
     return clients
 
 
+def _root_data(
+    data: MedMNISTData, root: np.ndarray | None, clients: int, device: torch.device
+) -> ClientData | None:
+    """The server's root data as a client of its own (its id follows the clients')."""
+    if root is None or len(root) == 0:
+        return None
+    images, targets = to_tensors(data.train, data.info, device=device)
+    index = torch.as_tensor(root, device=device)
+    return ClientData(clients, images[index], targets[index])
+
+
 def _backdoor_test(
     attack: Attack, test: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, int] | None:
@@ -158,21 +169,28 @@ def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
 
 
 @task(name="build-federation", cache_policy=NO_CACHE)
-def build_federation(params: Params, data: MedMNISTData, parts: list[np.ndarray]) -> Federation:
-    return federation_from_params(params, data, parts)
+def build_federation(
+    params: Params,
+    data: MedMNISTData,
+    parts: list[np.ndarray],
+    root: np.ndarray | None = None,
+) -> Federation:
+    return federation_from_params(params, data, parts, root)
 
 
 def federation_from_params(
     params: Params,
     data: MedMNISTData,
     parts: list[np.ndarray],
+    root: np.ndarray | None = None,
     *,
     validation_every_round: bool = True,
 ) -> Federation:
     """The engine's federation for ``params``: clients with the data attack applied, the
     seeded model, the rule and filters, the model attack, the non-IID check. Without
     ``validation_every_round`` the validation split is scored only when ``eval.select``
-    needs it (a comparison cell's rounds skip it otherwise)."""
+    needs it (a comparison cell's rounds skip it otherwise). ``root``: the server's root
+    data indices (FLTrust's reference), clean, held by no client."""
     device = resolve_device(params.train.device)
     train = params.train
     val = to_tensors(data.val, data.info, device=device)
@@ -184,6 +202,8 @@ def federation_from_params(
         test=test,
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=[build_filter(f.name, **f.params()) for f in params.filters],
+        preaggregators=[build_preaggregator(p.name, **p.params()) for p in params.preaggregators],
+        root=_root_data(data, root, len(parts), device),
         local=LocalTraining(
             epochs=train.local_epochs,
             lr=train.lr,

@@ -28,7 +28,7 @@ def test_overrides_are_parsed_as_yaml_and_validated():
 BAD = [
     ("data.dataset=cifar10", "data.dataset", "allowed: bloodmnist"),
     ("data.dataset=organmnist3d", "data.dataset", "allowed: bloodmnist"),
-    ("model.name=vgg16", "model.name", "allowed: resnet18"),
+    ("model.name=vgg16", "model.name", "allowed: logreg, resnet18"),
     ("aggregate.name=average", "aggregate", "available: "),
     ("aggregate.f=2", "aggregate", "no parameter f"),
     ("partition.scheme=pathological", "partition.scheme", "allowed: dirichlet, iid"),

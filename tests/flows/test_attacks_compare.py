@@ -148,3 +148,32 @@ def test_a_round_over_the_exclusion_bound_stops_the_run_failed_on_the_record(
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_preaggregators_and_fltrust_explain_each_client_in_the_trail(project, prefect_server):
+    params = load_params(
+        project / "params.yaml",
+        [
+            "partition.num_clients=4",
+            "partition.root_size=20",
+            "train.rounds=1",
+            "train.local_epochs=1",
+            "preaggregators=[{name: clip, c: 0.5}]",
+            "aggregate={name: fltrust}",
+            "attack={name: sign_flip, ids: [2]}",
+        ],
+    )
+
+    report = partition_flow(params, project)
+    train_flow(params, project)
+
+    assert report["root_size"] == 20 and report["total"] == 546 - 20  # held by no client
+    with (project / "reports" / "exclusions.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 4
+    for row in rows:
+        assert float(row["clip.clip_factor"]) <= 1.0
+        assert float(row["trust_score"]) >= 0.0
+        assert float(row["effective_weight"]) >= 0.0
+    attacker = next(r for r in rows if r["client"] == "2")
+    assert float(attacker["trust_score"]) == 0.0  # its flipped update points away from the root's
