@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import fedsieve  # noqa: F401  (telemetry off and PREFECT_HOME before Prefect loads)
-from fedsieve import ops
+from fedsieve import explain, ops
 from fedsieve.arguments import add_params_arguments, add_resume_argument, checked_params
 from fedsieve.errors import RunHalted, ServiceError, UsageError
 from fedsieve.local_server import prefect_server
@@ -215,6 +215,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         "serve the pipeline as a Prefect deployment on a cron schedule",
         ops.add_serve_arguments,
         ops.serve,
+    ),
+    "explain": (
+        "why a client counted less in a round, from the exclusion trail",
+        explain.add_explain_arguments,
+        explain.explain,
     ),
     "runs": ("table of recent MLflow runs, sortable by a metric", ops.add_runs_arguments, ops.runs),
     "promote": (

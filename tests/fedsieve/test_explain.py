@@ -1,0 +1,43 @@
+"""``fedsieve explain``: why a client counted less in a round, read from the trail."""
+
+import csv
+
+from fedsieve.cli import main
+from fedsieve.explain import explain_row
+
+ROUND = [
+    {"round": "1", "client": "0", "num_samples": "30", "malicious": "False", "excluded": "False",
+     "reason": "", "message": "", "score": "1.0", "threshold": "2.5", "effective_weight": "0.5"},
+    {"round": "1", "client": "1", "num_samples": "30", "malicious": "True", "excluded": "True",
+     "reason": "pid_made", "message": "", "score": "4.0", "threshold": "2.5", "effective_weight": "0.0"},
+    {"round": "1", "client": "2", "num_samples": "30", "malicious": "False", "excluded": "False",
+     "reason": "", "message": "", "score": "2.0", "threshold": "2.5", "effective_weight": "0.5"},
+]  # fmt: skip
+
+
+def test_an_excluded_client_is_explained_by_its_filter_score_and_weight():
+    text = explain_row(ROUND[1], ROUND)
+
+    assert "malicious in truth: yes" in text
+    assert "excluded by the filter pid_made: score 4 above the threshold 2.5" in text
+    assert "weight in the aggregate: 0.0000 (round average 0.3333 over 3 clients)" in text
+    assert "score: 4 (round median 2; rank 1 of 3, highest first)" in text
+
+
+def test_a_client_a_selecting_rule_passed_over_is_said_so():
+    row = ROUND[0] | {"selected": "False", "krum_score": "9.0"}
+
+    assert "not selected by the aggregation rule" in explain_row(row, [row])
+
+
+def test_the_command_reads_the_trail_and_refuses_a_client_not_sampled(tmp_path, capsys):
+    trail = tmp_path / "exclusions.csv"
+    with trail.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(ROUND[0]))
+        writer.writeheader()
+        writer.writerows(ROUND)
+
+    assert main(["explain", "--round", "1", "--client", "1", "--trail", str(trail)]) == 0
+    assert "pid_made" in capsys.readouterr().out
+    assert main(["explain", "--round", "1", "--client", "7", "--trail", str(trail)]) == 2
+    assert "client 7 was not sampled in round 1; sampled: 0, 1, 2" in capsys.readouterr().err
