@@ -143,9 +143,7 @@ def backdoor_run(root: Path, seed: int, rule: str, attack: Backdoor | None) -> d
         local=LocalTraining(lr=0.05, batch_size=16, epochs=2),
         config=FederationConfig(rounds=10, seed=seed),
         malicious=frozenset() if attack is None else frozenset({0}),
-        update_attack=None
-        if attack is None
-        else lambda _, updates, mask, s: attack.apply(updates, mask, torch_generator(s)),
+        model_attack=attack,
     )
     triggered = triggered_test_set(*test, attack or Backdoor(target_label=0))
     state, accuracy, asr = federation.initial_state(), [], []

@@ -151,7 +151,7 @@ def _stop_process_group(leader: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def _list(args: argparse.Namespace, workdir: Path) -> int:
-    from aggregation import list_aggregators, list_filters
+    from aggregation import list_aggregators, list_filters, list_preaggregators
     from federated.attacks import list_attacks
     from federated.data import list_datasets
     from federated.partition import list_partitioners
@@ -162,6 +162,7 @@ def _list(args: argparse.Namespace, workdir: Path) -> int:
         ("models", list_models()),
         ("partition schemes", list_partitioners()),
         ("aggregators", list_aggregators()),
+        ("pre-aggregators", list_preaggregators()),
         ("filters", list_filters()),
         ("attacks", list_attacks()),
     ):
@@ -207,7 +208,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         _dvc,
     ),
     "list": (
-        "list datasets, models, partition schemes, rules, filters, attacks",
+        "list datasets, models, partition schemes, rules, pre-aggregators, filters, attacks",
         lambda p: None,
         _list,
     ),

@@ -12,7 +12,7 @@ from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.client import ClientData, LocalTraining
 from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
-from federated.seeding import seeded_init, torch_generator
+from federated.seeding import seeded_init
 from federated.server import Federation, FederationConfig
 from models import build_model
 
@@ -144,9 +144,7 @@ def test_end_to_end_one_backdoored_client_of_five_plants_the_backdoor(
         local=LocalTraining(lr=0.05, batch_size=16, epochs=2),
         config=FederationConfig(rounds=10, seed=0),
         malicious=frozenset({0}),
-        update_attack=lambda _, updates, mask, seed: attack.apply(
-            updates, mask, torch_generator(seed)
-        ),
+        model_attack=attack,
     )
     state = federation.initial_state()
     for _ in range(10):
