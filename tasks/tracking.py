@@ -263,11 +263,8 @@ class Tracker:
         still running. ``--resume`` reopens it."""
         try:
             yield
-        except Exception:
-            self.end("FAILED")
-            raise
-        except BaseException:
-            self.end("KILLED")
+        except BaseException as error:
+            self.end("KILLED" if stopped_by_signal(error) else "FAILED")
             raise
 
     def end(self, status: str = "FINISHED") -> None:
@@ -276,6 +273,21 @@ class Tracker:
             "closing the run", lambda: self._client.set_terminated(self.run_id, status=status)
         )
         self._ended = True
+
+
+def stopped_by_signal(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised while handling, a stop rather than an error:
+    Ctrl-C, SIGTERM (``SystemExit``, Prefect's ``TerminationSignal``) or a cancelled grid.
+    Prefect reports a signalled task to its server before re-raising; should that report
+    fail, the error it raises carries the signal as its context."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if not isinstance(current, Exception):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _frame(rows: list[dict[str, Any]]) -> Any:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -200,12 +202,19 @@ def started_command(
 
 
 def mlflow_run_statuses(project: Path) -> dict[str, str]:
-    """Every run in the project's MLflow store: name -> status."""
-    from mlflow import MlflowClient
+    """Every run in the project's MLflow store: name -> status.
 
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    return {run.info.run_name: run.info.status for run in client.search_runs(experiments)}
+    Read through sqlite, read-only: an ``MlflowClient`` opened while the command is still
+    creating the store would run MLflow's schema migration beside the command's own.
+    """
+    store = project / "mlflow.db"
+    if not store.exists():
+        return {}
+    try:
+        with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=10)) as db:
+            return dict(db.execute("SELECT name, status FROM runs").fetchall())
+    except sqlite3.OperationalError:  # the tables are not created yet
+        return {}
 
 
 def wait_for_no_server(home: Path, seconds: float = 30) -> list[int]:
@@ -260,7 +269,7 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
     )
 
     def both_cells_running(project: Path) -> bool:
-        return (project / "mlflow.db").exists() and len(mlflow_run_statuses(project)) == 3
+        return len(mlflow_run_statuses(project)) == 3
 
     command = started_command(
         tmp_path, medmnist_root, "compare", "--set", "train.rounds=500", "--set", grid,

@@ -9,12 +9,25 @@ from mlflow import MlflowClient
 from tasks.tracking import Tracker, flatten_params
 
 
+def signalled_then_failed() -> Exception:
+    """An error raised while a SIGTERM was being handled (Prefect reporting the crash to
+    a server that does not answer): the run was still stopped, not failed."""
+    try:
+        try:
+            raise SystemExit(143)
+        except SystemExit:
+            raise ConnectionError("server gone") from None
+    except ConnectionError as error:
+        return error
+
+
 @pytest.mark.parametrize(
     ("raised", "status"),
     [
         (RuntimeError("disk full"), "FAILED"),
         (SystemExit(143), "KILLED"),
         (KeyboardInterrupt(), "KILLED"),
+        (signalled_then_failed(), "KILLED"),
     ],
 )
 def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path, raised, status):
