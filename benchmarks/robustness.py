@@ -1,0 +1,247 @@
+"""Benchmark: the robustness matrix, every rule under every attack at several attacker
+fractions, over seeds, with 95 % confidence intervals.
+
+    python -m benchmarks.robustness --dataset breastmnist [--seeds 5]
+        [--attacks label_flip sign_flip ...] [--fractions 0.2 0.4 0.1 0.3]
+        [--methods fedavg median ...] [--workers 2] [--summarise-only]
+
+Each cell is a comparison-grid cell (:func:`tasks.grid.grid_cells` builds and validates
+its params; the same engine calls as ``fedsieve compare``, whose cells are tested to give
+the pipeline's numbers) run without tracking, ``--workers`` cells at once in separate
+processes of one torch thread each. A rule that takes the number of Byzantine clients
+``f`` is told the true number of attackers in the cell (capped where the rule itself
+cannot go further, Bulyan's ``n >= 4f + 3``). Cells run scenario by scenario (fraction,
+then attack, all methods and seeds), so an interrupted run leaves whole scenarios.
+
+Every finished cell is appended to ``benchmarks/results/robustness-<dataset>-cells.jsonl``;
+a rerun of the same command skips the cells already there, so the matrix can be completed
+over several sessions. A cell that raises (a rule refusing its configuration) is recorded
+with its error, never silently dropped. The summary over seeds (mean, standard deviation,
+95 % t-interval: :func:`tasks.comparison.aggregate_over_seeds`) goes to
+``robustness-<dataset>.{json,md}`` with a heatmap per attacker fraction beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+PARAMS = REPO / "benchmarks" / "params"
+
+ATTACKS: dict[str, dict[str, Any]] = {
+    "label_flip": {"rate": 1.0, "mapping": "reverse"},
+    "sign_flip": {},
+    "gaussian": {},
+    "scaling": {},
+    "alie": {},
+    "ipm": {},
+    "opt_alie": {},
+    "opt_ipm": {},
+    "mimic": {},
+    "inf": {},
+    "min_max": {},
+    "min_sum": {},
+    "backdoor": {},
+}
+CORE_ATTACKS = ["label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm"]
+FRACTIONS = [0.2, 0.4, 0.1, 0.3]  # in run order: the most telling first
+
+# method -> (aggregate, filters); "f" is filled in per cell. FedLag is left out (one cell
+# takes 320 s on this CPU against ~25 s for the others: benchmarks/results/grid-throughput).
+TAKES_F = {"krum", "multi_krum", "bulyan", "trimmed_mean", "mda", "meamed", "monna", "dnc"}
+RULES = [
+    "fedavg", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median",
+    "centered_clipping", "ema", "zeno", "mda", "monna", "meamed", "dnc", "fltrust",
+    "foolsgold", "weighted_median", "weighted_trimmed_mean", "norm_bounded_mean",
+]  # fmt: skip
+METHODS = [*RULES, "pid_made_fedavg"]
+
+
+def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
+    """The compare-grid entry of ``method`` told ``attackers`` Byzantine clients."""
+    if method == "pid_made_fedavg":
+        return {"aggregate": {"name": "fedavg"}, "filters": [{"name": "pid_made"}]}
+    aggregate: dict[str, Any] = {"name": method}
+    if method in TAKES_F:
+        bound = (clients - 3) // 4 if method == "bulyan" else (clients - 1) // 2
+        aggregate["f"] = min(attackers, bound)
+    elif method == "zeno":
+        aggregate["b"] = attackers
+    elif method == "weighted_trimmed_mean":
+        aggregate["beta"] = attackers / clients
+    return {"aggregate": aggregate}
+
+
+def cells_for(
+    base: dict[str, Any], methods: list[str], attacks: list[str], fractions: list[float],
+    seeds: int,
+) -> list[Any]:  # fmt: skip
+    """The matrix's cells, scenario by scenario, as validated grid cells."""
+    from fedsieve.config import Params
+    from tasks.grid import grid_cells
+
+    clients = base["partition"]["num_clients"]
+    cells = []
+    for fraction in fractions:
+        attackers = round(fraction * clients)
+        for attack in attacks:
+            grid = {
+                "methods": {m: method_spec(m, attackers, clients) for m in methods},
+                "attacks": [{"name": attack, **ATTACKS[attack]}],
+                "fractions": [fraction],
+                "seeds": list(range(seeds)),
+            }
+            cells += grid_cells(Params.model_validate({**base, "compare": grid}), REPO)
+    return cells
+
+
+_DATA: dict[str, Any] = {}
+
+
+def run_cell(cell: Any) -> dict[str, Any]:
+    """One cell through the engine (in a worker process; the dataset loaded once per
+    worker): its final metrics and test accuracy per round, or its error."""
+    import torch
+
+    from federated.data import ensure_medmnist, load_medmnist
+    from tasks.data import data_root
+    from tasks.grid import cell_results, partition_key, partitions_for
+    from tasks.training import federation_from_params
+
+    torch.set_num_threads(1)
+    params = cell.params
+    record: dict[str, Any] = {
+        "name": cell.name, "method": cell.method, "attack": cell.attack,
+        "fraction": cell.fraction, "seed": cell.seed,
+    }  # fmt: skip
+    started = time.perf_counter()
+    try:
+        key = params.data.dataset
+        if key not in _DATA:
+            root = data_root(params.data.root, REPO)
+            ensure_medmnist(key, root, download=params.data.download, progress=False)
+            _DATA[key] = load_medmnist(key, root)
+        data = _DATA[key]
+        clients, root = partitions_for.fn([cell], data)[partition_key(params)]
+        federation = federation_from_params(
+            params, data, clients, root, validation_every_round=False
+        )
+        state = federation.initial_state()
+        while state.round < params.train.rounds and state.halted is None:
+            state, _ = federation.run_round(state)
+        record["metrics"] = cell_results(federation, state, params)
+        record["accuracy"] = [row["test_acc"] for row in state.history]
+    except Exception as error:  # recorded, never dropped: the summary says which cells failed
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc(limit=3)
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    return record
+
+
+def finished(cells_file: Path) -> dict[str, dict[str, Any]]:
+    if not cells_file.exists():
+        return {}
+    rows = [json.loads(line) for line in cells_file.read_text().splitlines() if line.strip()]
+    return {row["name"]: row for row in rows}
+
+
+def run_matrix(cells: list[Any], cells_file: Path, workers: int) -> None:
+    done = finished(cells_file)
+    todo = [cell for cell in cells if cell.name not in done]
+    print(f"robustness: {len(cells)} cells, {len(done)} already done, {len(todo)} to run")
+    with ProcessPoolExecutor(max_workers=workers) as pool, cells_file.open("a") as out:
+        futures = [pool.submit(run_cell, cell) for cell in todo]
+        for count, future in enumerate(as_completed(futures), 1):
+            record = future.result()
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            status = record.get("error") or f"acc {record['metrics']['test_acc']:.3f}"
+            print(f"[{count}/{len(todo)}] {record['name']} {record['seconds']} s: {status}")
+
+
+def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
+    """The summary over seeds (JSON, Markdown) and one heatmap per fraction."""
+    from tasks.comparison import CellResult, aggregate_over_seeds, heat_table, summary_markdown
+    from tasks.plots import plot_compare_heatmap
+
+    records = list(finished(cells_file).values())
+    ok = [r for r in records if "error" not in r]
+    failed = sorted({f"{r['method']} under {r['attack']} @ {r['fraction']:g}: {r['error']}"
+                     for r in records if "error" in r})  # fmt: skip
+    results = [
+        CellResult(r["method"], r["attack"], r["fraction"], r["seed"], r["metrics"], r["accuracy"])
+        for r in ok
+    ]
+    rows = aggregate_over_seeds(results)
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    stem = RESULTS / f"robustness-{dataset}"
+    figures = []
+    for fraction in sorted({r["fraction"] for r in rows}):
+        share = [r for r in rows if r["fraction"] == fraction]
+        table, tied, scenarios = heat_table(share, methods)
+        figure = stem.with_name(f"{stem.name}-f{fraction:g}.png")
+        plot_compare_heatmap(table, tied, scenarios, methods, figure)
+        figures.append(figure.name)
+    clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+             for row in rows]  # fmt: skip
+    payload = {
+        "benchmark": "robustness",
+        "command": f"python -m benchmarks.robustness --dataset {dataset}",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "settings": settings,
+        "cells_run": len(records),
+        "cells_failed": failed,
+        "cell_seconds_mean": round(sum(r["seconds"] for r in records) / max(len(records), 1), 2),
+        "figures": figures,
+        "summary": clean,
+    }
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    note = "\n".join(f"- {line}" for line in failed) or "- none"
+    stem.with_suffix(".md").write_text(
+        f"# Robustness matrix: {dataset}\n\n"
+        f"Command: `{payload['command']}`. Mean ± 95 % t-interval over seeds of the final "
+        "test accuracy and AUC; FP/FN are honest clients excluded and attacker-rounds "
+        "missed, summed over rounds (filters only).\n\n"
+        f"{summary_markdown(rows)}\nCells that failed:\n{note}\n"
+    )
+    print(f"wrote {stem}.json, {stem}.md and {len(figures)} heatmaps ({len(ok)} cells)")
+
+
+def main() -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="breastmnist")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--attacks", nargs="+", default=CORE_ATTACKS, choices=list(ATTACKS))
+    parser.add_argument("--fractions", nargs="+", type=float, default=FRACTIONS)
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--summarise-only", action="store_true")
+    args = parser.parse_args()
+
+    base = yaml.safe_load((PARAMS / f"robustness-{args.dataset}.yaml").read_text())
+    cells_file = RESULTS / f"robustness-{args.dataset}-cells.jsonl"
+    if not args.summarise_only:
+        cells = cells_for(base, args.methods, args.attacks, args.fractions, args.seeds)
+        run_matrix(cells, cells_file, args.workers)
+    settings = {
+        "params": f"benchmarks/params/robustness-{args.dataset}.yaml",
+        "seeds": args.seeds, "attacks": args.attacks, "fractions": args.fractions,
+        "methods": args.methods, "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; weighted trimmed mean beta = f/n)",
+    }  # fmt: skip
+    summarise(args.dataset, cells_file, settings)
+
+
+if __name__ == "__main__":
+    main()
