@@ -6,6 +6,13 @@ silently); a missing one is fetched from the URL in ``medmnist.INFO`` when allow
 (medmnist's own downloader needs torchvision, which this project does not install).
 Loading reads the verified file's ``<split>_images`` / ``<split>_labels`` arrays, as
 medmnist's dataset classes do, and checks their shapes against ``medmnist.INFO``.
+
+``digits`` is scikit-learn's copy of the UCI handwritten digits (1,797 images of 8×8 in
+10 classes, shipped with scikit-learn: nothing to download), the stand-in here for the
+papers' MNIST experiments. So that every model, attack and partition treats it as a
+MedMNIST flag, its images are resized to 28×28 (bilinear, as MNIST's size) and stored as
+uint8, and it is split once, stratified and seeded (seed 0): 1,257 train, 180 validation,
+360 test images.
 """
 
 from __future__ import annotations
@@ -31,11 +38,14 @@ __all__ = [
     "ensure_medmnist",
     "file_md5",
     "list_datasets",
+    "load_digits",
     "load_medmnist",
     "to_tensors",
 ]
 
 SPLITS = ("train", "val", "test")
+DIGITS = "digits"
+DIGITS_SPLIT = {"train": 1257, "val": 180, "test": 360}
 
 
 class DataError(RuntimeError):
@@ -68,11 +78,29 @@ def _info_table() -> dict[str, dict]:
 
 
 def list_datasets() -> list[str]:
-    """The 2-D 28x28 MedMNIST flags this project can train on."""
-    return sorted(flag for flag in _info_table() if not flag.endswith("3d"))
+    """The 2-D 28x28 MedMNIST flags this project can train on, and ``digits``."""
+    return sorted([DIGITS, *(flag for flag in _info_table() if not flag.endswith("3d"))])
+
+
+def _digits_file() -> Path:
+    """scikit-learn's bundled digits file (what :func:`sklearn.datasets.load_digits` reads)."""
+    from importlib.resources import files
+
+    return Path(str(files("sklearn.datasets") / "data" / "digits.csv.gz"))
 
 
 def dataset_info(flag: str) -> DatasetInfo:
+    if flag == DIGITS:
+        return DatasetInfo(
+            flag=DIGITS,
+            task="multi-class",
+            n_channels=1,
+            n_classes=10,
+            labels=tuple(str(d) for d in range(10)),
+            url="sklearn.datasets.load_digits (bundled with scikit-learn)",
+            md5=file_md5(_digits_file()),
+            n_samples=dict(DIGITS_SPLIT),
+        )
     table = _info_table()
     if flag not in table or flag.endswith("3d"):
         raise DataError(f"unknown dataset {flag!r}; available: {', '.join(list_datasets())}")
@@ -135,7 +163,10 @@ def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -
 
 def ensure_medmnist(flag: str, root: Path, *, download: bool = True, progress: bool = True) -> Path:
     """Return the verified path of ``<root>/<flag>.npz``, downloading it when missing and
-    allowed. Raises :class:`DataError` naming the file, its md5 and how to obtain it."""
+    allowed. Raises :class:`DataError` naming the file, its md5 and how to obtain it.
+    ``digits`` is scikit-learn's own file: nothing to fetch."""
+    if flag == DIGITS:
+        return _digits_file()
     info = dataset_info(flag)
     path = Path(root) / f"{flag}.npz"
     if path.exists():
@@ -184,6 +215,8 @@ class MedMNISTData:
 def load_medmnist(flag: str, root: Path) -> MedMNISTData:
     """Load a local ``<root>/<flag>.npz`` (verify it first with :func:`ensure_medmnist`)
     and check its arrays have the shapes ``medmnist.INFO`` promises."""
+    if flag == DIGITS:
+        return load_digits()
     info = dataset_info(flag)
     path = Path(root) / f"{flag}.npz"
     splits: dict[str, Split] = {}
@@ -211,6 +244,32 @@ def load_medmnist(flag: str, root: Path) -> MedMNISTData:
             )
         splits[split] = Split(images=images, labels=labels.astype(np.int64))
     return MedMNISTData(info=info, **splits)
+
+
+def load_digits() -> MedMNISTData:
+    """scikit-learn's digits as a MedMNIST-shaped dataset: 28×28 uint8 images, a seeded
+    stratified train / validation / test split."""
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    pixels = torch.from_numpy(bunch.images).float().unsqueeze(1) * (255.0 / 16.0)  # (N,1,8,8)
+    images = F.interpolate(pixels, size=(28, 28), mode="bilinear", align_corners=False)
+    images_u8 = images.squeeze(1).round().clamp(0, 255).to(torch.uint8).numpy()  # (N, 28, 28)
+    labels = bunch.target.astype(np.int64).reshape(-1, 1)
+    index = np.arange(len(labels))
+    rest, test = train_test_split(
+        index, test_size=DIGITS_SPLIT["test"], stratify=labels[:, 0], random_state=0
+    )
+    train, val = train_test_split(
+        rest, test_size=DIGITS_SPLIT["val"], stratify=labels[rest, 0], random_state=0
+    )
+    splits = {
+        name: Split(images=images_u8[np.sort(rows)], labels=labels[np.sort(rows)])
+        for name, rows in (("train", train), ("val", val), ("test", test))
+    }
+    return MedMNISTData(info=dataset_info(DIGITS), **splits)
 
 
 def to_tensors(

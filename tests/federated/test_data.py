@@ -135,3 +135,18 @@ def test_an_unreachable_download_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(data_module.urllib.request, "urlopen", refuse)
     with pytest.raises(DataError, match=r"download failed.*750601b1f35ba3300ea97c75c52ff8f6"):
         ensure_medmnist("breastmnist", tmp_path, download=True, progress=False)
+
+
+def test_digits_is_a_dataset_like_any_flag_with_a_seeded_stratified_split(tmp_path):
+    # scikit-learn's real digits: no download, the root is not read
+    assert "digits" in list_datasets()
+    first, again = load_medmnist("digits", tmp_path), load_medmnist("digits", tmp_path)
+
+    sizes = {name: len(getattr(first, name)) for name in ("train", "val", "test")}
+    assert sizes == {"train": 1257, "val": 180, "test": 360}
+    assert first.train.images.shape[1:] == (28, 28) and first.train.images.dtype == np.uint8
+    assert np.array_equal(first.test.images, again.test.images)
+    assert np.bincount(first.test.targets).min() >= 35  # every class in every split
+    assert first.info.n_classes == 10 and first.info.task == "multi-class"
+    assert ensure_medmnist("digits", tmp_path, download=False).name == "digits.csv.gz"
+    assert file_md5(ensure_medmnist("digits", tmp_path)) == first.info.md5
