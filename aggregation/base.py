@@ -418,7 +418,8 @@ class FilterDecision:
     ``keep``: bool ``(n_clients,)``; ``scores``: the statistic compared to ``threshold``
     (None when the filter has no scalar score); ``reason``: the exclusion reason recorded
     in the trail for dropped clients; ``columns``: further per-client values for the trail
-    (e.g. PID-MADE's distance and P/I/D terms), each a tensor ``(n_clients,)``.
+    (e.g. PID-MADE's distance and P/I/D terms), each a tensor ``(n_clients,)``; ``note``:
+    how the threshold was chosen, written beside each exclusion in the trail.
     """
 
     keep: Tensor
@@ -426,6 +427,7 @@ class FilterDecision:
     scores: Tensor | None = None
     threshold: float | None = None
     columns: dict[str, Tensor] = field(default_factory=dict)
+    note: str = ""
 
 
 class Filter:

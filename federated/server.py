@@ -643,7 +643,7 @@ class Federation:
                 for name, column in decision.columns.items():
                     row[name] = float(column[row_index])
                 if not bool(decision.keep[row_index]):
-                    row.update(excluded=True, reason=decision.reason)
+                    row.update(excluded=True, reason=decision.reason, message=decision.note)
                     keep[position] = False
         return states
 

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from scipy.stats import t as student_t
 
 from aggregation import build_filter, list_filters
 from aggregation.filters import PIDMADE, chebyshev_k, gaussian_k
@@ -37,11 +38,11 @@ def test_registered_as_pid_made_with_the_paper_defaults() -> None:
 
     assert "pid_made" in list_filters()
     assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
-    assert (filt.threshold, filt.centroid, filt.exclusion) == ("chebyshev", "mean", "round")
+    assert (filt.threshold, filt.centroid, filt.exclusion) == ("robust", "mean", "permanent")
 
 
 def test_docstring_example_over_three_rounds() -> None:
-    filt = PIDMADE(threshold="k", k=1.0)
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="round")
 
     (r1, r2, r3), state = run(filt, ROUNDS)
 
@@ -72,7 +73,7 @@ def test_docstring_example_over_three_rounds() -> None:
 
 def test_permuting_rows_and_ids_permutes_the_decisions() -> None:
     gen = torch.Generator().manual_seed(0)
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
     ids = list(range(10, 18))
     perm = torch.randperm(8, generator=gen)
     state_a, state_b = filt.init_state(), filt.init_state()
@@ -95,7 +96,7 @@ def test_permuting_rows_and_ids_permutes_the_decisions() -> None:
 
 
 def test_unsampled_client_keeps_its_history_and_resumes_from_its_last_distance() -> None:
-    filt = PIDMADE(threshold="k", k=1.0)
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="round")
     (_,), state = run(filt, [ROUNDS[0]])  # client 3: D = 3
 
     (_,), state = run(filt, [[0.0, 3.0, 0.0]], ids=[0, 1, 2], state=state)
@@ -109,7 +110,7 @@ def test_unsampled_client_keeps_its_history_and_resumes_from_its_last_distance()
 
 @pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
 def test_new_client_mid_run_starts_with_empty_integral_and_no_derivative() -> None:
-    filt = PIDMADE(threshold="k", k=1.0)
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="round")
     (_,), state = run(filt, [[0.0, 2.0]], ids=[0, 1])
 
     (d,), _ = run(filt, [[0.0, 2.0, 7.0]], ids=[0, 1, 9], state=state)
@@ -136,7 +137,7 @@ def test_permanent_exclusion_bans_and_leaves_the_banned_out_of_the_statistics() 
 
 
 def test_round_exclusion_readmits_a_client_once_it_behaves() -> None:
-    (_, _, r3), state = run(PIDMADE(threshold="k", k=1.0), ROUNDS)
+    (_, _, r3), state = run(PIDMADE(threshold="k", k=1.0, exclusion="round"), ROUNDS)
 
     assert r3.keep[3]
     assert state["banned"] == []
@@ -180,7 +181,7 @@ def honest_round(gen: torch.Generator, n: int = 20, d: int = 1_000) -> torch.Ten
 )
 def test_planted_attacker_is_excluded_and_honest_clients_kept(attack: str, params: dict) -> None:
     gen = torch.Generator().manual_seed(1)
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
     ids = list(range(20))
     mask = malicious_mask(ids, {4})
     state = filt.init_state()
@@ -194,7 +195,7 @@ def test_planted_attacker_is_excluded_and_honest_clients_kept(attack: str, param
 
 def test_nan_client_is_dropped_and_the_others_are_scored() -> None:
     gen = torch.Generator().manual_seed(1)
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
     ids = list(range(20))
     mask = malicious_mask(ids, {4})
 
@@ -213,7 +214,7 @@ def test_a_huge_finite_update_is_excluded_without_overflowing_the_others() -> No
     ids = list(range(20))
     mask = malicious_mask(ids, {3})
     updates = build_attack("scaling", factor=1e36).apply(honest_round(gen), mask)  # float32
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
 
     decision, _ = filt.step(filt.init_state(), updates, ids)
 
@@ -227,14 +228,16 @@ def test_chebyshev_excludes_a_gross_outlier_among_fifty() -> None:
     mask = malicious_mask(ids, {7})
     updates = build_attack("scaling", factor=20.0).apply(honest_round(gen, n=50), mask)
 
-    decision, _ = PIDMADE().step(PIDMADE().init_state(), updates, ids)
+    filt = PIDMADE(threshold="chebyshev")
+
+    decision, _ = filt.step(filt.init_state(), updates, ids)
 
     assert decision.keep.tolist() == (~mask).tolist()
 
 
 def test_chebyshev_warns_when_no_client_can_exceed_the_threshold() -> None:
     updates = honest_round(torch.Generator().manual_seed(3))
-    filt = PIDMADE()  # k = sqrt(19) = 4.36 >= sqrt(20 - 1)
+    filt = PIDMADE(threshold="chebyshev")  # k = sqrt(19) = 4.36 >= sqrt(20 - 1)
 
     with pytest.warns(UserWarning, match="nobody will be excluded"):
         decision, _ = filt.step(filt.init_state(), updates, list(range(20)))
@@ -246,7 +249,7 @@ def test_threshold_multipliers() -> None:
     assert chebyshev_k(0.1) == pytest.approx(3.0)
     assert gaussian_k(0.05) == pytest.approx(1.6448536269514722)
     assert gaussian_k(0.5) == pytest.approx(0.0, abs=1e-12)
-    assert PIDMADE(alpha=0.2).k_value == pytest.approx(2.0)
+    assert PIDMADE(threshold="chebyshev", alpha=0.2).k_value == pytest.approx(2.0)
     assert PIDMADE(threshold="gaussian", alpha=0.025).k_value == pytest.approx(1.959964, abs=1e-6)
     assert PIDMADE(threshold="k", k=2.5).k_value == 2.5
 
@@ -263,7 +266,7 @@ def test_identical_updates_are_all_kept() -> None:
 
 
 def test_non_finite_row_is_dropped_and_leaves_everything_else_alone() -> None:
-    filt = PIDMADE(threshold="k", k=1.0)
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="round")
     finite, _ = run(filt, [ROUNDS[0]])
     updates = torch.cat([column(ROUNDS[0]), column([math.inf])])
 
@@ -287,7 +290,7 @@ def test_geometric_median_centroid_resists_the_outlier() -> None:
 
 def test_float32_updates_keep_their_device() -> None:
     updates = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
 
     decision, _ = filt.step(filt.init_state(), updates, range(5))
 
@@ -296,7 +299,7 @@ def test_float32_updates_keep_their_device() -> None:
 
 
 def test_client_ids_must_match_rows_and_be_distinct() -> None:
-    filt = PIDMADE(threshold="gaussian")
+    filt = PIDMADE(threshold="gaussian", exclusion="round")
     with pytest.raises(ValueError, match="3 ids for 4"):
         filt.step(filt.init_state(), column(ROUNDS[0]), [0, 1, 2])
     with pytest.raises(ValueError, match="distinct"):
@@ -311,9 +314,9 @@ def test_client_ids_must_match_rows_and_be_distinct() -> None:
         ({"kp": math.nan}, "kp"),
         ({"alpha": 0.0}, r"alpha must be in the open interval \(0, 1\)"),
         ({"alpha": 1.0}, "alpha"),
-        ({"threshold": "student"}, "threshold must be one of chebyshev, gaussian, k"),
+        ({"threshold": "student"}, "threshold must be one of robust, chebyshev, gaussian, k"),
         ({"centroid": "median"}, "centroid must be one of mean, geometric_median"),
-        ({"exclusion": "forever"}, "exclusion must be one of round, permanent"),
+        ({"exclusion": "forever"}, "exclusion must be one of permanent, round"),
         ({"threshold": "k"}, "threshold='k' needs k"),
         ({"k": 2.0}, "only used with threshold='k'"),
     ],
@@ -323,3 +326,67 @@ def test_bad_parameters_fail_with_the_parameter_and_what_is_allowed(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         build_filter("pid_made", **params)
+
+
+def test_robust_threshold_by_hand() -> None:
+    # round 1, updates [0 x 9, 5]: mean 0.5, u = D = [0.5 x 9, 4.5]; median 0.5, MAD 0,
+    # so the mean absolute deviation 0.4 is the scale; round 1's share of alpha with
+    # permanent exclusion is 6 * 0.05 / pi^2, split over m = 10 clients, and the MAD of 10
+    # scores counts as 0.45 * 10 degrees of freedom -> client 9 excluded, and banned for good
+    filt = PIDMADE()
+    k = student_t.ppf(1 - 6 * 0.05 / math.pi**2 / 10, df=0.45 * 10)
+
+    [decision], state = run(filt, [[0.0] * 9 + [5.0]], ids=list(range(10)))
+
+    assert decision.threshold == pytest.approx(0.5 + k * 0.4)
+    assert decision.keep.tolist() == [True] * 9 + [False]
+    assert state["banned"] == [9]
+    assert "robust threshold median" in decision.note and "m = 10" in decision.note
+
+
+def test_the_robust_threshold_spends_alpha_over_rounds_only_when_exclusion_is_permanent() -> None:
+    permanent, per_round = PIDMADE(), PIDMADE(exclusion="round")
+
+    assert sum(permanent.round_alpha(t) for t in range(1, 100_000)) == pytest.approx(0.05, 1e-4)
+    assert per_round.round_alpha(7) == 0.05
+    assert permanent.k_value_for(20, 10) > permanent.k_value_for(20, 1) > per_round.k_value_for(20)
+
+
+@pytest.mark.parametrize(
+    ("clients", "attackers"), [(5, 1), (20, 4), (20, 8), (100, 30), (1000, 200)]
+)
+def test_the_defaults_ban_every_attacker_and_no_honest_client_at_any_size(
+    clients: int, attackers: int
+) -> None:
+    # the same sign-flipped update from every attacker: no attacker's z-score can exceed
+    # sqrt((1 - p) / p), so the paper's mean + k std rules miss them at these shares
+    gen = torch.Generator().manual_seed(clients)
+    ids = list(range(clients))
+    mask = malicious_mask(ids, set(range(attackers)))
+    filt = PIDMADE()
+    state = filt.init_state()
+
+    for _ in range(10):
+        updates = build_attack("sign_flip").apply(honest_round(gen, n=clients, d=200), mask)
+        _, state = filt.step(state, updates, ids)
+
+    assert state["banned"] == list(range(attackers))
+
+
+def test_identical_attackers_hide_from_the_papers_thresholds_not_from_the_robust_one() -> None:
+    # 8 of 20 clients send the same vector: no attacker's z-score can exceed
+    # sqrt(0.6 / 0.4) = 1.22 < 1.645 (Gaussian, alpha 0.05) < 4.36 (Chebyshev)
+    gen = torch.Generator().manual_seed(0)
+    updates = honest_round(gen)
+    updates[:8] = -updates[8:].mean(0)
+    ids = list(range(20))
+
+    for threshold in ("chebyshev", "gaussian"):
+        filt = PIDMADE(threshold=threshold)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decision, _ = filt.step(filt.init_state(), updates, ids)
+        assert decision.keep.all(), threshold
+    robust = PIDMADE()
+    decision, _ = robust.step(robust.init_state(), updates, ids)
+    assert decision.keep.tolist() == [False] * 8 + [True] * 12
