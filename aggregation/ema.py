@@ -9,11 +9,12 @@ Res. 27(6)).
 
 Per parameter, over the n clients' values:
 
-1. Q1, Q3 and IQR = Q3 - Q1 (Algorithm 2, lines 1-2);
-2. keep the values inside ``[Q1 - k*IQR, Q3 + k*IQR]`` (Algorithm 2, lines 3-9);
-3. over the kept values, q1, the median m and q3 (Algorithm 1, lines 5-18);
+1. the median m of all n sorted values (Algorithm 1, lines 5-10: before any trimming);
+2. Q1, Q3 and IQR = Q3 - Q1, and the values inside ``[Q1 - k*IQR, Q3 + k*IQR]`` kept
+   (Algorithm 2; Algorithm 1, line 11: ``G_aggregated = sg[L : U]``);
+3. over the kept values, the quartiles q1 and q3 (Algorithm 1, lines 14-18);
 4. return ``w (q1 + q3) / 2 + (1 - w) m`` with ``w = 0.70 + 0.39 / n_kept`` (Luo et al.'s
-   weight for the {q1, m, q3; n} scenario; Algorithm 1, lines 16-19), computed as
+   weight for the {q1, m, q3; n} scenario; Algorithm 1, lines 16 and 19), computed as
    ``m + w ((q1 + q3) / 2 - m)`` so that equal values return exactly that value.
 
 Choices the paper leaves open, made here:
@@ -36,14 +37,15 @@ Parameters: ``k: float = 1.5`` (>= 0, Tukey's fence). Shapes: ``(n, d), (n,) | N
 outside the fences; ``effective_weight`` (n,), its coefficient in the output averaged over
 the coordinates (the estimate is ``(1 - w) m + (w/2) q1 + (w/2) q3`` and each quantile
 interpolates two order statistics, so each coordinate is a fixed combination of at most
-six kept values; equal values share equally): an attribution, as for the median.
+six values; equal values share equally): an attribution, as for the median. A fenced
+client can keep a share through m, which is taken before the fences.
 
-Example (k = 1.5): one coordinate with values ``0, 1, 2, 3, 4, 5, 6, 7, 8, 100``: Q1 =
-2.25, Q3 = 6.75, IQR = 4.5, fences [-4.5, 13.5], so 100 is dropped; over 0..8, q1 = 2,
-m = 4, q3 = 6 and w = 0.70 + 0.39/9, so the result is 4 (the mean of the kept values).
-A skewed second coordinate ``0, 0, 0, 0, 0, 0, 1, 1, 2, 4``: Q1 = 0, Q3 = 1, fences
-[-1.5, 2.5], 4 is dropped; over the nine kept values q1 = 0, m = 0, q3 = 1, so the
-result is ``(0.70 + 0.39/9) / 2 = 0.37167`` (to 5 places). The client holding 100 in
+Example (k = 1.5): one coordinate with values ``0, 1, 2, 3, 4, 5, 6, 7, 8, 100``: the
+median of all ten is m = 4.5; Q1 = 2.25, Q3 = 6.75, IQR = 4.5, fences [-4.5, 13.5], so
+100 is dropped; over 0..8, q1 = 2 and q3 = 6, w = 0.70 + 0.39/9, so the result is
+``4.5 + w (4 - 4.5) = 4.12833`` (to 5 places). A skewed second coordinate ``0, 0, 0, 0,
+0, 0, 1, 1, 2, 4``: m = 0; Q1 = 0, Q3 = 1, fences [-1.5, 2.5], 4 is dropped; over the
+nine kept values q1 = 0, q3 = 1, so the result is ``(0.70 + 0.39/9) / 2 = 0.37167``. The client holding 100 in
 the first coordinate and 4 in the second is fenced in both: fenced share 1, effective
 weight 0.
 """
@@ -135,10 +137,15 @@ class EstimatedMean(AggregationRule):
         """Each client's coefficient ``(n, c)`` in the estimate of each column."""
         w = 0.70 + 0.39 / count.to(ordered.dtype)
         coefficients = torch.zeros_like(values)
-        for q, share in ((0.25, w / 2), (0.5, 1.0 - w), (0.75, w / 2)):
-            position = start.to(ordered.dtype) + q * (count - 1).to(ordered.dtype)
+        everything = (torch.zeros_like(start), torch.full_like(count, ordered.shape[0]))
+        for q, share, (first, size) in (
+            (0.25, w / 2, (start, count)),
+            (0.5, 1.0 - w, everything),  # the median of all values
+            (0.75, w / 2, (start, count)),
+        ):
+            position = first.to(ordered.dtype) + q * (size - 1).to(ordered.dtype)
             low = position.floor()
-            high = torch.minimum(low + 1, (start + count - 1).to(ordered.dtype))
+            high = torch.minimum(low + 1, (first + size - 1).to(ordered.dtype))
             for index, part in ((low, 1.0 - (position - low)), (high, position - low)):
                 point = ordered.gather(0, index.long()[None, :])[0]
                 coefficients += point_shares(values, point) * (share * part)
@@ -162,9 +169,10 @@ class EstimatedMean(AggregationRule):
         return torch.where(empty, everything, start), torch.where(empty, all_n, count)
 
     def _estimate(self, ordered: Tensor, start: Tensor, count: Tensor) -> Tensor:
-        """Luo et al.'s estimate from the values ``[start, start + count)`` of each column."""
+        """Luo et al.'s estimate: the median of every value of each column, the quartiles of
+        its kept values ``[start, start + count)``."""
         kept_q1 = window_quantile(ordered, start, count, 0.25)
-        median = window_quantile(ordered, start, count, 0.5)
+        median = _fixed_quantile(ordered, 0.5)
         kept_q3 = window_quantile(ordered, start, count, 0.75)
         w = 0.70 + 0.39 / count.to(ordered.dtype)
         return median + w * ((kept_q1 + kept_q3) / 2 - median)

@@ -112,7 +112,7 @@ def _order_statistic_kernel(
         start = tl.where(empty, 0, start)
         count = tl.where(empty, n, count)
         kept_q1 = _window_quantile(tile, rows, start, count, 0.25)
-        middle = _window_quantile(tile, rows, start, count, 0.5)
+        middle = _row(tile, rows, (n - 1) // 2) * 0.5 + _row(tile, rows, n // 2) * 0.5
         kept_q3 = _window_quantile(tile, rows, start, count, 0.75)
         weight = 0.70 + 0.39 / count.to(tl.float32)
         result = middle + weight * ((kept_q1 + kept_q3) / 2 - middle)
