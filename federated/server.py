@@ -53,7 +53,12 @@ from federated.seeding import (
     sample_clients,
     torch_generator,
 )
-from federated.stats.noniid import client_losses, noniid_exclusions, noniid_verdict
+from federated.stats.noniid import (
+    NonIIDResult,
+    client_losses,
+    noniid_exclusions,
+    noniid_verdict,
+)
 from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = [
@@ -336,6 +341,14 @@ class Federation:
             return None
         model = self.selected_model(state) if selected else self.global_model(state)
         return attack_success_rate(model, *self.backdoor_test)
+
+    def trained_model_noniid(self, model: nn.Module, loss: str, threshold: float) -> NonIIDResult:
+        """EMA's Algorithms 3-4 as the paper runs them: the trained ``model``'s ``loss`` on
+        every client's local data (as the server sees it, poisoned labels included) and the
+        CV verdict against ``threshold``."""
+        datasets = [(client.images, client.targets) for client in self.clients]
+        losses = client_losses(model, datasets, loss=loss, device=self.device)  # type: ignore[arg-type]
+        return noniid_verdict(losses, threshold=threshold)
 
     def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their

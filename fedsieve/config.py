@@ -196,6 +196,7 @@ class NonIIDParams(_Section):
     """CV-based non-IID detection (EMA paper, Algorithms 3-4)."""
 
     every: int = Field(1, ge=0)  # check every N rounds (0 = never)
+    final: bool = True  # also check the trained model on every client, as the paper does
     loss: Literal["mse", "cross_entropy"] = "mse"  # the paper: MSE of softmax vs one-hot
     threshold: float = Field(0.25, gt=0)  # verdict non_iid when CV > threshold
     exclude: bool = False  # leave out clients whose loss z-score exceeds z

@@ -25,6 +25,7 @@ from tasks.training import (
     record_round,
     resumed_state,
     train_round,
+    trained_model_noniid,
     write_run_info,
     write_training_reports,
 )
@@ -64,6 +65,8 @@ def train_flow(
                 state, report = train_round(federation, state, on_client=progress.client_done)
                 record_round(tracker, report, state, paths.checkpoint, digest)
                 progress.round_done(report)
-        write_training_reports(paths, federation.selected_model(state), state, params, tracker)
+        model = federation.selected_model(state)
+        trained_noniid = trained_model_noniid(federation, model, params)
+        write_training_reports(paths, model, state, params, tracker, trained_noniid)
         halt_if_bound_exceeded(state)  # fail closed: reports written, the run closed FAILED
     return write_run_info(paths, tracker, state, digest)

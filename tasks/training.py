@@ -57,6 +57,7 @@ __all__ = [
     "run_attack",
     "save_checkpoint",
     "train_round",
+    "trained_model_noniid",
     "write_run_info",
     "write_training_reports",
 ]
@@ -157,7 +158,7 @@ def _backdoor_test(
 
 def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
     noniid = params.noniid
-    if info.multi_label or (noniid.every == 0 and not noniid.exclude):
+    if info.multi_label or (noniid.every == 0 and not noniid.exclude and not noniid.final):
         return None
     return NonIIDCheck(
         every=noniid.every,
@@ -308,11 +309,33 @@ def trail_columns(trail: list[dict[str, Any]]) -> list[str]:
     return [*TRAIL_COLUMNS, *extra]
 
 
-def noniid_report(state: ServerState, params: Params) -> dict[str, Any]:
-    """The last non-IID evaluation: CV, threshold, verdict, per-client losses."""
+def trained_model_noniid(
+    federation: Federation, model: torch.nn.Module, params: Params
+) -> dict[str, Any] | None:
+    """The paper's non-IID check (EMA, Algorithms 3-4) on the trained model, every client,
+    when ``noniid.final`` asks for it (never for multi-label data, as the per-round one)."""
+    if not params.noniid.final or federation.noniid is None or len(federation.clients) < 2:
+        return None
+    result = federation.trained_model_noniid(model, params.noniid.loss, params.noniid.threshold)
+    ids = [str(client.client_id) for client in federation.clients]
+    return {
+        "cv": result.cv,
+        "verdict": result.verdict,
+        "loss": params.noniid.loss,
+        "client_losses": dict(zip(ids, result.losses.tolist(), strict=True)),
+    }
+
+
+def noniid_report(
+    state: ServerState, params: Params, trained_model: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The last per-round non-IID evaluation (CV, threshold, verdict, per-client losses)
+    and, under ``trained_model``, the same on the trained model (the paper's)."""
+    final = {} if trained_model is None else {"trained_model": trained_model}
     checked = [row for row in state.history if "noniid_cv" in row]
     if not checked:
-        return {"cv": None, "threshold": params.noniid.threshold, "verdict": "not_evaluated"}
+        verdict = "not_evaluated"
+        return {"cv": None, "threshold": params.noniid.threshold, "verdict": verdict, **final}
     last = checked[-1]
     losses = {
         str(row["client"]): row["noniid_loss"]
@@ -327,15 +350,17 @@ def noniid_report(state: ServerState, params: Params) -> dict[str, Any]:
         "loss": params.noniid.loss,
         "client_losses": losses,
         "cv_per_round": {int(row["round"]): row["noniid_cv"] for row in checked},
+        **final,
     }
 
 
 @task(name="write-training-reports", cache_policy=NO_CACHE)
 def write_training_reports(
     paths: ProjectPaths, model: torch.nn.Module, state: ServerState, params: Params,
-    tracker: Tracker,
+    tracker: Tracker, trained_noniid: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
-    """The final model, the per-round table, the exclusion trail, the non-IID report and
+    """The final model, the per-round table, the exclusion trail, the non-IID report (with
+    ``trained_noniid``, the trained model's check: :func:`trained_model_noniid`) and
     their figures, each also logged to the run."""
     paths.model.parent.mkdir(parents=True, exist_ok=True)
     # contiguous: the file does not depend on the layout training used (federated.layout)
@@ -343,7 +368,9 @@ def write_training_reports(
     torch.save(weights, paths.model)
     write_csv(paths.rounds, state.history)
     write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
-    write_json(paths.noniid, noniid_report(state, params))
+    write_json(paths.noniid, noniid_report(state, params, trained_noniid))
+    if trained_noniid is not None:
+        tracker.log_metrics({"noniid_cv_trained": trained_noniid["cv"]})
     plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
     plot_curves(state.history, paths.curves)
     tracker.log_table(state.trail, "exclusions.json")

@@ -183,6 +183,24 @@ def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
     assert report.metrics["clients_kept"] == 5
 
 
+def test_the_trained_model_check_scores_every_client_as_the_paper_does(medmnist_root):
+    federation = make_federation(medmnist_root, num_clients=5)
+    state, _ = federation.run_round(federation.initial_state())
+    model = federation.global_model(state)
+    before = federation.trained_model_noniid(model, "cross_entropy", 0.25)
+    client = federation.clients[1]  # labels against every prediction: a client unlike the rest
+    with torch.no_grad():
+        predicted = model(client.images).argmax(dim=1)
+    federation.clients[1] = ClientData(1, client.images, 1 - predicted)
+
+    after = federation.trained_model_noniid(model, "cross_entropy", before.cv)
+
+    assert len(before.losses) == len(after.losses) == 5
+    assert int(after.losses.argmax()) == 1
+    assert after.cv == pytest.approx(after.losses.std() / after.losses.mean())
+    assert after.cv > before.cv and after.verdict == "non_iid" and before.verdict == "iid"
+
+
 def test_on_client_is_called_once_for_every_sampled_client(medmnist_root, broken_client):
     federation = make_federation(medmnist_root, num_clients=4)
     federation.clients[2] = broken_client(2, federation.clients[0])

@@ -81,6 +81,8 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         and noniid["verdict"] in ("iid", "non_iid")
         and noniid["cv"] >= 0
     )
+    trained = noniid["trained_model"]  # the paper's check: the trained model, every client
+    assert trained["verdict"] in ("iid", "non_iid") and len(trained["client_losses"]) == 3
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
@@ -94,6 +96,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert [m.step for m in client.get_metric_history(run.info.run_id, "client_loss/2")] == [1, 2]
     assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
     assert "pretest_shapiro_rate" in run.data.metrics and "noniid_cv" in run.data.metrics
+    assert run.data.metrics["noniid_cv_trained"] == pytest.approx(trained["cv"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
