@@ -39,6 +39,7 @@ RESULTS = REPO / "benchmarks" / "results"
 PARAMS = REPO / "benchmarks" / "params"
 
 ATTACKS: dict[str, dict[str, Any]] = {
+    "none": {},
     "label_flip": {"rate": 1.0, "mapping": "reverse"},
     "sign_flip": {},
     "gaussian": {},
@@ -53,6 +54,7 @@ ATTACKS: dict[str, dict[str, Any]] = {
     "min_sum": {},
     "backdoor": {},
 }
+BINARY = {"breastmnist"}  # accuracy sits near the majority share there: the glance shows AUC
 CORE_ATTACKS = ["label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm"]
 FRACTIONS = [0.2, 0.4, 0.1, 0.3]  # in run order: the most telling first
 
@@ -141,11 +143,26 @@ def run_cell(cell: Any) -> dict[str, Any]:
             state, _ = federation.run_round(state)
         record["metrics"] = cell_results(federation, state, params)
         record["accuracy"] = [row["test_acc"] for row in state.history]
+        record["excluded"] = excluded_clients(state.trail)
     except Exception as error:  # recorded, never dropped: the summary says which cells failed
         record["error"] = f"{type(error).__name__}: {error}"
         record["traceback"] = traceback.format_exc(limit=3)
     record["seconds"] = round(time.perf_counter() - started, 2)
     return record
+
+
+def excluded_clients(trail: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which clients a screen or filter ever left out, honest and malicious, and the round
+    each malicious one was first left out (a permanent ban's moment)."""
+    out = [row for row in trail if row["excluded"]]
+    first: dict[int, int] = {}
+    for row in out:
+        if row["malicious"]:
+            first.setdefault(int(row["client"]), int(row["round"]))
+    return {
+        "honest": sorted({int(row["client"]) for row in out if not row["malicious"]}),
+        "malicious_first_round": {str(k): v for k, v in sorted(first.items())},
+    }
 
 
 def finished(cells_file: Path) -> dict[str, dict[str, Any]]:
@@ -169,6 +186,27 @@ def run_matrix(cells: list[Any], cells_file: Path, workers: int) -> None:
             print(f"[{count}/{len(todo)}] {record['name']} {record['seconds']} s: {status}")
 
 
+def glance(rows: list[dict[str, Any]], metric: str, fraction: float) -> str:
+    """A method × attack table of ``metric``'s mean ± 95 % interval at one fraction (the
+    no-attack baseline first where it was run)."""
+    share = [r for r in rows if r["fraction"] == fraction or r["attack"] == "none"]
+    attacks = list(
+        dict.fromkeys(r["attack"] for r in sorted(share, key=lambda r: r["attack"] != "none"))
+    )
+    methods = list(dict.fromkeys(r["method"] for r in share))
+    cell = {(r["method"], r["attack"]): r for r in share}
+
+    def text(row: dict[str, Any] | None) -> str:
+        if row is None or row[f"{metric}_mean"] is None:
+            return "–"
+        ci = row[f"{metric}_ci95"]
+        return f"{row[f'{metric}_mean']:.2f}" + (f" ± {ci:.2f}" if ci is not None else "")
+
+    lines = [f"| method | {' | '.join(attacks)} |", "|---" * (len(attacks) + 1) + "|"]
+    lines += [f"| {m} | {' | '.join(text(cell.get((m, a))) for a in attacks)} |" for m in methods]
+    return "\n".join(lines) + "\n"
+
+
 def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
     """The summary over seeds (JSON, Markdown) and one heatmap per fraction."""
     from tasks.comparison import CellResult, aggregate_over_seeds, heat_table, summary_markdown
@@ -176,6 +214,9 @@ def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
 
     records = list(finished(cells_file).values())
     ok = [r for r in records if "error" not in r]
+    for key in ("method", "attack", "fraction"):
+        settings[f"{key}s"] = list(dict.fromkeys(r[key] for r in records))
+    settings["seeds"] = len({r["seed"] for r in records})
     failed = sorted({f"{r['method']} under {r['attack']} @ {r['fraction']:g}: {r['error']}"
                      for r in records if "error" in r})  # fmt: skip
     results = [
@@ -207,11 +248,20 @@ def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
     }
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
     note = "\n".join(f"- {line}" for line in failed) or "- none"
+    metric = "auc" if dataset in BINARY else "acc"
+    tables = "\n".join(
+        f"Final test {metric.upper()} at attacker fraction {fraction:g}:\n\n"
+        f"{glance(clean, metric, fraction)}"
+        for fraction in sorted({r["fraction"] for r in rows if r["attack"] != "none"})
+    )
     stem.with_suffix(".md").write_text(
         f"# Robustness matrix: {dataset}\n\n"
-        f"Command: `{payload['command']}`. Mean ± 95 % t-interval over seeds of the final "
-        "test accuracy and AUC; FP/FN are honest clients excluded and attacker-rounds "
-        "missed, summed over rounds (filters only).\n\n"
+        f"Command: `{payload['command']}` (the core attacks; `--attacks opt_alie opt_ipm "
+        "mimic inf min_max min_sum backdoor --fractions 0.2 0.4` the others). Mean ± 95 % "
+        "t-interval over seeds of the final test accuracy and AUC; FP/FN are honest "
+        "clients excluded and attacker-rounds missed, summed over rounds (filters and "
+        "rules that select clients).\n\n"
+        f"## At a glance\n\n{tables}\n## Every cell\n\n"
         f"{summary_markdown(rows)}\nCells that failed:\n{note}\n"
     )
     print(f"wrote {stem}.json, {stem}.md and {len(figures)} heatmaps ({len(ok)} cells)")
@@ -237,8 +287,7 @@ def main() -> None:
         run_matrix(cells, cells_file, args.workers)
     settings = {
         "params": f"benchmarks/params/robustness-{args.dataset}.yaml",
-        "seeds": args.seeds, "attacks": args.attacks, "fractions": args.fractions,
-        "methods": args.methods, "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; weighted trimmed mean beta = f/n)",
+        "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; weighted trimmed mean beta = f/n)",
     }  # fmt: skip
     summarise(args.dataset, cells_file, settings)
 

@@ -1,0 +1,158 @@
+"""Benchmark: PID-MADE's own experiments, as close as the data here allows, over seeds.
+
+On scikit-learn's digits (the stand-in for the paper's FEMNIST digits), the logistic
+model and label flipping at 100 % unless stated (``benchmarks/params/robustness-digits.yaml``
+otherwise: IID clients, 20 rounds of two local epochs):
+
+- ``table4``: 20 clients, 2 attackers, poisoning rate 10 / 50 / 100 % (the paper's Table
+  4): FedAvg alone and PID-MADE before it with our default threshold and the paper's two;
+- ``figure4``: 40 clients, attacker fraction 0.1 to 0.5 (the paper's Figure 4);
+- ``ablation``: 20 clients, 4 attackers: P (Ki = Kd = 0), PI (Kd = 0) and PID;
+- ``thresholds``: 8 / 20 / 40 / 100 clients, a fifth of them attackers: Chebyshev,
+  Gaussian and robust thresholds.
+
+Every PID-MADE method excludes for good (Algorithm 1). Cells run through
+:func:`benchmarks.robustness.run_cell` (the comparison grid's engine calls) and append to
+``benchmarks/results/pid-made-paper-cells.jsonl`` (a rerun skips finished cells); the
+summary, mean ± 95 % t-interval over seeds of accuracy, loss, false positives and
+negatives (client-rounds) and of the honest clients ever excluded, goes to
+``pid-made-paper.{json,md}``.
+
+    python -m benchmarks.pid_made_paper [--seeds 5] [--experiments table4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
+
+FEDAVG: dict[str, Any] = {"aggregate": {"name": "fedavg"}}
+
+
+def pid(**options: Any) -> dict[str, Any]:
+    return {"aggregate": {"name": "fedavg"}, "filters": [{"name": "pid_made", **options}]}
+
+
+THRESHOLDS = {
+    "robust": pid(),
+    "chebyshev": pid(threshold="chebyshev"),
+    "gaussian": pid(threshold="gaussian"),
+}
+# experiment -> [(label, clients, attack options, fractions or attacker count, methods)]
+EXPERIMENTS: dict[str, list[tuple[str, int, dict[str, Any], list[float], dict[str, Any]]]] = {
+    "table4": [
+        (f"rate{rate:g}", 20, {"rate": rate}, [0.1], {"fedavg": FEDAVG, **THRESHOLDS})
+        for rate in (0.1, 0.5, 1.0)
+    ],
+    "figure4": [("", 40, {}, [0.1, 0.2, 0.3, 0.4, 0.5], {"fedavg": FEDAVG, "pid_made": pid()})],
+    "ablation": [
+        (
+            "",
+            20,
+            {},
+            [0.2],
+            {
+                "P": pid(ki=0.0, kd=0.0),
+                "PI": pid(kd=0.0),
+                "PID": pid(),
+                "P-gaussian": pid(ki=0.0, kd=0.0, threshold="gaussian"),
+                "PI-gaussian": pid(kd=0.0, threshold="gaussian"),
+                "PID-gaussian": pid(threshold="gaussian"),
+            },
+        )
+    ],
+    "thresholds": [(f"n{clients}", clients, {}, [0.2], THRESHOLDS) for clients in (8, 20, 40, 100)],
+}
+
+
+def cells_for(experiment: str, seeds: int) -> list[Any]:
+    from fedsieve.config import Params
+    from tasks.grid import grid_cells
+
+    base = yaml.safe_load((PARAMS / "robustness-digits.yaml").read_text())
+    base["partition"]["root_size"] = 0  # no server-held slice: no rule here needs one
+    cells = []
+    for label, clients, attack, fractions, methods in EXPERIMENTS[experiment]:
+        prefix = ".".join(part for part in (experiment, label) if part)
+        grid = {
+            "methods": {f"{prefix}.{name}": spec for name, spec in methods.items()},
+            "attacks": [{"name": "label_flip", "mapping": "reverse", **attack}],
+            "fractions": fractions,
+            "seeds": list(range(seeds)),
+        }
+        config = {**base, "partition": {**base["partition"], "num_clients": clients}}
+        cells += grid_cells(Params.model_validate({**config, "compare": grid}), REPO)
+    return cells
+
+
+def summarise(cells_file: Path) -> None:
+    from tasks.comparison import interval
+
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for record in finished(cells_file).values():
+        if "error" not in record:
+            groups.setdefault((record["method"], record["fraction"]), []).append(record)
+
+    def shown(values: list[float], digits: int = 3) -> str:
+        mean, _, half = interval(values)
+        return f"{mean:.{digits}f}" + ("" if half != half else f" ± {half:.{digits}f}")
+
+    rows, lines = (
+        [],
+        [
+            "| experiment | method | attackers | seeds | test ACC | test loss | FP | FN "
+            "| honest clients excluded | attackers caught | last attacker caught in round |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ],
+    )
+    for (method, fraction), records in sorted(groups.items()):
+        experiment, _, name = method.rpartition(".")
+        metrics = [r["metrics"] for r in records]
+        caught = [len(r["excluded"]["malicious_first_round"]) for r in records]
+        last = [max(r["excluded"]["malicious_first_round"].values(), default=float("nan"))
+                for r in records]  # fmt: skip
+        row = {
+            "experiment": experiment, "method": name, "fraction": fraction,
+            "seeds": len(records),
+            "acc": [m["test_acc"] for m in metrics], "loss": [m["test_loss"] for m in metrics],
+            "fp": [m["total_false_positives"] for m in metrics],
+            "fn": [m["total_false_negatives"] for m in metrics],
+            "honest_excluded": [len(r["excluded"]["honest"]) for r in records],
+            "attackers_caught": caught, "last_caught_round": last,
+        }  # fmt: skip
+        rows.append(row)
+        lines.append(
+            f"| {experiment} | {name} | {fraction:g} | {len(records)} | {shown(row['acc'])} "
+            f"| {shown(row['loss'])} | {shown(row['fp'], 1)} | {shown(row['fn'], 1)} "
+            f"| {shown(row['honest_excluded'], 1)} | {shown(caught, 1)} "
+            f"| {shown([v for v in last if v == v], 1)} |"
+        )
+    stem = RESULTS / "pid-made-paper"
+    payload = {"command": "python -m benchmarks.pid_made_paper", "rows": rows}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS),
+                        choices=list(EXPERIMENTS))  # fmt: skip
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+    cells_file = RESULTS / "pid-made-paper-cells.jsonl"
+    cells = [cell for e in args.experiments for cell in cells_for(e, args.seeds)]
+    run_matrix(cells, cells_file, args.workers)
+    summarise(cells_file)
+
+
+if __name__ == "__main__":
+    main()
