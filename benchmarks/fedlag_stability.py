@@ -74,7 +74,7 @@ def summarise() -> None:
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for method, records in sorted(groups.items()):
-        alpha, _, name = method.partition(".")
+        alpha, _, name = method.rpartition(".")
         acc = [r["metrics"]["test_acc"] for r in records]
         auc = [r["metrics"]["test_auc"] for r in records]
         wobble = [statistics.stdev(r["accuracy"][-LAST_ROUNDS:]) for r in records]

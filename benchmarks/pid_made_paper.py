@@ -6,7 +6,9 @@ otherwise: IID clients, 20 rounds of two local epochs):
 
 - ``table4``: 20 clients, 2 attackers, poisoning rate 10 / 50 / 100 % (the paper's Table
   4): FedAvg alone and PID-MADE before it with our default threshold and the paper's two;
-- ``figure4``: 40 clients, attacker fraction 0.1 to 0.5 (the paper's Figure 4);
+- ``figure4``: 40 clients, attacker fraction 0.1 to 0.5 (the paper's Figure 4), with the
+  mean and the geometric median (the paper's advice against coordinated attackers) as
+  the centroid;
 - ``ablation``: 20 clients, 4 attackers: P (Ki = Kd = 0), PI (Kd = 0) and PID;
 - ``thresholds``: 8 / 20 / 40 / 100 clients, a fifth of them attackers: Chebyshev,
   Gaussian and robust thresholds.
@@ -51,7 +53,15 @@ EXPERIMENTS: dict[str, list[tuple[str, int, dict[str, Any], list[float], dict[st
         (f"rate{rate:g}", 20, {"rate": rate}, [0.1], {"fedavg": FEDAVG, **THRESHOLDS})
         for rate in (0.1, 0.5, 1.0)
     ],
-    "figure4": [("", 40, {}, [0.1, 0.2, 0.3, 0.4, 0.5], {"fedavg": FEDAVG, "pid_made": pid()})],
+    "figure4": [
+        (
+            "",
+            40,
+            {},
+            [0.1, 0.2, 0.3, 0.4, 0.5],
+            {"fedavg": FEDAVG, "pid_made": pid(), "pid_made_gm": pid(centroid="geometric_median")},
+        )
+    ],
     "ablation": [
         (
             "",
