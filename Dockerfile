@@ -2,25 +2,89 @@
 #
 #   docker build -t fedsieve:cpu .                                    # CPU (default)
 #   docker build --build-arg TORCH_VARIANT=cuda -t fedsieve:cuda .    # CUDA
-#   docker run --rm fedsieve:cpu                                      # = fedsieve run
-#   docker run --rm --gpus all fedsieve:cuda run --set train.device=cuda
+#   docker run --rm -v fedsieve-data:/app/data -v fedsieve-reports:/app/reports \
+#       -v fedsieve-artifacts:/app/artifacts -v fedsieve-tracking:/app/tracking fedsieve:cpu
+#   docker run --rm --gpus all ... fedsieve:cuda run --set train.device=cuda
 #
-# The image installs the project with `make setup` itself, so it gets exactly the steps
-# (and pins) that CI proves on the host. The two variants differ only in where torch
-# comes from: PyPI's Linux wheel bundles the CUDA runtime (the host needs just the NVIDIA
-# driver and the NVIDIA container toolkit); the CPU variant adds PyTorch's CPU index, whose
-# torch==2.13.0+cpu wheel satisfies the same pin at a tenth of the size.
-FROM python:3.11-slim
-
+# Two stages. The build stage installs with the Makefile's own steps (`make deps`, then
+# `make project`: the same pins CI proves on the host), dependencies before the source is
+# copied, so a source edit rebuilds only the last, small layer. The runtime stage takes
+# the finished virtual environment and the source, without make, compilers or the dev
+# tools (pytest, ruff, hadolint: `make setup` adds those on a developer's machine).
+#
+# The variants differ only in where torch comes from: PyPI's Linux wheel bundles the CUDA
+# 13 runtime (the host needs the NVIDIA driver 580 or newer and the NVIDIA container
+# toolkit); the CPU variant adds PyTorch's CPU index, whose torch==2.13.0+cpu wheel
+# satisfies the same pin at a tenth of the size, and the build fails if any other torch
+# build was installed (an unreachable index would otherwise fall back to the CUDA wheel).
 ARG TORCH_VARIANT=cpu
+
+FROM python:3.11-slim AS build
+ARG TORCH_VARIANT
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# a local mirror of that index over plain http needs its host named here
+ARG PIP_TRUSTED_HOST=""
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN case "$TORCH_VARIANT" in \
+        cpu|cuda) ;; \
+        *) echo "TORCH_VARIANT must be cpu or cuda, not '$TORCH_VARIANT'" >&2; exit 1 ;; \
+    esac
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+ENV PIP_NO_CACHE_DIR=1
+# The dependencies: only what they are read from, so source edits keep this layer.
+COPY Makefile pyproject.toml ./
+RUN if [ "$TORCH_VARIANT" = cpu ]; then export PIP_EXTRA_INDEX_URL="$TORCH_CPU_INDEX"; fi \
+    && make deps \
+    && .venv/bin/python -c "import sys, torch; variant = sys.argv[1]; cuda = torch.version.cuda; \
+sys.exit(f'TORCH_VARIANT={variant} but torch {torch.__version__} was installed (CUDA {cuda}): ' \
+'the CPU index was not used; check TORCH_CPU_INDEX') if (variant == 'cpu') == bool(cuda) else None" \
+        "$TORCH_VARIANT"
+COPY . .
+RUN make project && mkdir -p data reports artifacts tracking .prefect
+
+
+FROM python:3.11-slim
+ARG TORCH_VARIANT
 
 LABEL org.opencontainers.image.title="fedsieve" \
       org.opencontainers.image.description="Federated learning on MedMNIST, orchestrated by Prefect, tracked in MLflow"
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
+# The CUDA variant gets a C compiler: Triton (in PyTorch's CUDA wheel; it runs the
+# aggregation rules' GPU kernels) builds a small C launcher per kernel on first use, and
+# without one the rules fall back to their slower torch path.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN if [ "$TORCH_VARIANT" = cuda ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && groupadd --system --gid 10001 fedsieve \
+    && useradd --system --uid 10001 --gid fedsieve --create-home --home-dir /home/fedsieve fedsieve \
+    && mkdir -p /srv/mlflow /srv/prefect \
+    && chown fedsieve:fedsieve /srv/mlflow /srv/prefect
+
+COPY --from=build --chown=10001:10001 /app /app
+WORKDIR /app
+USER 10001:10001
+
+# PREFECT_HOME in the project, as the Makefile has it; FEDSIEVE_HOME is where prefect.yaml's
+# pull step finds the checkout when this container runs a Prefect worker. The tracking
+# store is a file in /app/tracking (its artifacts beside it), so one volume keeps every
+# run; a tracking server is one MLFLOW_TRACKING_URI away. No git in the image: MLflow's
+# GitPython stays quiet about it (GIT_PYTHON_REFRESH=quiet, as MLflow documents).
+ENV PATH=/app/.venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
+    PREFECT_HOME=/app/.prefect \
+    FEDSIEVE_HOME=/app \
+    MLFLOW_TRACKING_URI=sqlite:////app/tracking/mlflow.db \
+    GIT_PYTHON_REFRESH=quiet \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \
     DO_NOT_TRACK=true \
     MLFLOW_DISABLE_TELEMETRY=true \
@@ -28,40 +92,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
-# make runs the setup target. The CUDA variant also gets a C compiler: Triton (in PyTorch's
-# CUDA wheel; it runs the aggregation rules' GPU kernels) builds a small C launcher per
-# kernel on first use, and without one the rules fall back to their slower torch path.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends make \
-        $(if [ "$TORCH_VARIANT" = cuda ]; then echo gcc libc6-dev; fi) \
-    && rm -rf /var/lib/apt/lists/*
-
-# A non-root user owns the project and the servers' state directories (named volumes
-# mounted there start with this ownership).
-RUN groupadd --system --gid 10001 fedsieve \
-    && useradd --system --uid 10001 --gid fedsieve --create-home --home-dir /home/fedsieve fedsieve \
-    && mkdir -p /app /srv/mlflow /srv/prefect \
-    && chown fedsieve:fedsieve /app /srv/mlflow /srv/prefect
-
-WORKDIR /app
-COPY --chown=10001:10001 . /app
-USER 10001:10001
-
-# `make setup`: the venv in /app/.venv, torch, the pinned stack with the project, medmnist.
-RUN case "$TORCH_VARIANT" in \
-        cpu) export PIP_EXTRA_INDEX_URL="$TORCH_CPU_INDEX" ;; \
-        cuda) ;; \
-        *) echo "TORCH_VARIANT must be cpu or cuda, not '$TORCH_VARIANT'" >&2; exit 1 ;; \
-    esac \
-    && make setup \
-    && mkdir -p data reports artifacts .prefect
-
-# PREFECT_HOME in the project, as the Makefile has it; FEDSIEVE_HOME is where prefect.yaml's
-# pull step finds the checkout when this container runs a Prefect worker.
-ENV PATH=/app/.venv/bin:$PATH \
-    PREFECT_HOME=/app/.prefect \
-    FEDSIEVE_HOME=/app
+# What must outlive a container: the data cache, the reports, the artifacts (checkpoints,
+# grid cells) and the tracking store.
+VOLUME ["/app/data", "/app/reports", "/app/artifacts", "/app/tracking"]
 
 # The default command is a batch run; a container running a service (MLflow, Prefect
 # server, a worker started --with-healthcheck) sets FEDSIEVE_HEALTH_URL to its health URL.

@@ -19,23 +19,32 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-overhead bench-fidelity bench-resnet18 clean
+.PHONY: setup deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+	bench-flower bench-overhead bench-fidelity bench-resnet18 container-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
-# these machines), the pinned stack with the project (pyproject.toml holds the same pins),
-# then medmnist without its torchvision dependency.
-setup:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+# these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
+# torchvision dependency, then the project itself with the dev tools. The image runs the
+# same steps: `deps` before the source is copied (a layer source edits keep), `project`
+# after it (no dev tools in the image).
+setup: deps
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[dev]"
-	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
 	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
 	@# only where apt-get runs as root, and the test says so when the browser is missing.
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the MLflow UI check will be skipped"
 	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
+
+deps:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' > $(VENV)/requirements.txt
+	$(BIN)/pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
+
+project:
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps --config-settings editable_mode=compat -e .
 
 run:
 	$(BIN)/fedsieve dvc repro
@@ -78,6 +87,9 @@ bench-fidelity:
 
 bench-resnet18:
 	$(BIN)/fedsieve run --params benchmarks/params/resnet18-breastmnist.yaml
+
+container-smoke:  # needs a running Docker engine; minutes (docs/container.md)
+	bash scripts/container_smoke.sh
 
 clean:
 	rm -rf artifacts reports .prefect mlflow.db mlartifacts mlruns

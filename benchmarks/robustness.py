@@ -207,6 +207,34 @@ def glance(rows: list[dict[str, Any]], metric: str, fraction: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def worst_cases(rows: list[dict[str, Any]], metric: str) -> str:
+    """Per method: ``metric`` without attack, and its worst mean over the core attacks at
+    each fraction, naming the attack: what a defence guarantees, in one table."""
+    fractions = sorted({r["fraction"] for r in rows if r["attack"] in CORE_ATTACKS})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+
+    def shown(row: dict[str, Any] | None, named: bool = False) -> str:
+        if row is None or row[f"{metric}_mean"] is None:
+            return "–"
+        ci = row[f"{metric}_ci95"]
+        text = f"{row[f'{metric}_mean']:.2f}" + (f" ± {ci:.2f}" if ci is not None else "")
+        return f"{text} ({row['attack']})" if named else text
+
+    header = " | ".join(f"worst at {f:g}" for f in fractions)
+    lines = [f"| method | no attack | {header} |", "|---" * (len(fractions) + 2) + "|"]
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method and r[f"{metric}_mean"] is not None]
+        clean = next((r for r in mine if r["attack"] == "none"), None)
+        worst = [
+            min((r for r in mine if r["attack"] in CORE_ATTACKS and r["fraction"] == f),
+                key=lambda r: r[f"{metric}_mean"], default=None)
+            for f in fractions
+        ]  # fmt: skip
+        cells = " | ".join(shown(w, named=True) for w in worst)
+        lines.append(f"| {method} | {shown(clean)} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
     """The summary over seeds (JSON, Markdown) and one heatmap per fraction."""
     from tasks.comparison import CellResult, aggregate_over_seeds, heat_table, summary_markdown
@@ -261,7 +289,9 @@ def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
         "t-interval over seeds of the final test accuracy and AUC; FP/FN are honest "
         "clients excluded and attacker-rounds missed, summed over rounds (filters and "
         "rules that select clients).\n\n"
-        f"## At a glance\n\n{tables}\n## Every cell\n\n"
+        f"## At a glance\n\nFinal test {metric.upper()}: without attack, and the worst over "
+        f"the six core attacks at each fraction.\n\n{worst_cases(clean, metric)}\n"
+        f"{tables}\n## Every cell\n\n"
         f"{summary_markdown(rows)}\nCells that failed:\n{note}\n"
     )
     print(f"wrote {stem}.json, {stem}.md and {len(figures)} heatmaps ({len(ok)} cells)")

@@ -106,6 +106,15 @@ def _quiet_http_retries() -> Iterator[None]:
         pool.setLevel(level)
 
 
+def artifacts_beside(uri: str) -> str | None:
+    """For a SQLite store, its ``mlruns`` folder beside the database file (so one folder or
+    volume keeps the whole store; for ``sqlite:///mlflow.db`` that is MLflow's own default,
+    ``./mlruns``); for any other store, the store's default (None)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns").as_uri()
+
+
 class Tracker:
     """A guarded MLflow run: :meth:`start` creates or resumes it, the rest log into it.
 
@@ -171,7 +180,9 @@ class Tracker:
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else self._client.create_experiment(self.experiment)
+            else self._client.create_experiment(
+                self.experiment, artifact_location=artifacts_beside(self.uri)
+            )
         )
         run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         self.run_id = run.info.run_id

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -34,10 +33,10 @@ def instructions(parser: DockerfileParser, name: str) -> list[dict[str, Any]]:
     return [i for i in parser.structure if i["instruction"] == name]
 
 
-def setup_recipe() -> list[str]:
-    """The Makefile's `setup` target, one command per line."""
+def make_recipe(target: str) -> list[str]:
+    """A Makefile target's recipe, one command per line."""
     lines = (REPO / "Makefile").read_text().splitlines()
-    start = lines.index("setup:") + 1
+    start = next(n for n, line in enumerate(lines) if line.split(":")[0] == target) + 1
     recipe = []
     for line in lines[start:]:
         if not line.startswith("\t"):
@@ -56,9 +55,24 @@ def compose() -> dict[str, Any]:
     return yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
-def test_hadolint_finds_no_errors():
+def stages(parser: DockerfileParser) -> list[list[dict[str, Any]]]:
+    """The Dockerfile's instructions, one list per stage (FROM first)."""
+    out: list[list[dict[str, Any]]] = []
+    for instruction in parser.structure:
+        if instruction["instruction"] == "FROM":
+            out.append([])
+        if out:
+            out[-1].append(instruction)
+    return out
+
+
+def of(stage: list[dict[str, Any]], name: str) -> list[str]:
+    return [i["value"] for i in stage if i["instruction"] == name]
+
+
+def test_hadolint_finds_nothing_at_warning_level():
     done = subprocess.run(
-        [str(HADOLINT), "--failure-threshold", "error", str(REPO / "Dockerfile")],
+        [str(HADOLINT), "--failure-threshold", "warning", str(REPO / "Dockerfile")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -66,42 +80,46 @@ def test_hadolint_finds_no_errors():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("variant", ["cpu", "cuda"])
-def test_both_variants_build_from_python_slim_and_run_make_setup(variant):
-    parser = parse({"TORCH_VARIANT": variant})
-    assert parser.baseimage == "python:3.11-slim"
-    [setup] = [i["value"] for i in instructions(parser, "RUN") if "make setup" in i["value"]]
-    # The variant only chooses torch's index; an unknown one stops the build.
-    assert re.search(rf"\b{variant}\)", setup) and "exit 1" in setup
-    assert "PIP_EXTRA_INDEX_URL" in setup.split("cuda)")[0]
-
-
-def test_torch_variant_defaults_to_cpu(dockerfile):
+def test_two_stages_from_python_slim_and_the_variant_checked_before_anything_else(dockerfile):
+    build, runtime = stages(dockerfile)
+    assert of(build, "FROM") == ["python:3.11-slim AS build"]
+    assert of(runtime, "FROM") == ["python:3.11-slim"]
+    first_run = of(build, "RUN")[0]
+    assert "TORCH_VARIANT must be cpu or cuda" in first_run and "exit 1" in first_run
     args = [i["value"] for i in instructions(dockerfile, "ARG")]
-    assert "TORCH_VARIANT=cpu" in args
+    assert args[0] == "TORCH_VARIANT=cpu"  # the global default both stages read
 
 
-def test_the_image_installs_exactly_as_make_setup(dockerfile):
-    recipe = setup_recipe()
-    pip_lines = [line for line in recipe if "pip install" in line]
-    assert len(pip_lines) == 3
-    assert "torch==2.13.0" in pip_lines[0]
-    assert '-e ".[dev]"' in pip_lines[1]
-    assert "--no-deps medmnist==3.0.2" in pip_lines[2]
+def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(dockerfile):
+    build, _ = stages(dockerfile)
+    steps = [(i["instruction"], i["value"]) for i in build if i["instruction"] in ("COPY", "RUN")]
+    copies = [n for n, (kind, _) in enumerate(steps) if kind == "COPY"]
+    deps = next(n for n, (kind, v) in enumerate(steps) if kind == "RUN" and "make deps" in v)
+    project = next(n for n, (kind, v) in enumerate(steps) if kind == "RUN" and "make project" in v)
+    assert steps[copies[0]][1] == "Makefile pyproject.toml ./"  # what the dependencies need
+    assert copies[0] < deps < copies[1] < project and steps[copies[1]][1] == ". ."
     runs = [i["value"] for i in instructions(dockerfile, "RUN")]
-    assert sum("make setup" in run for run in runs) == 1
     assert not any("pip install" in run for run in runs), "install steps must not diverge"
+    # the CPU image refuses a torch built for CUDA (a fallback from an unreachable index)
+    assert "torch.version.cuda" in steps[deps][1] and "PIP_EXTRA_INDEX_URL" in steps[deps][1]
+    recipe = make_recipe("setup")
+    assert "setup: deps" in (REPO / "Makefile").read_text()
+    assert any('-e ".[dev]"' in line for line in recipe)
+    deps_recipe = make_recipe("deps")
+    assert "torch==2.13.0" in deps_recipe[1] and "requirements.txt" in deps_recipe[3]
+    assert "--no-deps medmnist==3.0.2" in deps_recipe[4]
+    assert any("--no-deps" in line and "-e ." in line for line in make_recipe("project"))
     ignored = (REPO / ".dockerignore").read_text().split()
-    assert {".venv", "mlflow.db", ".prefect"} <= set(ignored)
+    assert {".venv", "mlflow.db", ".prefect", "tracking"} <= set(ignored)
     assert not {"Makefile", "pyproject.toml", "params.yaml"} & set(ignored)
 
 
-def test_the_image_runs_as_non_root_with_fedsieve_as_entry_point(dockerfile):
-    users = [i["value"] for i in instructions(dockerfile, "USER")]
+def test_the_runtime_stage_has_no_build_or_dev_tools_and_runs_as_non_root(dockerfile):
+    _, runtime = stages(dockerfile)
+    assert not any("make" in run.split() for run in of(runtime, "RUN"))
+    assert of(runtime, "COPY") == ["--from=build --chown=10001:10001 /app /app"]
+    users = of(runtime, "USER")
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    first_user = instructions(dockerfile, "USER")[0]["startline"]
-    setup = next(i for i in instructions(dockerfile, "RUN") if "make setup" in i["value"])
-    assert first_user < setup["startline"], "the project is installed by the non-root user"
     [entrypoint] = instructions(dockerfile, "ENTRYPOINT")
     [cmd] = instructions(dockerfile, "CMD")
     assert json.loads(entrypoint["value"]) == ["fedsieve"]
@@ -112,6 +130,20 @@ def test_the_image_runs_as_non_root_with_fedsieve_as_entry_point(dockerfile):
     assert env["DO_NOT_TRACK"] == "true" and env["MLFLOW_DISABLE_TELEMETRY"] == "true"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     assert env["PATH"].startswith("/app/.venv/bin")
+    assert env["GIT_PYTHON_REFRESH"] == "quiet"  # MLflow's documented switch: no git, no noise
+
+
+def test_the_image_keeps_data_results_and_tracking_in_volumes(dockerfile):
+    [volume] = instructions(dockerfile, "VOLUME")
+    assert set(json.loads(volume["value"])) == {
+        "/app/data",
+        "/app/reports",
+        "/app/artifacts",
+        "/app/tracking",
+    }
+    assert dockerfile.envs["MLFLOW_TRACKING_URI"] == "sqlite:////app/tracking/mlflow.db"
+    readme = (REPO / "README.md").read_text()
+    assert all(f":/app/{name}" in readme for name in ("data", "reports", "artifacts", "tracking"))
 
 
 def test_compose_has_the_servers_the_deployments_and_a_worker(compose):
@@ -193,16 +225,14 @@ def test_the_deploy_service_registers_prefect_yaml_with_the_placeholder_kept(com
 def test_the_cuda_variant_gets_the_c_compiler_triton_needs(variant, compiler):
     # Triton (the aggregation rules' GPU kernels) builds a C launcher on first use; the
     # slim base has no compiler, and the CPU image does not need one.
-    parser = parse({"TORCH_VARIANT": variant})
-    [apt] = [i["value"] for i in instructions(parser, "RUN") if "apt-get install" in i["value"]]
-    arguments = apt.split("apt-get install", 1)[1].split("&&", 1)[0]
+    _, runtime = stages(parse({"TORCH_VARIANT": variant}))
+    [first] = of(runtime, "RUN")[:1]
+    script = first.split("&& groupadd")[0]
     shell = subprocess.run(
-        ["bash", "-c", f"echo {arguments}"],
+        ["bash", "-c", script.replace("apt-get", "echo")],
         env={"PATH": os.environ["PATH"], "TORCH_VARIANT": variant},
         capture_output=True,
         text=True,
         check=True,
     )
-    packages = shell.stdout.split()
-    assert "make" in packages
-    assert ("gcc" in packages and "libc6-dev" in packages) is compiler
+    assert ("gcc" in shell.stdout and "libc6-dev" in shell.stdout) is compiler

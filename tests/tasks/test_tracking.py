@@ -127,3 +127,17 @@ def test_params_are_flattened_to_dotted_keys():
         "empty": "[]",
         "seed": 0,
     }
+
+
+def test_a_sqlite_store_keeps_its_artifacts_beside_the_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory's ./mlruns
+    store = tmp_path / "volume"
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    store.mkdir()
+    tracker = Tracker("beside", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    tracker.log_table([{"client": 0}], "exclusions.json")
+    tracker.end()
+
+    assert list(store.glob("mlruns/*/artifacts/exclusions.json"))
+    assert not (tmp_path / "mlruns").exists()
