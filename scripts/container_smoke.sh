@@ -3,9 +3,12 @@
 #   1. build the CPU image;
 #   2. run the default pipeline (3 rounds) with data, reports, artifacts and tracking in
 #      volumes, and check reports/metrics.json and the MLflow run in the tracking volume;
-#   3. bring the compose stack up, run a two-round deployment on its worker, check the
-#      run is FINISHED in the MLflow server;
-#   4. tear everything down (also on failure).
+#   3. bring the compose stack up (PostgreSQL, MLflow, Prefect, the deployments, a
+#      worker), run a two-round deployment on its worker, check the run is FINISHED in
+#      the MLflow server;
+#   4. load: a grid of 8 cells at once beside 2 deployment runs (scripts/container_load.py):
+#      no run or metric lost, no database-lock error on the console;
+#   5. tear everything down (also on failure).
 # Needs a running Docker engine and Compose (v2 `docker compose` or v1.28+
 # `docker-compose`); not part of `make test`. Prints each step's wall time.
 #
@@ -36,7 +39,9 @@ if ! docker network inspect bridge >/dev/null 2>&1 || [ "${DOCKER_NETWORK:-}" = 
 fi
 COMPOSE_FILES=(-f docker-compose.yml)
 if [ ${#NETWORK[@]} -gt 0 ]; then  # an engine without a bridge: services on the host network
-    COMPOSE_FILES+=(-f scripts/compose.host-network.yml)
+    HOST_COMPOSE=$(mktemp --suffix=.yml)
+    python3 scripts/compose_host_network.py "$HOST_COMPOSE"
+    COMPOSE_FILES=(-f "$HOST_COMPOSE")
 fi
 
 cleanup() {
@@ -71,11 +76,12 @@ assert metrics["rounds"] == 3, metrics
 client = MlflowClient()
 [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
 assert run.info.status == "FINISHED", run.info.status
-print(f"   reports/metrics.json: test AUC {metrics[\"test_auc\"]:.3f}; MLflow run {run.info.run_id} FINISHED in the tracking volume")
+auc = metrics["test_auc"]
+print(f"   reports/metrics.json: test AUC {auc:.3f}; MLflow run {run.info.run_id} FINISHED in the tracking volume")
 '
 
-step "compose: servers healthy, deployments registered, worker up"
-"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d mlflow prefect-server
+step "compose: PostgreSQL and the servers healthy, deployments registered, worker up"
+"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d postgres mlflow prefect-server
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" run --rm deploy
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d worker
 done_step
@@ -93,5 +99,10 @@ runs = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_
 assert runs and runs[0].info.status == "FINISHED", [r.info.status for r in runs]
 print(f"   flow run {run.name} completed; MLflow run {runs[0].info.run_id} FINISHED on the server")
 '
+done_step
+step "load: a grid of 8 cells at once beside 2 deployment runs, against the stack"
+docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api \
+    -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 "${MOUNTS[@]}" -v "$PWD/scripts:/smoke:ro" \
+    --entrypoint python fedsieve:cpu /smoke/container_load.py
 done_step
 echo "container-smoke: all steps passed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -172,6 +173,7 @@ def test_compose_volumes_are_declared_and_hold_the_state(compose):
         volume.split(":")[0]
         for service in compose["services"].values()
         for volume in service.get("volumes", [])
+        if not volume.startswith("./")  # a file of the checkout, mounted read-only
     }
     assert used <= declared
     mounts = {
@@ -179,7 +181,36 @@ def test_compose_volumes_are_declared_and_hold_the_state(compose):
         for name, s in compose["services"].items()
     }
     assert "/srv/mlflow" in mounts["mlflow"] and "/srv/prefect" in mounts["prefect-server"]
-    assert "sqlite:////srv/mlflow/mlflow.db" in " ".join(compose["services"]["mlflow"]["command"])
+    assert "/var/lib/postgresql/data" in mounts["postgres"]
+
+
+def test_both_servers_store_their_state_in_one_postgresql_with_a_database_each(compose):
+    services = compose["services"]
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:") and "ports" not in postgres
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    first = postgres["environment"]["POSTGRES_DB"]
+    init = next(v for v in postgres["volumes"] if "docker-entrypoint-initdb.d" in v)
+    second = re.findall(r"CREATE DATABASE (\w+)", (REPO / init.split(":")[0]).read_text())
+    mlflow_store = next(
+        a for a in services["mlflow"]["command"] if a.startswith("--backend-store-uri=")
+    )
+    prefect_store = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert mlflow_store.startswith("--backend-store-uri=postgresql://")
+    assert mlflow_store.endswith(f"@postgres:5432/{first}")
+    assert prefect_store.startswith("postgresql+asyncpg://")
+    assert second == [prefect_store.rsplit("/", 1)[1]] and second != [first]
+    for name in ("mlflow", "prefect-server"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "psycopg2-binary" in (REPO / "pyproject.toml").read_text()  # MLflow's driver
+
+
+def test_the_stack_fails_fast_as_the_cli_does_when_tracking_is_away(compose):
+    from fedsieve.env import MLFLOW_HTTP_FAIL_FAST
+
+    worker = compose["services"]["worker"]["environment"]
+    for key, value in MLFLOW_HTTP_FAIL_FAST.items():
+        assert worker[key] == value, key
     assert compose["services"]["prefect-server"]["environment"]["PREFECT_HOME"] == "/srv/prefect"
 
 
