@@ -43,6 +43,12 @@ if [ ${#NETWORK[@]} -gt 0 ]; then  # an engine without a bridge: services on the
     python3 scripts/compose_host_network.py "$HOST_COMPOSE"
     COMPOSE_FILES=(-f "$HOST_COMPOSE")
 fi
+if [ -n "${MEDMNIST_ROOT:-}" ]; then  # the worker reads these files instead of downloading
+    DATA_COMPOSE=$(mktemp --suffix=.yml)
+    printf 'services:\n  worker:\n    environment: {MEDMNIST_ROOT: /medmnist}\n    volumes: ["%s:/medmnist:ro"]\n' \
+        "$MEDMNIST_ROOT" > "$DATA_COMPOSE"
+    COMPOSE_FILES+=(-f "$DATA_COMPOSE")
+fi
 
 cleanup() {
     "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" down --volumes --remove-orphans \
