@@ -66,13 +66,24 @@ RULES = [
     "centered_clipping", "ema", "zeno", "mda", "monna", "meamed", "dnc", "fltrust",
     "foolsgold", "weighted_median", "weighted_trimmed_mean", "norm_bounded_mean",
 ]  # fmt: skip
-METHODS = [*RULES, "pid_made_fedavg"]
+# ByzFL's pre-aggregators in front of a rule, told f where they take it
+PREAGGREGATED = {
+    "nnm_median": ("median", {"name": "nnm"}),
+    "arc_fedavg": ("fedavg", {"name": "arc"}),
+    "bucketing_median": ("median", {"name": "bucketing", "s": 2}),
+}
+METHODS = [*RULES, "pid_made_fedavg", *PREAGGREGATED]
 
 
 def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
     """The compare-grid entry of ``method`` told ``attackers`` Byzantine clients."""
     if method == "pid_made_fedavg":
         return {"aggregate": {"name": "fedavg"}, "filters": [{"name": "pid_made"}]}
+    if method in PREAGGREGATED:
+        rule, pre = PREAGGREGATED[method]
+        if pre["name"] in ("nnm", "arc"):
+            pre = {**pre, "f": min(attackers, (clients - 1) // 2)}
+        return {"aggregate": {"name": rule}, "preaggregators": [pre]}
     aggregate: dict[str, Any] = {"name": method}
     if method in TAKES_F:
         bound = (clients - 3) // 4 if method == "bulyan" else (clients - 1) // 2
