@@ -1,4 +1,4 @@
-"""Loss, accuracy and AUC as MedMNIST's evaluator computes them.
+"""Loss, accuracy and AUC as MedMNIST's evaluator computes them, and calibration.
 
 ACC: argmax for single-label tasks (for two classes the same as thresholding p(class 1)
 at 0.5); per-label accuracy at 0.5, averaged, for multi-label tasks. AUC: scikit-learn's
@@ -7,6 +7,14 @@ for multi-class tasks, the mean over labels for multi-label tasks (MedMNIST's
 ``evaluator.getAUC``). A class absent from the targets (no positives or no negatives) has
 no AUC and is left out of the mean, where MedMNIST's evaluator would raise; NaN if none
 is left.
+
+Calibration (single-label tasks): the expected calibration error over 15 equal-width
+bins of the top-label confidence, ``ECE = Σ_b (n_b / N) |acc_b − conf_b|`` (Naeini,
+Cooper and Hauskrecht, AAAI 2015; Guo, Pleiss, Sun and Weinberger, ICML 2017), with
+scikit-learn's binning (``sklearn.calibration.calibration_curve``, strategy uniform: a
+confidence on a bin edge falls in the lower bin); and scikit-learn's Brier score of the
+class probabilities (``brier_score_loss``: for two classes the mean squared error of
+p(class 1), for more the mean over samples of the squared error summed over classes).
 """
 
 from __future__ import annotations
@@ -18,7 +26,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-__all__ = ["accuracy_auc", "binary_auc", "evaluate", "loss_function"]
+__all__ = [
+    "CALIBRATION_BINS",
+    "accuracy_auc",
+    "binary_auc",
+    "calibration",
+    "evaluate",
+    "logits_of",
+    "loss_function",
+    "probabilities_of",
+    "top_label",
+]
+
+CALIBRATION_BINS = 15
 
 
 def loss_function(multi_label: bool) -> nn.Module:
@@ -54,22 +74,53 @@ def accuracy_auc(scores: np.ndarray, targets: np.ndarray, multi_label: bool) -> 
     return acc, float(np.mean(finite)) if finite else math.nan
 
 
+def top_label(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's top-label confidence and whether that label is right, ``(N,)`` each."""
+    return scores.max(axis=1), (scores.argmax(axis=1) == targets).astype(float)
+
+
+def calibration(
+    scores: np.ndarray, targets: np.ndarray, bins: int = CALIBRATION_BINS
+) -> dict[str, float]:
+    """ECE (top label, ``bins`` equal-width bins) and the Brier score of ``scores``
+    (probabilities ``(N, C)``) for class ids ``targets`` ``(N,)``."""
+    from sklearn.metrics import brier_score_loss
+
+    confidence, correct = top_label(scores, targets)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.searchsorted(edges[1:-1], confidence)  # calibration_curve's binning
+    gap = np.bincount(which, weights=correct - confidence, minlength=bins)
+    ece = float(np.abs(gap).sum() / len(targets))
+    exact = scores / scores.sum(axis=1, keepdims=True)  # a float32 softmax sums to 1 ± 1e-7
+    brier = float(brier_score_loss(targets, exact, labels=list(range(scores.shape[1]))))
+    return {"ece": ece, "brier": brier}
+
+
+@torch.no_grad()
+def logits_of(model: nn.Module, images: Tensor, batch_size: int = 512) -> Tensor:
+    """The model's outputs on ``images`` in batches (model put in eval mode)."""
+    model.eval()
+    return torch.cat([model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
+
+
+def probabilities_of(logits: Tensor, multi_label: bool) -> np.ndarray:
+    """Class (softmax) or label (sigmoid) probabilities, float64 ``(N, C)``."""
+    out = torch.sigmoid(logits) if multi_label else torch.softmax(logits, dim=1)
+    return out.double().cpu().numpy()
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, images: Tensor, targets: Tensor, *, multi_label: bool, batch_size: int = 512
 ) -> dict[str, float]:
-    """Mean loss, ACC and AUC of ``model`` on one split (model put in eval mode)."""
-    model.eval()
-    logits = torch.cat(
-        [model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)]
-    )
+    """Mean loss, ACC and AUC of ``model`` on one split (model put in eval mode), and for
+    single-label tasks its ECE and Brier score."""
+    logits = logits_of(model, images, batch_size)
     if multi_label:
         loss = functional.binary_cross_entropy_with_logits(logits, targets).item()
-        probabilities = torch.sigmoid(logits)
     else:
         loss = functional.cross_entropy(logits, targets).item()
-        probabilities = torch.softmax(logits, dim=1)
-    acc, auc = accuracy_auc(
-        probabilities.double().cpu().numpy(), targets.cpu().numpy(), multi_label=multi_label
-    )
-    return {"loss": float(loss), "acc": acc, "auc": auc}
+    scores, labels = probabilities_of(logits, multi_label), targets.cpu().numpy()
+    acc, auc = accuracy_auc(scores, labels, multi_label=multi_label)
+    calibrated = {} if multi_label else calibration(scores, labels)
+    return {"loss": float(loss), "acc": acc, "auc": auc, **calibrated}

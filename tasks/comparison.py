@@ -45,6 +45,7 @@ RUN_COLUMNS = (
 SUMMARISED = {
     "test_acc": "acc",
     "test_auc": "auc",
+    "test_ece": "ece",  # calibration (single-label tasks)
     "rounds_to_target": "rounds_to_target",
     "total_false_positives": "fp",
     "total_false_negatives": "fn",
@@ -115,15 +116,16 @@ def _shown(mean: float, half: float, digits: int) -> str:
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The summary over seeds as a Markdown table (mean ± 95 % half-width)."""
     lines = [
-        "| method | attack | fraction | seeds | test ACC | test AUC | rounds to target | FP | FN"
-        " | backdoor ASR |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | attack | fraction | seeds | test ACC | test AUC | test ECE | rounds to target"
+        " | FP | FN | backdoor ASR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['method']} | {row['attack']} | {row['fraction']:g} | {len(row['seeds'])} | "
             f"{_shown(row['acc_mean'], row['acc_ci95'], 3)} | "
             f"{_shown(row['auc_mean'], row['auc_ci95'], 3)} | "
+            f"{_shown(row['ece_mean'], row['ece_ci95'], 3)} | "
             f"{_shown(row['rounds_to_target_mean'], row['rounds_to_target_ci95'], 1)} | "
             f"{_shown(row['fp_mean'], row['fp_ci95'], 1)} | {_shown(row['fn_mean'], row['fn_ci95'], 1)} | "
             f"{_shown(row['asr_mean'], row['asr_ci95'], 3)} |"

@@ -16,8 +16,9 @@ from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.data import MedMNISTData, to_tensors
 from federated.layout import use_fast_layout_
-from federated.metrics import evaluate
+from federated.metrics import CALIBRATION_BINS, evaluate, logits_of, probabilities_of, top_label
 from fedsieve.config import Params
+from tasks.plots import plot_reliability
 from tasks.reports import ProjectPaths, write_json
 from tasks.tracking import Tracker
 from tasks.training import build_global_model, resolve_device, run_attack
@@ -86,6 +87,12 @@ def score_final_model(
             batch_size=params.eval.batch_size,
         )  # fmt: skip
         results |= {f"{split}_{k}": v for k, v in scores.items()}
+        if split == "test" and not data.info.multi_label:
+            logits = logits_of(model, images, params.eval.batch_size)
+            plot_reliability(
+                *top_label(probabilities_of(logits, False), targets.cpu().numpy()),
+                CALIBRATION_BINS, paths.calibration,
+            )  # fmt: skip
         if split == "test" and isinstance(attack := run_attack(params), Backdoor):
             triggered = triggered_test_set(images, targets, attack)
             results["backdoor_asr"] = attack_success_rate(model, triggered, attack.target_label)
@@ -120,6 +127,8 @@ def log_final_results(
     and registered as ``fedsieve-<dataset>`` (comparison cells skip the model)."""
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
+    if paths.calibration.exists():
+        tracker.log_artifact(paths.calibration, "reports")
     if paths.pretest.exists():
         pretest = json.loads(paths.pretest.read_text())
         keys = ("shapiro_rate", "anderson_rate", "n_tests")

@@ -19,6 +19,7 @@ __all__ = [
     "plot_curves",
     "plot_exclusion_heatmap",
     "plot_partition",
+    "plot_reliability",
 ]
 
 
@@ -29,6 +30,19 @@ def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_reliability(confidence: np.ndarray, correct: np.ndarray, bins: int, path: Path) -> Path:
+    """Reliability diagram of the top-label confidence (scikit-learn's CalibrationDisplay,
+    equal-width bins): accuracy against confidence, the diagonal being calibrated."""
+    from sklearn.calibration import CalibrationDisplay
+
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    CalibrationDisplay.from_predictions(
+        correct, confidence, n_bins=bins, strategy="uniform", name="final model", ax=ax
+    )
+    ax.set(xlabel="top-label confidence", ylabel="accuracy", title="Reliability (test split)")
+    return _save(fig, path)
 
 
 def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path) -> Path:

@@ -85,6 +85,10 @@ class ProjectPaths:
         return self.reports / "pretest.png"
 
     @property
+    def calibration(self) -> Path:
+        return self.reports / "calibration.png"
+
+    @property
     def curves(self) -> Path:
         return self.reports / "curves.png"
 

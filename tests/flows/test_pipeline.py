@@ -67,6 +67,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         "exclusions.csv",
         "curves.png",
         "pretest.png",
+        "calibration.png",
     ):
         assert (project / "reports" / name).exists(), name
     pretest = json.loads((project / "reports" / "pretest.json").read_text())
@@ -81,6 +82,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
         and noniid["verdict"] in ("iid", "non_iid")
         and noniid["cv"] >= 0
     )
+    assert 0 <= metrics["test_ece"] <= 1 and 0 <= metrics["test_brier"] <= 1  # calibration
     trained = noniid["trained_model"]  # the paper's check: the trained model, every client
     assert trained["verdict"] in ("iid", "non_iid") and len(trained["client_losses"]) == 3
 
@@ -99,6 +101,7 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert run.data.metrics["noniid_cv_trained"] == pytest.approx(trained["cv"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
+    assert "reports/calibration.png" in artifacts
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
     assert version.run_id == run.info.run_id
 
