@@ -10,6 +10,8 @@ its public client (``MlflowClient``), in this process.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import subprocess
 import time
@@ -20,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from federated.data import dataset_info
 from fedsieve.config import Params, params_hash
 from fedsieve.env import DEFAULT_TRACKING_URI, tracking_uri
 from tasks.reports import ProjectPaths
@@ -181,11 +184,29 @@ class Tracker:
             experiment.experiment_id
             if experiment is not None
             else self._client.create_experiment(
-                self.experiment, artifact_location=artifacts_beside(self.uri)
+                self.experiment,
+                artifact_location=artifacts_beside(self.uri),
+                # MLflow 3 opens an experiment on GenAI traces unless told it holds models
+                tags={"mlflow.experimentKind": "custom_model_development"},
             )
         )
         run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         self.run_id = run.info.run_id
+
+    def log_dataset(self, name: str, digest: str, source: str, context: str) -> None:
+        """An MLflow dataset input of the run (``context``: what the run used it for), so
+        the UI shows which data, by its digest, each run trained on."""
+
+        def log() -> None:
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            dataset = Dataset(
+                name=name, digest=digest, source_type="local", source=json.dumps({"uri": source})
+            )
+            tags = [InputTag(key="mlflow.data.context", value=context)]
+            self._client.log_inputs(self.run_id, datasets=[DatasetInput(dataset, tags)])
+
+        self._guarded(f"logging the dataset {name}", log)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -362,4 +383,9 @@ def open_training_run(
         tracker.log_params(flatten_params(params.model_dump(mode="json")))
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
+    if tracker.run_id != resume_run_id:
+        info = dataset_info(params.data.dataset)
+        tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
+        digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
+        tracker.log_dataset("partition", digest, str(paths.partition), "partition")
     return tracker

@@ -4,6 +4,7 @@ throw-away MLflow store; a killed run resumed; `dvc repro` in a temporary reposi
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from federated.data import load_medmnist, to_tensors
+from federated.data import dataset_info, load_medmnist, to_tensors
 from fedsieve.config import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
@@ -102,6 +103,15 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     assert {"reports/rounds.csv", "reports/metrics.json", "reports/exclusions.csv"} <= artifacts
     assert "reports/calibration.png" in artifacts
+    experiment = client.get_experiment_by_name("fedsieve")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    inputs = {
+        (i.dataset.name, i.tags[0].value): i.dataset.digest
+        for i in client.get_run(run.info.run_id).inputs.dataset_inputs
+    }
+    assert inputs[("breastmnist", "train")] == dataset_info("breastmnist").md5
+    partition = project / "artifacts" / "partition" / "clients.npz"
+    assert inputs[("partition", "partition")] == hashlib.md5(partition.read_bytes()).hexdigest()
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
     assert version.run_id == run.info.run_id
 
