@@ -18,6 +18,7 @@ from pathlib import Path
 import mlflow.pytorch
 import pytest
 import torch
+import yaml
 from mlflow import MlflowClient
 
 from federated.data import dataset_info, load_medmnist, to_tensors
@@ -188,6 +189,12 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def _git_output(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
+
+
 def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, dict[str, str]]:
     """A git repository holding the DVC pipeline (3 clients, ``rounds`` rounds); the
     environment to run dvc in it with its own MLflow store and no Prefect server."""
@@ -282,7 +289,9 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     )
     assert "didn't change, skipping" in again.stdout
 
-    _git(repo, "add", "-f", "dvc.lock", "reports/metrics.json")
+    _git(repo, "add", "dvc.lock", "reports")  # what DVC expects git to track is not ignored
+    tracked = _git_output(repo, "diff", "--cached", "--name-only").split()
+    assert {"dvc.lock", "reports/metrics.json", "reports/rounds.csv"} <= set(tracked)
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "baseline")
     exp = subprocess.run(
         [*dvc, "exp", "run", "-S", "train.rounds=3"],
@@ -299,3 +308,29 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     )
     changes = json.loads(diff.stdout)["reports/metrics.json"]
     assert changes["rounds"] == {"old": 2, "new": 3, "diff": 1}
+    show = subprocess.run(
+        [*dvc, "exp", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert show.returncode == 0, show.stderr[-3000:]
+
+    def rounds_of(entry: dict) -> int:
+        return entry["data"]["params"]["params.yaml"]["data"]["train"]["rounds"]
+
+    [baseline] = [entry for entry in json.loads(show.stdout) if entry["rev"] != "workspace"]
+    experiments = [group["revs"][0] for group in baseline["experiments"] or []]
+    # the committed baseline, and the experiment beside it
+    assert [rounds_of(baseline), *map(rounds_of, experiments)] == [2, 3], show.stdout[-3000:]
+
+
+def test_the_baseline_dvc_compares_against_is_committed():
+    # a fresh clone's `dvc metrics diff` and `dvc exp show` need the default pipeline's
+    # dvc.lock and its metrics in git, the metrics matching the lock
+    tracked = set(_git_output(REPO, "ls-files", "dvc.lock", "reports").split())
+    assert {"dvc.lock", "reports/metrics.json", "reports/rounds.csv"} <= tracked
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())
+    [metrics] = [
+        o for o in lock["stages"]["evaluate"]["outs"] if o["path"] == "reports/metrics.json"
+    ]
+    assert (
+        metrics["md5"] == hashlib.md5((REPO / "reports" / "metrics.json").read_bytes()).hexdigest()
+    )
