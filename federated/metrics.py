@@ -35,6 +35,7 @@ __all__ = [
     "logits_of",
     "loss_function",
     "probabilities_of",
+    "scores_of",
     "top_label",
 ]
 
@@ -109,13 +110,9 @@ def probabilities_of(logits: Tensor, multi_label: bool) -> np.ndarray:
     return out.double().cpu().numpy()
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, images: Tensor, targets: Tensor, *, multi_label: bool, batch_size: int = 512
-) -> dict[str, float]:
-    """Mean loss, ACC and AUC of ``model`` on one split (model put in eval mode), and for
-    single-label tasks its ECE and Brier score."""
-    logits = logits_of(model, images, batch_size)
+def scores_of(logits: Tensor, targets: Tensor, *, multi_label: bool) -> dict[str, float]:
+    """Mean loss, ACC and AUC of ``logits`` against ``targets``, and for single-label
+    tasks the ECE and Brier score."""
     if multi_label:
         loss = functional.binary_cross_entropy_with_logits(logits, targets).item()
     else:
@@ -124,3 +121,10 @@ def evaluate(
     acc, auc = accuracy_auc(scores, labels, multi_label=multi_label)
     calibrated = {} if multi_label else calibration(scores, labels)
     return {"loss": float(loss), "acc": acc, "auc": auc, **calibrated}
+
+
+def evaluate(
+    model: nn.Module, images: Tensor, targets: Tensor, *, multi_label: bool, batch_size: int = 512
+) -> dict[str, float]:
+    """:func:`scores_of` the model on one split (model put in eval mode)."""
+    return scores_of(logits_of(model, images, batch_size), targets, multi_label=multi_label)

@@ -16,7 +16,7 @@ from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.data import MedMNISTData, to_tensors
 from federated.layout import use_fast_layout_
-from federated.metrics import CALIBRATION_BINS, evaluate, logits_of, probabilities_of, top_label
+from federated.metrics import CALIBRATION_BINS, logits_of, probabilities_of, scores_of, top_label
 from fedsieve.config import Params
 from tasks.plots import plot_reliability
 from tasks.reports import ProjectPaths, write_json
@@ -82,13 +82,10 @@ def score_final_model(
     results: dict[str, Any] = {}
     for split in ("test", "val"):
         images, targets = to_tensors(getattr(data, split), data.info, device=device)
-        scores = evaluate(
-            model, images, targets, multi_label=data.info.multi_label,
-            batch_size=params.eval.batch_size,
-        )  # fmt: skip
+        logits = logits_of(model, images, params.eval.batch_size)  # one pass: scores and plot
+        scores = scores_of(logits, targets, multi_label=data.info.multi_label)
         results |= {f"{split}_{k}": v for k, v in scores.items()}
         if split == "test" and not data.info.multi_label:
-            logits = logits_of(model, images, params.eval.batch_size)
             plot_reliability(
                 *top_label(probabilities_of(logits, False), targets.cpu().numpy()),
                 CALIBRATION_BINS, paths.calibration,
