@@ -18,7 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["cpu_environment", "cpu_model", "free_port", "prefect_server_running", "versions"]
+__all__ = [
+    "cpu_environment",
+    "cpu_model",
+    "free_port",
+    "prefect_server_running",
+    "versions",
+    "write_summary",
+]
+
+
+def write_summary(stem: Path, payload: dict[str, Any], lines: list[str]) -> None:
+    """A benchmark's summary: ``payload`` to ``<stem>.json``, the Markdown ``lines`` to
+    ``<stem>.md`` and the console."""
+    import json
+
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def cpu_model() -> str:

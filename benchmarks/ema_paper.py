@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
 
 CLIENTS = 50
@@ -98,7 +99,7 @@ def pretest(seeds: int) -> list[dict[str, Any]]:
 
 
 def summarise(pretest_rows: list[dict[str, Any]] | None) -> None:
-    from tasks.comparison import interval
+    from tasks.comparison import shown_over_seeds as shown
 
     stem = RESULTS / "ema-paper"
     previous = (
@@ -107,10 +108,6 @@ def summarise(pretest_rows: list[dict[str, Any]] | None) -> None:
         else {}
     )
     pretest_rows = pretest_rows or previous.get("pretest", [])
-
-    def shown(values: list[float]) -> str:
-        mean, _, half = interval(values)
-        return f"{mean:.3f}" + ("" if half != half else f" ± {half:.3f}")
 
     groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
     for record in finished(RESULTS / "ema-paper-cells.jsonl").values():
@@ -142,9 +139,7 @@ def summarise(pretest_rows: list[dict[str, Any]] | None) -> None:
             f"| {shown([r['anderson_rate'] for r in pretest_rows])} |",
         ]  # fmt: skip
     payload = {"command": "python -m benchmarks.ema_paper", "rows": rows, "pretest": pretest_rows}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_summary(stem, payload, lines)
 
 
 def main() -> None:

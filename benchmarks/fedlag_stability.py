@@ -16,13 +16,13 @@ summary, mean ± 95 % t-interval over seeds, goes to ``fedlag-stability.{json,md
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from typing import Any
 
 import yaml
 
+from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -58,16 +58,12 @@ def cells_for(seeds: int) -> list[Any]:
 
 
 def summarise() -> None:
-    from tasks.comparison import interval
+    from tasks.comparison import shown_over_seeds as shown
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in finished(RESULTS / "fedlag-stability-cells.jsonl").values():
         if "error" not in record:
             groups.setdefault(record["method"], []).append(record)
-
-    def shown(values: list[float]) -> str:
-        mean, _, half = interval(values)
-        return f"{mean:.3f}" + ("" if half != half else f" ± {half:.3f}")
 
     rows, lines = [], [
         f"| Dirichlet α | method | seeds | test ACC | test AUC | std of test ACC, last {LAST_ROUNDS} rounds |",
@@ -84,9 +80,7 @@ def summarise() -> None:
                      f"| {shown(wobble)} |")  # fmt: skip
     stem = RESULTS / "fedlag-stability"
     payload = {"command": "python -m benchmarks.fedlag_stability", "rows": rows}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_summary(stem, payload, lines)
 
 
 def main() -> None:

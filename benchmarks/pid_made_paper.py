@@ -26,13 +26,13 @@ negatives (client-rounds) and of the honest clients ever excluded, goes to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
 
 FEDAVG: dict[str, Any] = {"aggregate": {"name": "fedavg"}}
@@ -103,16 +103,12 @@ def cells_for(experiment: str, seeds: int) -> list[Any]:
 
 
 def summarise(cells_file: Path) -> None:
-    from tasks.comparison import interval
+    from tasks.comparison import shown_over_seeds as shown
 
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for record in finished(cells_file).values():
         if "error" not in record:
             groups.setdefault((record["method"], record["fraction"]), []).append(record)
-
-    def shown(values: list[float], digits: int = 3) -> str:
-        mean, _, half = interval(values)
-        return f"{mean:.{digits}f}" + ("" if half != half else f" ± {half:.{digits}f}")
 
     rows, lines = (
         [],
@@ -146,9 +142,7 @@ def summarise(cells_file: Path) -> None:
         )
     stem = RESULTS / "pid-made-paper"
     payload = {"command": "python -m benchmarks.pid_made_paper", "rows": rows}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_summary(stem, payload, lines)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "aggregate_over_seeds",
     "interval",
     "open_grid_run",
+    "shown_over_seeds",
     "summary_markdown",
     "write_comparison_reports",
 ]
@@ -111,6 +112,12 @@ def _shown(mean: float, half: float, digits: int) -> str:
     if math.isnan(mean):
         return "–"
     return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def shown_over_seeds(values: Sequence[float], digits: int = 3) -> str:
+    """``values``' mean ± 95 % half-width as the summary shows it (:func:`interval`)."""
+    mean, _, half = interval(values)
+    return _shown(mean, half, digits)
 
 
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
