@@ -15,8 +15,9 @@ then attack, all methods and seeds), so an interrupted run leaves whole scenario
 
 Every finished cell is appended to ``benchmarks/results/robustness-<dataset>-cells.jsonl``;
 a rerun of the same command skips the cells already there, so the matrix can be completed
-over several sessions. That file stays local (git-ignored); the summary is what is kept. A cell that raises (a rule refusing its configuration) is recorded
-with its error, never silently dropped. The summary over seeds (mean, standard deviation,
+over several sessions; that file stays local (git-ignored), the summary is what is
+kept. A cell that raises (a rule refusing its configuration) is recorded with its
+error, never silently dropped. The summary over seeds (mean, standard deviation,
 95 % t-interval: :func:`tasks.comparison.aggregate_over_seeds`) goes to
 ``robustness-<dataset>.{json,md}`` with a heatmap per attacker fraction beside them.
 """
