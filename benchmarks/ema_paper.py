@@ -88,7 +88,7 @@ def pretest(seeds: int) -> list[dict[str, Any]]:
         config = base_params() | {"seed": seed, "model": {"name": "small_cnn"}}
         config["partition"]["root_size"] = 0
         params = Params.model_validate(config)
-        parts, _ = split_partition(data.train.targets, "iid", CLIENTS, seed, {}, 0)
+        parts = split_partition(data.train.targets, "iid", CLIENTS, seed, {}, 0).clients
         federation = build_federation.fn(params, data, parts)
         updates = collect_client_updates.fn(federation, federation.initial_state(), "delta")
         result = test_normality.fn(federation, updates, alpha=0.05, max_tests=None, seed=seed)

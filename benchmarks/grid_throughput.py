@@ -94,7 +94,7 @@ def engine_only(seeds: int, max_parallel: int, threads: int, without: list[str])
     def train(cell: Any) -> float:
         started = time.perf_counter()
         params = cell.params
-        clients, root = parts[partition_key(params)]
+        clients, root, _ = parts[partition_key(params)]
         federation = federation_from_params(
             params, data, clients, root, validation_every_round=False
         )

@@ -146,7 +146,7 @@ def run_cell(cell: Any) -> dict[str, Any]:
             ensure_medmnist(key, root, download=params.data.download, progress=False)
             _DATA[key] = load_medmnist(key, root)
         data = _DATA[key]
-        clients, root = partitions_for.fn([cell], data)[partition_key(params)]
+        clients, root, _ = partitions_for.fn([cell], data)[partition_key(params)]
         federation = federation_from_params(
             params, data, clients, root, validation_every_round=False
         )

@@ -1,7 +1,8 @@
 """MedMNIST data: metadata, verified local files, download, and tensors for training.
 
-Files are the official ``<root>/<flag>.npz`` releases. A present file is checked against
-the md5 in ``medmnist.INFO`` before it is used (a truncated download must never train
+Files are the official ``<root>/<flag>.npz`` releases, and for MedMNIST+ (medmnist 3.x)
+the larger ``<root>/<flag>_<size>.npz`` of 64, 128 and 224 pixels. A present file is
+checked against the md5 in ``medmnist.INFO`` (``MD5``, ``MD5_64``, ...) before it is used (a truncated download must never train
 silently); a missing one is fetched from the URL in ``medmnist.INFO`` when allowed
 (medmnist's own downloader needs torchvision, which this project does not install).
 Loading reads the verified file's ``<split>_images`` / ``<split>_labels`` arrays, as
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "SIZES",
     "DataError",
     "DatasetInfo",
     "MedMNISTData",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 SPLITS = ("train", "val", "test")
+SIZES = (28, 64, 128, 224)  # MedMNIST (28) and MedMNIST+ pixel sizes
 DIGITS = "digits"
 DIGITS_SPLIT = {"train": 1257, "val": 180, "test": 360}
 
@@ -64,10 +67,16 @@ class DatasetInfo:
     url: str
     md5: str
     n_samples: dict[str, int]
+    size: int = 28  # image height and width in pixels
 
     @property
     def multi_label(self) -> bool:
         return self.task.startswith("multi-label")
+
+    @property
+    def file_name(self) -> str:
+        """medmnist's own name: ``<flag>.npz`` at 28 pixels, ``<flag>_<size>.npz`` above."""
+        return f"{self.flag}.npz" if self.size == 28 else f"{self.flag}_{self.size}.npz"
 
 
 def _info_table() -> dict[str, dict]:
@@ -89,7 +98,14 @@ def _digits_file() -> Path:
     return Path(str(files("sklearn.datasets") / "data" / "digits.csv.gz"))
 
 
-def dataset_info(flag: str) -> DatasetInfo:
+def dataset_info(flag: str, size: int = 28) -> DatasetInfo:
+    """``flag``'s metadata at ``size`` pixels (its file's URL and md5 for that size)."""
+    if size not in SIZES:
+        raise DataError(
+            f"image size {size} is not a MedMNIST size; allowed: {', '.join(map(str, SIZES))}"
+        )
+    if flag == DIGITS and size != 28:
+        raise DataError(f"digits exists at 28 pixels only, not {size}")
     if flag == DIGITS:
         return DatasetInfo(
             flag=DIGITS,
@@ -106,15 +122,17 @@ def dataset_info(flag: str) -> DatasetInfo:
         raise DataError(f"unknown dataset {flag!r}; available: {', '.join(list_datasets())}")
     info = table[flag]
     labels = tuple(info["label"][key] for key in sorted(info["label"], key=int))
+    suffix = "" if size == 28 else f"_{size}"
     return DatasetInfo(
         flag=flag,
         task=info["task"],
         n_channels=int(info["n_channels"]),
         n_classes=len(labels),
         labels=labels,
-        url=info["url"],
-        md5=info["MD5"],
+        url=info[f"url{suffix}"],
+        md5=info[f"MD5{suffix}"],
         n_samples={split: int(info["n_samples"][split]) for split in SPLITS},
+        size=size,
     )
 
 
@@ -127,12 +145,12 @@ def file_md5(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -> Path:
-    """Fetch ``<root>/<flag>.npz`` from its official URL, checking the md5 before the file
+    """Fetch ``<root>/<file name>`` from its official URL, checking the md5 before the file
     is moved into place (so a broken download never lands as the real file)."""
     from tqdm import tqdm
 
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{info.flag}.npz"
+    target = root / info.file_name
     with tempfile.NamedTemporaryFile(dir=root, suffix=".part", delete=False) as tmp:
         tmp_path = Path(tmp.name)
         try:
@@ -142,7 +160,7 @@ def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -
                     total=total,
                     unit="B",
                     unit_scale=True,
-                    desc=f"{info.flag}.npz",
+                    desc=info.file_name,
                     disable=not progress,
                 ) as bar:
                     while chunk := response.read(1 << 20):
@@ -161,14 +179,16 @@ def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -
     return target
 
 
-def ensure_medmnist(flag: str, root: Path, *, download: bool = True, progress: bool = True) -> Path:
-    """Return the verified path of ``<root>/<flag>.npz``, downloading it when missing and
-    allowed. Raises :class:`DataError` naming the file, its md5 and how to obtain it.
-    ``digits`` is scikit-learn's own file: nothing to fetch."""
+def ensure_medmnist(
+    flag: str, root: Path, *, size: int = 28, download: bool = True, progress: bool = True
+) -> Path:
+    """Return the verified path of ``flag``'s file at ``size`` pixels under ``root``,
+    downloading it when missing and allowed. Raises :class:`DataError` naming the file,
+    its md5 and how to obtain it. ``digits`` is scikit-learn's own file: nothing to fetch."""
+    info = dataset_info(flag, size)
     if flag == DIGITS:
         return _digits_file()
-    info = dataset_info(flag)
-    path = Path(root) / f"{flag}.npz"
+    path = Path(root) / info.file_name
     if path.exists():
         actual = file_md5(path)
         if actual != info.md5:
@@ -190,7 +210,7 @@ def ensure_medmnist(flag: str, root: Path, *, download: bool = True, progress: b
 
 @dataclass(frozen=True)
 class Split:
-    """One split as uint8 images ``(N, 28, 28[, 3])`` and integer labels ``(N, L)``."""
+    """One split as uint8 images ``(N, H, W[, 3])`` and integer labels ``(N, L)``."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -212,13 +232,13 @@ class MedMNISTData:
     test: Split
 
 
-def load_medmnist(flag: str, root: Path) -> MedMNISTData:
-    """Load a local ``<root>/<flag>.npz`` (verify it first with :func:`ensure_medmnist`)
-    and check its arrays have the shapes ``medmnist.INFO`` promises."""
+def load_medmnist(flag: str, root: Path, size: int = 28) -> MedMNISTData:
+    """Load ``flag``'s local file at ``size`` pixels (verify it first with
+    :func:`ensure_medmnist`) and check its arrays have the shapes ``medmnist.INFO`` promises."""
+    info = dataset_info(flag, size)
     if flag == DIGITS:
         return load_digits()
-    info = dataset_info(flag)
-    path = Path(root) / f"{flag}.npz"
+    path = Path(root) / info.file_name
     splits: dict[str, Split] = {}
     try:
         with np.load(path) as archive:
@@ -232,7 +252,7 @@ def load_medmnist(flag: str, root: Path) -> MedMNISTData:
         if missing:
             raise DataError(f"{path} is not a MedMNIST file: it has no {', '.join(missing)}")
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-        expected = (info.n_samples[split], 28, 28) + ((3,) if info.n_channels == 3 else ())
+        expected = (info.n_samples[split], size, size) + ((3,) if info.n_channels == 3 else ())
         if images.shape != expected or images.dtype != np.uint8:
             raise DataError(
                 f"{path}: {split}_images has shape {images.shape} {images.dtype}, expected {expected} uint8"
@@ -275,10 +295,10 @@ def load_digits() -> MedMNISTData:
 def to_tensors(
     split: Split, info: DatasetInfo, *, device: torch.device | str = "cpu"
 ) -> tuple[Tensor, Tensor]:
-    """Images as float32 ``(N, C, 28, 28)`` normalised to [-1, 1] (MedMNIST's
+    """Images as float32 ``(N, C, H, W)`` normalised to [-1, 1] (MedMNIST's
     ``Normalize(mean=.5, std=.5)``); targets as int64 ``(N,)`` or float32 ``(N, L)``."""
     images = torch.from_numpy(split.images).to(device=device, dtype=torch.float32)
-    # (N, 28, 28) -> (N, 1, 28, 28); (N, 28, 28, 3) -> (N, 3, 28, 28)
+    # (N, H, W) -> (N, 1, H, W); (N, H, W, 3) -> (N, 3, H, W)
     images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
     images = (images / 255.0 - 0.5) / 0.5
     targets = torch.from_numpy(split.targets).to(device=device)

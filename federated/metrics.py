@@ -36,6 +36,8 @@ __all__ = [
     "loss_function",
     "probabilities_of",
     "scores_of",
+    "site_scores",
+    "site_summary",
     "top_label",
 ]
 
@@ -128,3 +130,37 @@ def evaluate(
 ) -> dict[str, float]:
     """:func:`scores_of` the model on one split (model put in eval mode)."""
     return scores_of(logits_of(model, images, batch_size), targets, multi_label=multi_label)
+
+
+def site_scores(
+    model: nn.Module,
+    sites: dict[int, tuple[Tensor, Tensor]],
+    *,
+    multi_label: bool,
+    batch_size: int = 512,
+) -> list[dict[str, float]]:
+    """:func:`evaluate` on each site's local test split (``sites``: site id -> images,
+    targets; empty splits left out), one row per site with its id and size."""
+    return [
+        {"site": site, "n": len(targets),
+         **evaluate(model, images, targets, multi_label=multi_label, batch_size=batch_size)}
+        for site, (images, targets) in sites.items()
+        if len(targets)
+    ]  # fmt: skip
+
+
+def site_summary(rows: list[dict[str, float]], target_acc: float) -> dict[str, float]:
+    """The spread of per-site results (``rows``: one per site, with ``site`` and ``acc``):
+    the worst and best site's accuracy and which sites they are, the standard deviation
+    and range of accuracy over sites, and the share of sites at or above ``target_acc``."""
+    acc = np.array([row["acc"] for row in rows], dtype=float)
+    worst, best = int(acc.argmin()), int(acc.argmax())
+    return {
+        "site_acc_worst": float(acc[worst]),
+        "site_worst": int(rows[worst]["site"]),
+        "site_acc_best": float(acc[best]),
+        "site_best": int(rows[best]["site"]),
+        "site_acc_std": float(acc.std()),
+        "site_acc_range": float(acc[best] - acc[worst]),
+        "sites_at_target": float((acc >= target_acc).mean()),
+    }

@@ -27,6 +27,7 @@ __all__ = [
     "PartitionError",
     "build_partitioner",
     "group_by_client",
+    "hold_out_local_tests",
     "list_partitioners",
     "partition_report",
     "split_off_root",
@@ -82,6 +83,34 @@ def split_off_root(labels: np.ndarray, root_size: int, seed: int) -> tuple[np.nd
     )
     root = np.sort(chosen)
     return root, np.setdiff1d(np.arange(n), root, assume_unique=True)
+
+
+def hold_out_local_tests(
+    parts: list[np.ndarray], fraction: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's seeded local test split (per-site evaluation, as FLamby's centres keep
+    their own test sets): ``floor(fraction * n)`` of its ``n`` indices, at least one, drawn
+    uniformly; the rest stay its training data. Both sorted and disjoint; ``fraction = 0``
+    holds nothing back."""
+    if not 0 <= fraction < 1:
+        raise PartitionError(f"partition.local_test = {fraction}: must be in [0, 1) (0 = off)")
+    if fraction == 0:
+        return parts, [np.empty(0, dtype=np.int64) for _ in parts]
+    train, test = [], []
+    for client, indices in enumerate(parts):
+        held = max(1, int(fraction * len(indices)))
+        if held >= len(indices):
+            raise PartitionError(
+                f"client {client} holds {len(indices)} samples: a local test split of "
+                f"{fraction} leaves it none to train on; lower partition.local_test or use "
+                "fewer clients"
+            )
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), 11, client]))
+        chosen = np.zeros(len(indices), dtype=bool)
+        chosen[rng.choice(len(indices), size=held, replace=False)] = True
+        train.append(np.sort(indices[~chosen]))
+        test.append(np.sort(indices[chosen]))
+    return train, test
 
 
 def group_by_client(owners: np.ndarray, samples: np.ndarray, num_clients: int) -> list[np.ndarray]:
@@ -227,23 +256,40 @@ class QuantityPartitioner:
         )
 
 
-def partition_report(parts: list[np.ndarray], labels: np.ndarray, n_classes: int) -> dict:
-    """Sizes and the class histogram per client (multi-label: positives per label)."""
+def _histogram(labels: np.ndarray, n_classes: int) -> list[int]:
+    counts = np.bincount(labels, minlength=n_classes) if labels.ndim == 1 else labels.sum(axis=0)
+    return counts.astype(int).tolist()
+
+
+def partition_report(
+    parts: list[np.ndarray],
+    labels: np.ndarray,
+    n_classes: int,
+    local_tests: list[np.ndarray] | None = None,
+) -> dict:
+    """Sizes and the class histogram per client (multi-label: positives per label), and
+    of each client's local test split when there are any."""
     clients = []
     for client, indices in enumerate(parts):
-        client_labels = labels[indices]
-        if client_labels.ndim == 1:
-            histogram = np.bincount(client_labels, minlength=n_classes)
-        else:
-            histogram = client_labels.sum(axis=0)
-        clients.append(
-            {"client": client, "size": len(indices), "classes": histogram.astype(int).tolist()}
-        )
+        row = {
+            "client": client,
+            "size": len(indices),
+            "classes": _histogram(labels[indices], n_classes),
+        }
+        if local_tests is not None and len(local_tests[client]):
+            held = local_tests[client]
+            row |= {
+                "local_test": len(held),
+                "local_test_classes": _histogram(labels[held], n_classes),
+            }
+        clients.append(row)
     sizes = np.array([len(p) for p in parts])
+    held_total = 0 if local_tests is None else sum(len(t) for t in local_tests)
     return {
         "num_clients": len(parts),
         "total": int(sizes.sum()),
         "size_min": int(sizes.min()),
         "size_max": int(sizes.max()),
+        "local_test_total": int(held_total),
         "clients": clients,
     }

@@ -19,7 +19,7 @@ __all__ = ["derive_seed", "sample_clients", "seeded_init", "torch_generator"]
 T = TypeVar("T")
 
 # Purposes, so that two draws for the same (round, client) never share a stream.
-SAMPLING, SHUFFLE, ATTACK, INIT, PREAGGREGATION = 1, 2, 3, 4, 5
+SAMPLING, SHUFFLE, ATTACK, INIT, PREAGGREGATION, PRIVACY = 1, 2, 3, 4, 5, 6
 
 
 def derive_seed(seed: int, *keys: int) -> int:

@@ -15,6 +15,15 @@ Screening order in a round, each dropped client recorded in the trail with its r
 4. the aggregation rule (selection rules report their implicit choice as ``not_selected``).
 A round with fewer than ``min_clients`` survivors is skipped: the global model is kept.
 
+Per-site evaluation: given each client's local test split (``sites``), the new global
+model is scored on every site every ``site_every`` rounds and in the last round; the rows
+go to :attr:`ServerState.sites`, their spread (worst site, ...) to the round's metrics.
+
+Client-level differential privacy (``privacy``, :mod:`federated.privacy`): the updates
+that reach the rule are clipped and weighted equally, and the released aggregate is
+DP-FedAvg's noisy fixed-denominator mean; every round logs ε, and
+:meth:`Federation.budget_spent` says when the next round would pass the target.
+
 ``backend`` picks how the sampled clients are trained: ``sequential`` (one
 :func:`~federated.client.train_client` call per client), ``batched`` (all in one
 :func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
@@ -38,16 +47,19 @@ import torch
 from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, PreAggregator, drop_non_finite
+from aggregation.mean import FedAvg
 from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
 from federated.batched import batched_pays, batched_unsupported_reason, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.layout import use_fast_layout_
-from federated.metrics import evaluate, loss_function
+from federated.metrics import evaluate, loss_function, site_scores, site_summary
+from federated.privacy import ClientPrivacy
 from federated.seeding import (
     ATTACK,
     PREAGGREGATION,
+    PRIVACY,
     SHUFFLE,
     derive_seed,
     sample_clients,
@@ -90,6 +102,8 @@ class FederationConfig:
     # updates, a selecting rule's choice): an int is a count, a float in [0, 1) a share of
     # the round's sampled clients; a round above it is not aggregated and halts the run
     max_excluded: int | float | None = None
+    site_every: int = 1  # score the sites' local test splits every N rounds (and the last)
+    target_acc: float = 0.8  # per-site evaluation: the share of sites reaching it
 
     def __post_init__(self) -> None:
         if isinstance(self.max_excluded, bool) or (
@@ -110,6 +124,8 @@ class FederationConfig:
             raise ValueError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
         if self.server_lr <= 0 or self.min_clients < 1:
             raise ValueError("server_lr must be > 0 and min_clients >= 1")
+        if self.site_every < 1:
+            raise ValueError(f"site_every must be >= 1, got {self.site_every}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +156,7 @@ class ServerState:
     attack_state: dict[str, Any] = field(default_factory=dict)  # a model attack's memory
     preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     halted: str | None = None  # why the run stopped (max_excluded), in one line
+    sites: list[dict[str, float]] = field(default_factory=list)  # per-site scores by round
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +172,7 @@ class ServerState:
             "attack_state": self.attack_state,
             "preaggregator_states": self.preaggregator_states,
             "halted": self.halted,
+            "sites": self.sites,
         }
 
     @classmethod
@@ -173,6 +191,7 @@ class ServerState:
             attack_state=dict(data.get("attack_state", {})),
             preaggregator_states=list(data.get("preaggregator_states", [])),
             halted=data.get("halted"),
+            sites=list(data.get("sites", [])),
         )
 
     @property
@@ -186,6 +205,7 @@ class RoundReport:
     round: int  # 1-based
     metrics: dict[str, float]
     clients: list[dict[str, Any]]  # this round's exclusion-trail rows
+    sites: list[dict[str, float]] = field(default_factory=list)  # this round's per-site scores
 
 
 @dataclass(frozen=True)
@@ -234,6 +254,8 @@ class Federation:
         noniid: NonIIDCheck | None = None,
         server_batch: tuple[Tensor, Tensor] | None = None,
         val: tuple[Tensor, Tensor] | None = None,
+        sites: Sequence[tuple[Tensor, Tensor]] = (),
+        privacy: ClientPrivacy | None = None,
         backend: Backend = "sequential",
         max_parallel: int | None = None,
     ) -> None:
@@ -270,6 +292,19 @@ class Federation:
         if config.select == "best_val" and val is None:
             raise ValueError("select='best_val' needs a validation split (val=)")
         self.val = val  # evaluated every round when given (val_loss, val_acc, val_auc)
+        if sites and len(sites) != len(self.clients):
+            raise ValueError(
+                f"sites: one local test split per client ({len(self.clients)}), got {len(sites)}"
+            )
+        self.sites = list(sites)  # each client's local test split, in client order
+        if privacy is not None and (
+            privacy.population != len(self.clients) or privacy.per_round != self.clients_per_round
+        ):
+            raise ValueError(
+                f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
+                f"a round, but the federation samples {self.clients_per_round} of {len(self.clients)}"
+            )
+        self.privacy = privacy  # DP-FedAvg's clipping, noise and budget
         self.loss_fn = loss_function(multi_label)
         self.backend = backend
         self.batched = backend == "batched" or (
@@ -333,6 +368,31 @@ class Federation:
             raise ValueError("this federation has no validation split (val=)")
         model = self.selected_model(state) if selected else self.global_model(state)
         return self._scores(model, data)
+
+    def site_scores(self, model: nn.Module) -> list[dict[str, float]]:
+        """``model``'s scores on every site's local test split, one row per site."""
+        splits = {c.client_id: split for c, split in zip(self.clients, self.sites, strict=True)}
+        return site_scores(
+            model, splits, multi_label=self.multi_label, batch_size=self.config.eval_batch_size
+        )
+
+    def budget_spent(self, state: ServerState) -> str | None:
+        """Why no further round may run (the next would take ε past
+        ``privacy.target_epsilon``), in one line; None while the budget admits it."""
+        privacy, done = self.privacy, state.round
+        if privacy is None or privacy.admits(done + 1):
+            return None
+        return (
+            f"privacy budget: round {done + 1} would take ε to {privacy.epsilon(done + 1):.3f}, "
+            f"past privacy.target_epsilon = {privacy.target_epsilon:g} (δ = {privacy.delta:g}); "
+            f"the run ends with round {done}'s model (ε = {privacy.epsilon(done):.3f})"
+        )
+
+    def _sites_due(self, round_number: int) -> bool:
+        every = self.config.site_every
+        return bool(self.sites) and (
+            round_number % every == 0 or round_number == self.config.rounds
+        )
 
     def backdoor_asr(self, state: ServerState, *, selected: bool = False) -> float | None:
         """The backdoor's attack success rate on the triggered test images for the state's
@@ -433,10 +493,21 @@ class Federation:
         new_state = self._next_state(state, round_number, outcome)
         new_state.halted = halted
         metrics = self._round_metrics(new_state, round_number, rows, updates, screen, outcome)
+        sites = []
+        if self._sites_due(round_number):
+            sites = [
+                {"round": round_number, **row}
+                for row in self.site_scores(self.global_model(new_state))
+            ]
+            metrics |= site_summary(sites, self.config.target_acc)
+            new_state.sites.extend(sites)
+        if self.privacy is not None:  # spent after this round (a skipped round spends too)
+            metrics["privacy_epsilon"] = self.privacy.epsilon(round_number)
         new_state.history.append(metrics)
         trail_rows = list(rows.values())
         new_state.trail.extend(trail_rows)
-        return new_state, RoundReport(round=round_number, metrics=metrics, clients=trail_rows)
+        report = RoundReport(round=round_number, metrics=metrics, clients=trail_rows, sites=sites)
+        return new_state, report
 
     def _exclusion_bound_exceeded(
         self, round_number: int, rows: dict[int, dict[str, Any]]
@@ -547,6 +618,14 @@ class Federation:
         weights = torch.tensor(
             [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
         )
+        if self.privacy is not None and self.privacy.mode == "local":  # noised by the clients
+            generators = [
+                torch_generator(
+                    derive_seed(self.config.seed, round_number, PRIVACY, i), stacked.device
+                )
+                for i in ids
+            ]
+            stacked = self.privacy.privatised_by_clients(stacked, generators)
         stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
         _, _, keep = drop_non_finite(stacked, weights)
         keep = keep.clone()
@@ -560,14 +639,30 @@ class Federation:
         outcome.kept_ids = [ids[p] for p in positions.tolist()]
         if len(outcome.kept_ids) < self.config.min_clients:
             return outcome
-        decided = self._decide(state, round_number, stacked[positions], weights[positions],
-                               outcome.kept_ids)  # fmt: skip
+        kept, kept_weights = stacked[positions], weights[positions]
+        if self.privacy is not None:  # DP-FedAvg: clipped (by the server, centrally), equal weights
+            kept = self.privacy.clipped(kept) if self.privacy.mode == "central" else kept
+            kept_weights = torch.ones_like(kept_weights)
+        decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids)
         aggregate, outcome.aggregator_state, outcome.preaggregator_states = decided[:3]
+        if self.privacy is not None:
+            aggregate = self._privately_released(round_number, aggregate, kept)
         self._record_decisions(decided[3], outcome.kept_ids, rows)
         outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
             state.global_vector.dtype
         )
         return outcome
+
+    def _privately_released(self, round_number: int, aggregate: Tensor, kept: Tensor) -> Tensor:
+        """The aggregate the server releases under DP-FedAvg: the noisy fixed-denominator
+        mean of the kept rows; a rule other than the mean (run outside the accountant,
+        ``privacy.unaccounted: warn``) keeps its output, plus the noise the mean would get."""
+        generator = torch_generator(
+            derive_seed(self.config.seed, round_number, PRIVACY), kept.device
+        )
+        if isinstance(self.rule, FedAvg):
+            return self.privacy.released(kept.sum(dim=0), generator)
+        return aggregate + self.privacy.released(torch.zeros_like(aggregate), generator)
 
     def _attacked(
         self,
@@ -731,6 +826,7 @@ class Federation:
             best_vector=state.best_vector,
             attack_state=outcome.attack_state,
             preaggregator_states=outcome.preaggregator_states,
+            sites=list(state.sites),
         )
 
     def _round_metrics(

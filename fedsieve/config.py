@@ -8,25 +8,37 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 import aggregation  # noqa: F401  (fills the registries)
 from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
 from federated.attacks import ATTACKS
+from federated.privacy import ClientPrivacy
 from federated.registry import Registry, RegistryError
 from fedsieve.errors import ConfigError
 
 __all__ = [
     "ConfigError",
     "Params",
+    "eval_batch_size",
     "load_params",
     "params_hash",
     "params_warnings",
+    "privacy_budget",
     "validate_params",
 ]
 
@@ -43,6 +55,15 @@ class DataParams(_Section):
     dataset: str = "breastmnist"  # any 2-D 28x28 MedMNIST flag
     root: str = "data/medmnist"  # overridden by the MEDMNIST_ROOT environment variable
     download: bool = True
+    # image size in pixels: 28 (MedMNIST) or MedMNIST+'s 64, 128, 224 (<flag>_<size>.npz)
+    size: Literal[28, 64, 128, 224] = 28
+
+    @field_validator("size")
+    @classmethod
+    def _digits_at_28(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("dataset") == "digits" and value != 28:
+            raise ValueError("digits exists at 28 pixels only")
+        return value
 
     @field_validator("dataset")
     @classmethod
@@ -64,6 +85,9 @@ class PartitionParams(_Section):
     # the server's root data (FLTrust's reference): training images held back from every
     # client, a seeded uniform draw (0 = none)
     root_size: int = Field(0, ge=0)
+    # per-site evaluation: each client's seeded local test split, a share of its data held
+    # out of its training (0 = off)
+    local_test: float = Field(0.0, ge=0, lt=1)
 
     @field_validator("scheme")
     @classmethod
@@ -248,11 +272,31 @@ class CompareParams(_Section):
 
 
 class EvalParams(_Section):
-    batch_size: int = Field(512, ge=1)
+    # images per forward pass when scoring; null: by image size (see eval_batch_size)
+    batch_size: int | None = Field(None, ge=1)
     target_acc: float = Field(0.8, ge=0, le=1)
     target_loss: float | None = Field(None, gt=0)  # rounds-to-target also needs loss <= this
     # the model the run ends with: the last round's, or the best validation AUC round's
     select: Literal["last", "best_val"] = "last"
+    every: int = Field(1, ge=1)  # score the sites' local test splits every N rounds (and the last)
+
+
+class PrivacyParams(_Section):
+    """Client-level differential privacy, DP-FedAvg (federated/privacy.py, docs/privacy.md)."""
+
+    mode: Literal["off", "central", "local"] = "off"  # who adds the noise: server or clients
+    clip: float = Field(1.0, gt=0)  # L2 norm every client update is clipped to
+    noise_multiplier: float = Field(1.0, gt=0)  # noise std = noise_multiplier x clip
+    delta: float = Field(1e-5, gt=0, lt=1)
+    target_epsilon: float | None = Field(None, gt=0)  # no round may take ε past it (null: none)
+    # a rule, filter or pre-aggregator outside the accountant's assumptions: refuse, or run
+    # with the ε marked as not holding
+    unaccounted: Literal["refuse", "warn"] = "refuse"
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
 
 class TrackingParams(_Section):
@@ -273,8 +317,68 @@ class Params(_Section):
     pretest: PretestParams = PretestParams()
     noniid: NonIIDParams = NonIIDParams()
     eval: EvalParams = EvalParams()
+    privacy: PrivacyParams = PrivacyParams()
     tracking: TrackingParams = TrackingParams()
     compare: CompareParams = CompareParams()
+
+    @model_validator(mode="after")
+    def _privacy_accounted(self) -> Params:
+        privacy = self.privacy
+        if privacy.mode == "off":
+            return self
+        reasons = privacy_unaccounted(self)
+        if reasons and privacy.unaccounted == "refuse":
+            raise ValueError(
+                f"privacy.mode = {privacy.mode}: the accountant's ε holds only for the clipped "
+                f"mean (aggregate fedavg, no filters, pre-aggregators or noniid.exclude), not "
+                f"with {'; '.join(reasons)}; set privacy.unaccounted: warn to run it anyway"
+            )
+        first = privacy_budget(self).epsilon(1)
+        if privacy.target_epsilon is not None and first > privacy.target_epsilon:
+            raise ValueError(
+                f"privacy.target_epsilon = {privacy.target_epsilon:g} is spent before round 1 "
+                f"(ε after one round = {first:.3f}); raise privacy.noise_multiplier, sample "
+                "fewer clients (train.client_fraction) or raise the target"
+            )
+        return self
+
+
+def eval_batch_size(params: Params) -> int:
+    """Images per scoring pass: ``eval.batch_size``, or 512 at 28 px scaled by the pixel
+    count (98 at 64 px, 24 at 128 px, 8 at 224 px), so a pass needs about the same memory
+    at every MedMNIST+ size."""
+    if params.eval.batch_size is not None:
+        return params.eval.batch_size
+    return max(8, 512 * 28 * 28 // params.data.size**2)
+
+
+def privacy_budget(params: Params) -> ClientPrivacy:
+    """The run's DP-FedAvg settings for the engine (``privacy.mode`` is not off)."""
+    privacy, clients = params.privacy, params.partition.num_clients
+    return ClientPrivacy(
+        clip=privacy.clip,
+        noise_multiplier=privacy.noise_multiplier,
+        population=clients,
+        per_round=max(1, math.ceil(params.train.client_fraction * clients - 1e-9)),
+        mode=privacy.mode,
+        delta=privacy.delta,
+        target_epsilon=privacy.target_epsilon,
+    )
+
+
+def privacy_unaccounted(params: Params) -> list[str]:
+    """What makes the released model depend on one client by more than DP-FedAvg's clipped
+    sum allows (so the accounted ε does not hold): empty when it holds."""
+    reasons = []
+    if params.aggregate.name != "fedavg":
+        reasons.append(f"aggregate {params.aggregate.name}")
+    if params.filters:
+        reasons.append(f"filters {', '.join(f.name for f in params.filters)}")
+    if params.preaggregators:
+        reasons.append(f"pre-aggregators {', '.join(p.name for p in params.preaggregators)}")
+    if params.noniid.exclude:
+        reasons.append("noniid.exclude")
+    return reasons
 
 
 HONEST_MAJORITY_RULES = {
@@ -286,6 +390,20 @@ HONEST_MAJORITY_RULES = {
 def params_warnings(params: Params) -> list[str]:
     """Settings that run but whose results a user should doubt (printed once, up front)."""
     warnings: list[str] = []
+    if params.privacy.mode != "off" and (unaccounted := privacy_unaccounted(params)):
+        warnings.append(
+            f"privacy: the logged ε does not hold with {'; '.join(unaccounted)} "
+            "(privacy.unaccounted: warn); only the clipped mean is accounted"
+        )
+    if params.privacy.target_epsilon is not None:
+        budget = privacy_budget(params)
+        admitted = sum(budget.admits(r) for r in range(1, params.train.rounds + 1))
+        if admitted < params.train.rounds:
+            warnings.append(
+                f"privacy: privacy.target_epsilon = {budget.target_epsilon:g} admits {admitted} "
+                f"of the {params.train.rounds} rounds (ε after {admitted} = "
+                f"{budget.epsilon(admitted):.3f}); the run will end there"
+            )
     attack = params.attack
     if attack.name != "none":
         share = (
@@ -311,8 +429,10 @@ def params_warnings(params: Params) -> list[str]:
 
 def _format_error(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    if not key:  # a check across sections: its message names the keys
+        return f"{source}: {message}"
     if first["type"] == "extra_forbidden":
         section = ".".join(str(p) for p in first["loc"][:-1]) or "the top level"
         allowed = ", ".join(_section_keys(first["loc"][:-1]))

@@ -18,7 +18,7 @@ __all__ = ["partition_flow"]
 @flow(name="partition")
 def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
     data = load_verified_dataset(params.data, workdir)
-    parts, root, report = partition_clients(
+    split, report = partition_clients(
         data.train.targets,
         data.info.n_classes,
         scheme=params.partition.scheme,
@@ -26,6 +26,7 @@ def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
         seed=params.seed,
         params=params.partition.partitioner_params(),
         root_size=params.partition.root_size,
+        local_test=params.partition.local_test,
     )
     paths = ProjectPaths(workdir)
-    return write_partition_reports(paths, parts, root, report, params, data.info.labels)
+    return write_partition_reports(paths, split, report, params, data.info.labels)

@@ -1,9 +1,11 @@
-"""ResNet-18/34/50 adapted to 28x28 inputs, as in the MedMNIST v2 benchmark.
+"""ResNet-18/34/50 for MedMNIST at every size, as in the MedMNIST v2 / MedMNIST+ benchmarks.
 
-He et al. 2016, "Deep Residual Learning for Image Recognition"; the 28x28 adaptation of
+He et al. 2016, "Deep Residual Learning for Image Recognition". At 28 px, the adaptation of
 Yang et al. 2023, "MedMNIST v2" (https://arxiv.org/abs/2110.14795): a 3x3 stride-1 stem
-and no max-pool, so the four stages see 28, 14, 7 and 4 pixels. Written here compactly
-(torchvision is not a dependency).
+and no max-pool, so the four stages see 28, 14, 7 and 4 pixels. At 64 px and above (the
+MedMNIST+ sizes), the standard ImageNet stem as MedMNIST+ trains it: a 7x7 stride-2
+convolution and a 3x3 stride-2 max-pool. Written here compactly (torchvision is not a
+dependency).
 
 ``norm``: ``batch`` (BatchNorm, the benchmark's choice) or ``group`` (GroupNorm with
 ``groups`` groups: no running statistics, so per-client models are pure functions of
@@ -92,16 +94,13 @@ class ResNet(nn.Module):
         num_classes: int,
         norm: str = "batch",
         groups: int = 32,
+        image_size: int = 28,
     ) -> None:
         super().__init__()
-        if in_channels < 1 or num_classes < 1:
-            raise ValueError("in_channels and num_classes must be >= 1")
+        if in_channels < 1 or num_classes < 1 or image_size < 1:
+            raise ValueError("in_channels, num_classes and image_size must be >= 1")
         make_norm = _norm_factory(norm, groups)
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),  # 3x3 stem
-            make_norm(64),
-            nn.ReLU(inplace=True),
-        )
+        self.stem = _stem(in_channels, make_norm, standard=image_size >= 64)
         stages: list[nn.Module] = []
         in_planes = 64
         for index, (planes, count) in enumerate(
@@ -113,18 +112,39 @@ class ResNet(nn.Module):
                 layers.append(block(in_planes, planes, stride, make_norm))
                 in_planes = planes * block.expansion
             stages.append(nn.Sequential(*layers))
-        self.stages = nn.Sequential(*stages)  # (B, 512*expansion, 4, 4)
+        self.stages = nn.Sequential(*stages)  # (B, 512*expansion, 4, 4) at 28 and 128 px
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, C, 28, 28) -> (B, num_classes)
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, size, size) -> (B, num_classes)
         out = self.stages(self.stem(x))
         return self.fc(self.pool(out).flatten(1))
 
 
+def _stem(in_channels: int, make_norm: Callable[[int], nn.Module], *, standard: bool) -> nn.Module:
+    """The 3x3 stride-1 MedMNIST stem, or the standard 7x7 stride-2 stem with max-pool."""
+    if not standard:
+        return nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),
+            make_norm(64),
+            nn.ReLU(inplace=True),
+        )
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False),
+        make_norm(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+    )
+
+
 @register_model("resnet18")
 def resnet18(
-    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+    *,
+    in_channels: int,
+    num_classes: int,
+    norm: str = "batch",
+    groups: int = 32,
+    image_size: int = 28,
 ) -> ResNet:
     return ResNet(
         BasicBlock,
@@ -133,12 +153,18 @@ def resnet18(
         num_classes=num_classes,
         norm=norm,
         groups=groups,
+        image_size=image_size,
     )
 
 
 @register_model("resnet34")
 def resnet34(
-    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+    *,
+    in_channels: int,
+    num_classes: int,
+    norm: str = "batch",
+    groups: int = 32,
+    image_size: int = 28,
 ) -> ResNet:
     return ResNet(
         BasicBlock,
@@ -147,12 +173,18 @@ def resnet34(
         num_classes=num_classes,
         norm=norm,
         groups=groups,
+        image_size=image_size,
     )
 
 
 @register_model("resnet50")
 def resnet50(
-    *, in_channels: int, num_classes: int, norm: str = "batch", groups: int = 32
+    *,
+    in_channels: int,
+    num_classes: int,
+    norm: str = "batch",
+    groups: int = 32,
+    image_size: int = 28,
 ) -> ResNet:
     return ResNet(
         Bottleneck,
@@ -161,4 +193,5 @@ def resnet50(
         num_classes=num_classes,
         norm=norm,
         groups=groups,
+        image_size=image_size,
     )

@@ -40,13 +40,14 @@ __all__ = [
 RUN_COLUMNS = (
     "method", "attack", "fraction", "seed", "test_acc", "test_auc", "test_loss",
     "rounds_to_target", "total_false_positives", "total_false_negatives",
-    "detection_precision", "detection_recall", "backdoor_asr",
+    "detection_precision", "detection_recall", "backdoor_asr", "test_ece", "site_acc_worst",
 )  # fmt: skip
 # summarised over seeds: metric key -> short name in the summary
 SUMMARISED = {
     "test_acc": "acc",
     "test_auc": "auc",
     "test_ece": "ece",  # calibration (single-label tasks)
+    "site_acc_worst": "worst_site",  # per-site evaluation (partition.local_test > 0)
     "rounds_to_target": "rounds_to_target",
     "total_false_positives": "fp",
     "total_false_negatives": "fn",
@@ -123,14 +124,15 @@ def shown_over_seeds(values: Sequence[float], digits: int = 3) -> str:
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The summary over seeds as a Markdown table (mean ± 95 % half-width)."""
     lines = [
-        "| method | attack | fraction | seeds | test ACC | test AUC | test ECE | rounds to target"
-        " | FP | FN | backdoor ASR |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | attack | fraction | seeds | test ACC | worst-site ACC | test AUC | test ECE"
+        " | rounds to target | FP | FN | backdoor ASR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['method']} | {row['attack']} | {row['fraction']:g} | {len(row['seeds'])} | "
             f"{_shown(row['acc_mean'], row['acc_ci95'], 3)} | "
+            f"{_shown(row['worst_site_mean'], row['worst_site_ci95'], 3)} | "
             f"{_shown(row['auc_mean'], row['auc_ci95'], 3)} | "
             f"{_shown(row['ece_mean'], row['ece_ci95'], 3)} | "
             f"{_shown(row['rounds_to_target_mean'], row['rounds_to_target_ci95'], 1)} | "

@@ -22,18 +22,18 @@ def data_root(configured: str, workdir: Path) -> Path:
 
 
 @task(name="ensure-dataset", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def ensure_dataset(flag: str, root: Path, download: bool) -> Path:
-    return ensure_medmnist(flag, root, download=download, progress=sys.stderr.isatty())
+def ensure_dataset(flag: str, root: Path, download: bool, size: int = 28) -> Path:
+    return ensure_medmnist(flag, root, size=size, download=download, progress=sys.stderr.isatty())
 
 
 @task(name="load-dataset", cache_policy=NO_CACHE)
-def load_dataset(flag: str, root: Path) -> MedMNISTData:
-    return load_medmnist(flag, root)
+def load_dataset(flag: str, root: Path, size: int = 28) -> MedMNISTData:
+    return load_medmnist(flag, root, size)
 
 
 def load_verified_dataset(data: DataParams, workdir: Path) -> MedMNISTData:
     """Every stage's preamble: the md5-checked file (downloaded when allowed), then its
     splits, as two Prefect tasks."""
     root = data_root(data.root, workdir)
-    ensure_dataset(data.dataset, root, data.download)
-    return load_dataset(data.dataset, root)
+    ensure_dataset(data.dataset, root, data.download, data.size)
+    return load_dataset(data.dataset, root, data.size)

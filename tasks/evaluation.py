@@ -16,10 +16,18 @@ from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.data import MedMNISTData, to_tensors
 from federated.layout import use_fast_layout_
-from federated.metrics import CALIBRATION_BINS, logits_of, probabilities_of, scores_of, top_label
-from fedsieve.config import Params
+from federated.metrics import (
+    CALIBRATION_BINS,
+    logits_of,
+    probabilities_of,
+    scores_of,
+    site_scores,
+    site_summary,
+    top_label,
+)
+from fedsieve.config import Params, eval_batch_size
 from tasks.plots import plot_reliability
-from tasks.reports import ProjectPaths, write_json
+from tasks.reports import ProjectPaths, read_local_tests, write_json
 from tasks.tracking import Tracker
 from tasks.training import build_global_model, resolve_device, run_attack
 
@@ -82,7 +90,7 @@ def score_final_model(
     results: dict[str, Any] = {}
     for split in ("test", "val"):
         images, targets = to_tensors(getattr(data, split), data.info, device=device)
-        logits = logits_of(model, images, params.eval.batch_size)  # one pass: scores and plot
+        logits = logits_of(model, images, eval_batch_size(params))  # one pass: scores and plot
         scores = scores_of(logits, targets, multi_label=data.info.multi_label)
         results |= {f"{split}_{k}": v for k, v in scores.items()}
         if split == "test" and not data.info.multi_label:
@@ -93,6 +101,7 @@ def score_final_model(
         if split == "test" and isinstance(attack := run_attack(params), Backdoor):
             triggered = triggered_test_set(images, targets, attack)
             results["backdoor_asr"] = attack_success_rate(model, triggered, attack.target_label)
+    results |= score_sites(model, params, data, paths, run_info)
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
     results |= {
@@ -102,6 +111,7 @@ def score_final_model(
             rounds, params.eval.target_acc, params.eval.target_loss
         ),
         **detection_totals(rounds),
+        **privacy_spent(params, rounds),
     }
     write_json(paths.metrics, results)
     get_run_logger().info(
@@ -109,6 +119,47 @@ def score_final_model(
         *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
     )
     return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
+
+
+def privacy_spent(params: Params, rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Under DP: the ε every released round spent together, at ``privacy.delta``."""
+    if params.privacy.mode == "off":
+        return {}
+    epsilon = float(rounds[-1]["privacy_epsilon"]) if rounds else 0.0
+    return {"privacy_epsilon": epsilon, "privacy_delta": params.privacy.delta}
+
+
+def score_sites(
+    model: torch.nn.Module,
+    params: Params,
+    data: MedMNISTData,
+    paths: ProjectPaths,
+    run_info: dict[str, Any],
+) -> dict[str, float]:
+    """The final model on every site's local test split (with calibration), written to
+    ``reports/sites.json``; the spread over sites (worst site, ...) for the metrics. Empty
+    without local test splits (``partition.local_test = 0``)."""
+    local_tests = read_local_tests(paths.partition)
+    if local_tests is None:
+        write_json(paths.sites_final, {"sites": [], "note": "partition.local_test = 0"})
+        return {}
+    device = next(model.parameters()).device
+    images, targets = to_tensors(data.train, data.info, device=device)
+    splits = {
+        site: (images[index], targets[index])
+        for site, held in enumerate(local_tests)
+        if len(index := torch.as_tensor(held, device=device, dtype=torch.long))
+    }
+    rows = site_scores(
+        model, splits, multi_label=data.info.multi_label, batch_size=eval_batch_size(params)
+    )
+    summary = site_summary(rows, params.eval.target_acc)
+    selected = run_info.get("selected_round", run_info["rounds"])
+    write_json(
+        paths.sites_final,
+        {"round": selected, "target_acc": params.eval.target_acc, **summary, "sites": rows},
+    )
+    return summary
 
 
 @task(name="log-final-results", cache_policy=NO_CACHE)
@@ -126,6 +177,10 @@ def log_final_results(
     tracker.log_artifact(paths.metrics, "reports")
     if paths.calibration.exists():
         tracker.log_artifact(paths.calibration, "reports")
+    sites = json.loads(paths.sites_final.read_text())["sites"]
+    if sites:  # the final model per site: a table the MLflow UI shows, and the file
+        tracker.log_table(sites, "sites.json")
+        tracker.log_artifact(paths.sites_final, "reports")
     if paths.pretest.exists():
         pretest = json.loads(paths.pretest.read_text())
         keys = ("shapiro_rate", "anderson_rate", "n_tests")

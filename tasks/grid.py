@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from federated.data import MedMNISTData
+from federated.metrics import site_summary
 from federated.server import Federation, ServerState
 from fedsieve.config import Params
 from fedsieve.errors import RunHalted
 from tasks.data import data_root
-from tasks.evaluation import detection_totals, rounds_to_target
-from tasks.partition import split_partition
+from tasks.evaluation import detection_totals, privacy_spent, rounds_to_target
+from tasks.partition import Partition, split_partition
 from tasks.reports import write_csv, write_json
 from tasks.stopping import RunStopped, stop_if_requested
 from tasks.tracking import Tracker, flatten_params, run_tags
@@ -102,9 +102,6 @@ def partition_key(params: Params) -> str:
     )
 
 
-Partition = tuple[list[np.ndarray], np.ndarray]  # the clients' indices, the server's root
-
-
 @task(name="partition-grid", cache_policy=NO_CACHE)
 def partitions_for(cells: Sequence[Cell], data: MedMNISTData) -> dict[str, Partition]:
     """Each distinct partition of the grid, drawn once (cells of the same seed share it)."""
@@ -115,7 +112,7 @@ def partitions_for(cells: Sequence[Cell], data: MedMNISTData) -> dict[str, Parti
             scheme = cell.params.partition
             parts[key] = split_partition(
                 data.train.targets, scheme.scheme, scheme.num_clients, cell.params.seed,
-                scheme.partitioner_params(), scheme.root_size,
+                scheme.partitioner_params(), scheme.root_size, scheme.local_test,
             )  # fmt: skip
     return parts
 
@@ -160,12 +157,14 @@ def run_grid_cell(
     tracker.start(run_id=None, run_name=cell.name, tags=tags)
     tracker.log_params(flatten_params(params.model_dump(mode="json")))
     with tracker.ended_on_failure():
-        clients, root = parts
         federation = federation_from_params(
-            params, data, clients, root, validation_every_round=False
-        )
+            params, data, parts.clients, parts.root, parts.local_tests,
+            validation_every_round=False,
+        )  # fmt: skip
         state = federation.initial_state()
         while state.round < params.train.rounds and state.halted is None:
+            if federation.budget_spent(state):  # the privacy budget: the cell ends cleanly
+                break
             stop_if_requested()  # a cancelled or failed grid stops its cells between rounds
             state, _ = federation.run_round(state)
         results = cell_results(federation, state, params)
@@ -187,8 +186,10 @@ def cell_results(federation: Federation, state: ServerState, params: Params) -> 
     """The cell's final numbers, with the keys of the pipeline's ``reports/metrics.json``."""
     scores = federation.evaluate(state, "test", selected=True)
     asr = federation.backdoor_asr(state, selected=True)
+    sites = federation.site_scores(federation.selected_model(state)) if federation.sites else []
     return {
         **{f"test_{k}": v for k, v in scores.items()},
+        **(site_summary(sites, params.eval.target_acc) if sites else {}),
         **({} if asr is None else {"backdoor_asr": asr}),
         "rounds": state.round,
         "selected_round": state.selected_round,
@@ -196,6 +197,7 @@ def cell_results(federation: Federation, state: ServerState, params: Params) -> 
             state.history, params.eval.target_acc, params.eval.target_loss
         ),
         **detection_totals(state.history),
+        **privacy_spent(params, state.history),
     }
 
 

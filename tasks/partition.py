@@ -3,18 +3,32 @@ report."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from federated.partition import build_partitioner, partition_report, split_off_root
+from federated.partition import (
+    build_partitioner,
+    hold_out_local_tests,
+    partition_report,
+    split_off_root,
+)
 from fedsieve.config import Params
 from tasks.plots import plot_partition
 from tasks.reports import ProjectPaths, write_json, write_partition
 
-__all__ = ["partition_clients", "split_partition", "write_partition_reports"]
+__all__ = ["Partition", "partition_clients", "split_partition", "write_partition_reports"]
+
+
+class Partition(NamedTuple):
+    """Indices into the training split: each client's training data, the server's root
+    data, and each client's local test split (empty arrays when ``local_test`` is 0)."""
+
+    clients: list[np.ndarray]
+    root: np.ndarray
+    local_tests: list[np.ndarray]
 
 
 @task(name="partition-clients", cache_policy=NO_CACHE)
@@ -27,12 +41,14 @@ def partition_clients(
     seed: int,
     params: dict[str, Any],
     root_size: int = 0,
-) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
-    """The clients' training indices, the server's root data (``root_size`` images held
-    back first, never a client's) and the partition report."""
-    parts, root = split_partition(labels, scheme, num_clients, seed, params, root_size)
-    report = partition_report(parts, labels, n_classes) | {"root_size": len(root)}
-    return parts, root, report
+    local_test: float = 0.0,
+) -> tuple[Partition, dict[str, Any]]:
+    """The partition (the server's root data, ``root_size`` images, held back first and
+    never a client's; each client's local test split, a ``local_test`` share of its
+    data) and its report."""
+    split = split_partition(labels, scheme, num_clients, seed, params, root_size, local_test)
+    report = partition_report(split.clients, labels, n_classes, split.local_tests)
+    return split, report | {"root_size": len(split.root)}
 
 
 def split_partition(
@@ -42,26 +58,27 @@ def split_partition(
     seed: int,
     params: dict[str, Any],
     root_size: int,
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """The server's root data held back, then the clients' partition of the rest (as
-    indices of the whole training split)."""
+    local_test: float = 0.0,
+) -> Partition:
+    """The server's root data held back, then the clients' partition of the rest, then
+    each client's local test split out of its part (as indices of the training split)."""
     root, rest = split_off_root(labels, root_size, seed)
     parts = build_partitioner(scheme, **params)(labels[rest], num_clients, seed=seed)
-    return [rest[part] for part in parts], root
+    clients, local_tests = hold_out_local_tests([rest[part] for part in parts], local_test, seed)
+    return Partition(clients, root, local_tests)
 
 
 @task(name="write-partition-reports", cache_policy=NO_CACHE)
 def write_partition_reports(
     paths: ProjectPaths,
-    parts: list[np.ndarray],
-    root: np.ndarray,
+    split: Partition,
     report: dict[str, Any],
     params: Params,
     labels: tuple[str, ...],
 ) -> dict[str, Any]:
     """``artifacts/partition/clients.npz`` (each client's indices), ``reports/partition.json``
     (sizes and class histograms) and its figure."""
-    write_partition(paths.partition, parts, root)
+    write_partition(paths.partition, split.clients, split.root, split.local_tests)
     report = {"dataset": params.data.dataset, "scheme": params.partition.scheme, **report}
     write_json(paths.partition_report, report)
     plot_partition(report, labels, paths.partition_plot)

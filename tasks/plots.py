@@ -20,6 +20,7 @@ __all__ = [
     "plot_exclusion_heatmap",
     "plot_partition",
     "plot_reliability",
+    "plot_sites",
 ]
 
 
@@ -70,6 +71,32 @@ def plot_curves(history: Sequence[Mapping[str, float]], path: Path) -> Path:
         ax.set_xlabel("round")
         ax.set_title(key)
         ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_sites(rows: Sequence[Mapping[str, float]], path: Path) -> Path:
+    """Each site's accuracy on its local test split per scored round, the site that ends
+    worst drawn bold and named; without local test splits, a figure saying so."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if not rows:
+        ax.text(0.5, 0.5, "no local test splits (partition.local_test = 0)", ha="center")
+        ax.set_axis_off()
+        return _save(fig, path)
+    last = max(row["round"] for row in rows)
+    final = {int(row["site"]): row["acc"] for row in rows if row["round"] == last}
+    worst = min(final, key=final.__getitem__)
+    for site in sorted({int(row["site"]) for row in rows}):
+        mine = [row for row in rows if int(row["site"]) == site]
+        rounds, acc = [row["round"] for row in mine], [row["acc"] for row in mine]
+        if site == worst:
+            ax.plot(rounds, acc, color="crimson", linewidth=2.5, zorder=3,
+                    label=f"worst site at the end: {site} ({final[site]:.2f})")  # fmt: skip
+        else:
+            ax.plot(rounds, acc, color="grey", alpha=0.45, linewidth=1)
+    ax.set(xlabel="round", ylabel="accuracy on the site's local test split",
+           title="Per-site accuracy (one line per site)")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path)
 
 

@@ -46,14 +46,16 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
     try:
         root = data_root(params.data.root, workdir)
+        data = params.data
         ensure_medmnist(
-            params.data.dataset, root, download=params.data.download, progress=sys.stderr.isatty()
-        )
-        labels = load_medmnist(params.data.dataset, root).train.targets
+            data.dataset, root, size=data.size, download=data.download,
+            progress=sys.stderr.isatty(),
+        )  # fmt: skip
+        labels = load_medmnist(data.dataset, root, data.size).train.targets
         scheme = params.partition
         split_partition(
             labels, scheme.scheme, scheme.num_clients, params.seed,
-            scheme.partitioner_params(), scheme.root_size,
+            scheme.partitioner_params(), scheme.root_size, scheme.local_test,
         )  # fmt: skip
     except (DataError, PartitionError, RegistryError) as error:
         raise ConfigError(f"{source}: {error}") from None

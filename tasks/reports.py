@@ -14,6 +14,7 @@ import numpy as np
 
 __all__ = [
     "ProjectPaths",
+    "read_local_tests",
     "read_partition",
     "read_root",
     "write_csv",
@@ -89,6 +90,18 @@ class ProjectPaths:
         return self.reports / "calibration.png"
 
     @property
+    def sites(self) -> Path:
+        return self.reports / "sites.csv"
+
+    @property
+    def sites_plot(self) -> Path:
+        return self.reports / "sites.png"
+
+    @property
+    def sites_final(self) -> Path:
+        return self.reports / "sites.json"
+
+    @property
     def curves(self) -> Path:
         return self.reports / "curves.png"
 
@@ -134,13 +147,18 @@ def write_csv(
 
 
 def write_partition(
-    path: Path, parts: Sequence[np.ndarray], root: np.ndarray | None = None
+    path: Path,
+    parts: Sequence[np.ndarray],
+    root: np.ndarray | None = None,
+    local_tests: Sequence[np.ndarray] = (),
 ) -> Path:
-    """Each client's training indices, and the server's root data (``root``) if any."""
+    """Each client's training indices, the server's root data (``root``) and each
+    client's local test split (``local_test_<i>``), those two when there are any."""
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"client_{i}": part for i, part in enumerate(parts)}
     if root is not None and len(root):
         arrays["root"] = root
+    arrays |= {f"local_test_{i}": test for i, test in enumerate(local_tests) if len(test)}
     with path.open("wb") as handle:
         np.savez(handle, **arrays)
     return path
@@ -154,6 +172,19 @@ def read_partition(path: Path) -> list[np.ndarray]:
     with np.load(path, allow_pickle=False) as archive:
         clients = sum(name.startswith("client_") for name in archive.files)
         return [archive[f"client_{i}"] for i in range(clients)]
+
+
+def read_local_tests(path: Path) -> list[np.ndarray] | None:
+    """Each client's local test split written with the partition, or None (none held)."""
+    with np.load(path, allow_pickle=False) as archive:
+        if not any(name.startswith("local_test_") for name in archive.files):
+            return None
+        clients = sum(name.startswith("client_") for name in archive.files)
+        empty = np.empty(0, dtype=np.int64)
+        return [
+            archive[f"local_test_{i}"] if f"local_test_{i}" in archive.files else empty
+            for i in range(clients)
+        ]
 
 
 def read_root(path: Path) -> np.ndarray | None:

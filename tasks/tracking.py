@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from federated.data import dataset_info
-from fedsieve.config import Params, params_hash
+from fedsieve.config import Params, params_hash, privacy_unaccounted
 from fedsieve.env import DEFAULT_TRACKING_URI, tracking_uri
 from tasks.reports import ProjectPaths
 
@@ -339,6 +339,14 @@ def git_commit(workdir: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
+def privacy_tags(params: Params) -> dict[str, str]:
+    """Under DP: the mode and whether the logged ε holds for this run's rules."""
+    if params.privacy.mode == "off":
+        return {"privacy": "off"}
+    holds = not privacy_unaccounted(params)
+    return {"privacy": params.privacy.mode, "privacy_epsilon_holds": str(holds).lower()}
+
+
 def run_tags(params: Params, workdir: Path) -> dict[str, str]:
     """The tags every pipeline run carries (what ``fedsieve runs`` and the UI filter on)."""
     attack = params.attack
@@ -357,6 +365,7 @@ def run_tags(params: Params, workdir: Path) -> dict[str, str]:
         "attack": attack.name,
         "malicious_fraction": fraction,
         "seed": str(params.seed),
+        **privacy_tags(params),
         "params_hash": params_hash(params),
         "git_commit": git_commit(workdir),
     }
@@ -384,7 +393,7 @@ def open_training_run(
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
     if tracker.run_id != resume_run_id:
-        info = dataset_info(params.data.dataset)
+        info = dataset_info(params.data.dataset, params.data.size)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
         digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
         tracker.log_dataset("partition", digest, str(paths.partition), "partition")

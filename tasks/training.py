@@ -35,10 +35,10 @@ from federated.server import (
     RoundReport,
     ServerState,
 )
-from fedsieve.config import Params
+from fedsieve.config import Params, eval_batch_size, privacy_budget
 from fedsieve.errors import RunHalted
 from models import build_model
-from tasks.plots import plot_curves, plot_exclusion_heatmap
+from tasks.plots import plot_curves, plot_exclusion_heatmap, plot_sites
 from tasks.reports import ProjectPaths, write_csv, write_json
 from tasks.tracking import Tracker
 
@@ -51,6 +51,7 @@ __all__ = [
     "halt_if_bound_exceeded",
     "load_checkpoint",
     "malicious_clients",
+    "record_budget_spent",
     "record_round",
     "resolve_device",
     "resumed_state",
@@ -62,6 +63,8 @@ __all__ = [
     "write_training_reports",
 ]
 
+SITE_KEYS = ("round", "site", "n")  # a per-site row's identifiers; the rest are scores
+SITE_COLUMNS = (*SITE_KEYS, "loss", "acc", "auc", "ece", "brier")
 TRAIL_COLUMNS = (
     "round", "client", "num_samples", "malicious", "excluded", "reason", "score", "threshold",
     "distance", "p_term", "i_term", "d_term", "noniid_loss", "train_loss", "selected", "message",
@@ -95,7 +98,10 @@ def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:
     return seeded_init(
         params.seed,
         lambda: build_model(
-            params.model.name, in_channels=info.n_channels, num_classes=info.n_classes
+            params.model.name,
+            in_channels=info.n_channels,
+            num_classes=info.n_classes,
+            image_size=info.size,
         ),
     )
 
@@ -146,6 +152,17 @@ def _root_data(
     return ClientData(clients, images[index], targets[index])
 
 
+def _sites(
+    data: MedMNISTData, local_tests: list[np.ndarray] | None, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each client's local test split (clean: an attack poisons training data only)."""
+    if local_tests is None or not any(len(t) for t in local_tests):
+        return []
+    images, targets = to_tensors(data.train, data.info, device=device)
+    indices = [torch.as_tensor(t, device=device, dtype=torch.long) for t in local_tests]
+    return [(images[index], targets[index]) for index in indices]
+
+
 def _backdoor_test(
     attack: Attack, test: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, int] | None:
@@ -175,8 +192,9 @@ def build_federation(
     data: MedMNISTData,
     parts: list[np.ndarray],
     root: np.ndarray | None = None,
+    local_tests: list[np.ndarray] | None = None,
 ) -> Federation:
-    return federation_from_params(params, data, parts, root)
+    return federation_from_params(params, data, parts, root, local_tests)
 
 
 def federation_from_params(
@@ -184,6 +202,7 @@ def federation_from_params(
     data: MedMNISTData,
     parts: list[np.ndarray],
     root: np.ndarray | None = None,
+    local_tests: list[np.ndarray] | None = None,
     *,
     validation_every_round: bool = True,
 ) -> Federation:
@@ -191,7 +210,8 @@ def federation_from_params(
     seeded model, the rule and filters, the model attack, the non-IID check. Without
     ``validation_every_round`` the validation split is scored only when ``eval.select``
     needs it (a comparison cell's rounds skip it otherwise). ``root``: the server's root
-    data indices (FLTrust's reference), clean, held by no client."""
+    data indices (FLTrust's reference), clean, held by no client; ``local_tests``: each
+    client's local test split (per-site evaluation)."""
     device = resolve_device(params.train.device)
     train = params.train
     val = to_tensors(data.val, data.info, device=device)
@@ -219,9 +239,11 @@ def federation_from_params(
             server_lr=train.server_lr,
             min_clients=train.min_clients,
             seed=params.seed,
-            eval_batch_size=params.eval.batch_size,
+            eval_batch_size=eval_batch_size(params),
             select=params.eval.select,
             max_excluded=train.max_excluded,
+            site_every=params.eval.every,
+            target_acc=params.eval.target_acc,
         ),
         multi_label=data.info.multi_label,
         malicious=malicious_clients(params),
@@ -231,6 +253,8 @@ def federation_from_params(
         server_batch=val,  # Zeno's held-out batch
         # evaluated every round; eval.select=best_val picks the final model by it
         val=val if validation_every_round or params.eval.select == "best_val" else None,
+        sites=_sites(data, local_tests, device),
+        privacy=None if params.privacy.mode == "off" else privacy_budget(params),
         backend=train.backend,
         max_parallel=train.max_parallel,
     )
@@ -299,6 +323,9 @@ def record_round(
             per_client[f"client_loss/{row['client']}"] = row["train_loss"]
         if "noniid_loss" in row:
             per_client[f"noniid_loss/{row['client']}"] = row["noniid_loss"]
+    for row in report.sites:  # site_acc/<id>, site_auc/<id>, site_loss/<id>, ...
+        site = int(row["site"])
+        per_client |= {f"site_{k}/{site}": v for k, v in row.items() if k not in SITE_KEYS}
     tracker.log_metrics({**report.metrics, **per_client}, step=report.round)
     save_checkpoint(checkpoint, state=state, digest=digest, run_id=tracker.run_id)
 
@@ -374,12 +401,17 @@ def write_training_reports(
     plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
     plot_curves(state.history, paths.curves)
     tracker.log_table(state.trail, "exclusions.json")
+    # per-site evaluation, every scored round and site (a header and a note without it)
+    write_csv(paths.sites, state.sites, columns=SITE_COLUMNS if not state.sites else None)
+    plot_sites(state.sites, paths.sites_plot)
     for path in (
         paths.rounds,
         paths.exclusions,
         paths.curves,
         paths.exclusion_heatmap,
         paths.noniid,
+        paths.sites,
+        paths.sites_plot,
     ):
         tracker.log_artifact(path, "reports")
 
@@ -440,6 +472,14 @@ class RoundProgress:
             "round %d/%d: test loss %.4f acc %.4f auc %.4f",
             report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], metrics["test_auc"],
         )  # fmt: skip
+
+
+def record_budget_spent(tracker: Tracker, reason: str | None) -> None:
+    """A run the privacy budget ended early: said in one line, and in the MLflow run's
+    ``stopped_early`` tag (the run itself finishes: its last admissible model stands)."""
+    if reason is not None:
+        get_run_logger().warning(reason)
+        tracker.set_tags({"stopped_early": reason})
 
 
 @task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)

@@ -121,6 +121,22 @@ def test_small_cnn_batched_updates_equal_sequential_ones(config, max_parallel, d
     assert_same_updates(sequential, batched, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
+def test_medmnist_plus_sized_models_train_the_same_batched(name, device):
+    # 64 px: the CNN's adaptive pool (16 -> 7) and the ResNet's 7x7 stride-2 stem and max-pool;
+    # float64, so the comparison is of the computation, not of float32 summation orders
+    clients = make_clients([5, 9], (1, 64, 64), num_classes=3, dtype=torch.float64, device=device)
+    settings = {"width": 4, "hidden": 8} if name == "small_cnn" else {"norm": "group", "groups": 8}
+    model = seeded_init(
+        0, lambda: build_model(name, in_channels=1, num_classes=3, image_size=64, **settings)
+    ).to(device, torch.float64)
+    config = LocalTraining(lr=0.05, momentum=0.9, batch_size=4)
+
+    sequential, batched = both_backends(model, clients, config, max_parallel=2)
+
+    assert_same_updates(sequential, batched, rtol=1e-9)
+
+
 def test_resnet18_batchnorm_float32_updates_equal_sequential_ones(device):
     # one batch per epoch, two epochs: chunks of sizes 8 and 8 (one vmap call) and 12
     clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3, device=device)

@@ -4,6 +4,7 @@ import pytest
 from federated.partition import (
     PartitionError,
     build_partitioner,
+    hold_out_local_tests,
     list_partitioners,
     partition_report,
 )
@@ -134,3 +135,23 @@ def test_a_population_of_100000_clients_is_split_into_disjoint_sorted_parts(sche
     merged = np.concatenate(parts)
     assert len(merged) == len(labels) and len(np.unique(merged)) == len(labels)
     assert all(np.all(np.diff(p) > 0) for p in parts[:1000])
+
+
+def test_local_test_splits_are_seeded_disjoint_and_a_share_of_each_client():
+    parts = build_partitioner("iid")(np.zeros(1000, dtype=int), 7, seed=0)
+
+    train, test = hold_out_local_tests(parts, 0.2, seed=3)
+
+    assert [len(t) for t in test] == [int(0.2 * len(p)) for p in parts]
+    for part, kept, held in zip(parts, train, test, strict=True):
+        assert not set(kept) & set(held) and sorted([*kept, *held]) == sorted(part)
+    again = hold_out_local_tests(parts, 0.2, seed=3)[1]
+    other = hold_out_local_tests(parts, 0.2, seed=4)[1]
+    assert all(np.array_equal(a, b) for a, b in zip(test, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(test, other, strict=True))
+    assert all(len(t) == 0 for t in hold_out_local_tests(parts, 0.0, seed=3)[1])
+
+
+def test_a_local_test_split_that_leaves_nothing_to_train_on_is_refused():
+    with pytest.raises(PartitionError, match="client 1 holds 1 samples"):
+        hold_out_local_tests([np.arange(5), np.arange(5, 6)], 0.5, seed=0)

@@ -22,7 +22,7 @@ def test_the_defaults_ban_every_label_flipper_early_and_no_honest_client() -> No
         }
     )
     data = load_digits()
-    parts, root = split_partition(data.train.targets, "iid", 20, params.seed, {}, 0)
+    parts, root, _ = split_partition(data.train.targets, "iid", 20, params.seed, {}, 0)
     federation = federation_from_params(params, data, parts, root, validation_every_round=False)
     state = federation.initial_state()
     while state.round < params.train.rounds:

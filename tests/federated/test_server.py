@@ -8,6 +8,7 @@ from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining
 from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
+from federated.privacy import ClientPrivacy
 from federated.seeding import seeded_init
 from federated.server import Federation, FederationConfig, ServerState
 from federated.vectors import model_to_vector
@@ -353,3 +354,114 @@ def test_a_round_within_the_bound_is_aggregated(medmnist_root):
 def test_the_bound_is_a_count_or_a_share(bad):
     with pytest.raises(ValueError, match="max_excluded must be a count"):
         FederationConfig(rounds=1, max_excluded=bad)
+
+
+def _with_sites(medmnist_root, rounds, **config):
+    """A federation whose four clients each hold out a quarter of their data as a site's
+    local test split (as ``partition.local_test`` does)."""
+    federation = make_federation(medmnist_root, rounds=rounds)
+    kept, sites = [], []
+    for client in federation.clients:
+        held = len(client) // 4
+        sites.append((client.images[:held], client.targets[:held]))
+        kept.append(ClientData(client.client_id, client.images[held:], client.targets[held:]))
+    return make_federation(
+        medmnist_root, rounds=rounds, clients=kept, sites=sites,
+        config=FederationConfig(rounds=rounds, seed=0, **config),
+    )  # fmt: skip
+
+
+def test_every_site_is_scored_every_site_every_rounds_and_in_the_last(medmnist_root):
+    federation = _with_sites(medmnist_root, 3, site_every=2, target_acc=0.7)
+    state = run(federation, 3)
+
+    assert [(row["round"], row["site"]) for row in state.sites] == [
+        (r, s) for r in (2, 3) for s in range(4)
+    ]
+    last = [row for row in state.sites if row["round"] == 3]
+    model = federation.global_model(state)
+    for row in last:  # each row is the model's own score on that site's split
+        images, targets = federation.sites[row["site"]]
+        assert row["n"] == len(targets)
+        assert row["acc"] == pytest.approx(
+            (model(images).argmax(1) == targets).float().mean().item()
+        )
+    metrics = state.history[-1]
+    accs = [row["acc"] for row in last]
+    assert metrics["site_acc_worst"] == min(accs) and metrics["site_acc_best"] == max(accs)
+    assert last[metrics["site_worst"]]["acc"] == min(accs)
+    assert metrics["sites_at_target"] == sum(a >= 0.7 for a in accs) / 4
+    assert "site_acc_worst" not in state.history[0]  # round 1 was not a scoring round
+    restored = ServerState.from_dict(torch.load(io.BytesIO(_saved(state)), weights_only=True))
+    assert restored.sites == state.sites
+
+
+def test_sites_must_match_the_clients(medmnist_root):
+    federation = make_federation(medmnist_root)
+    with pytest.raises(ValueError, match="one local test split per client"):
+        make_federation(medmnist_root, sites=[federation.test])
+
+
+def _privacy(clients=4, per_round=4, **settings):
+    return ClientPrivacy(
+        population=clients, per_round=per_round, **{"clip": 1.0, "noise_multiplier": 1.0} | settings
+    )
+
+
+def test_central_dp_releases_the_clipped_mean_over_the_sampled_count(medmnist_root):
+    # a clip far below the updates' norms and almost no noise: the global model moves by
+    # the mean of the clipped updates, whose norm is at most the clip
+    plain = make_federation(medmnist_root, rounds=1)
+    start = plain.initial_state().global_vector
+    updates = run(plain, 1).global_vector - start
+    assert updates.norm() > 0.1
+    private = make_federation(
+        medmnist_root, rounds=1, privacy=_privacy(clip=0.01, noise_multiplier=1e-9)
+    )
+    moved = run(private, 1).global_vector - start
+    assert 0.005 < moved.norm() <= 0.01 + 1e-6
+
+
+def test_noise_has_the_accounted_scale_and_is_seeded(medmnist_root):
+    # tiny clip: the released update is (almost) pure noise of std z*C/m per coordinate
+    privacy = _privacy(clip=1e-6, noise_multiplier=2.0)
+    federation = make_federation(medmnist_root, rounds=1, privacy=privacy)
+    start = federation.initial_state().global_vector
+    state = run(federation, 1)
+    moved = state.global_vector - start
+    assert moved.std().item() == pytest.approx(2.0 * 1e-6 / 4, rel=0.05)
+    again = run(make_federation(medmnist_root, rounds=1, privacy=privacy), 1)
+    assert torch.equal(again.global_vector, state.global_vector)
+    assert state.history[0]["privacy_epsilon"] == pytest.approx(privacy.epsilon(1))
+
+
+def test_local_dp_noises_every_client_before_the_server_sees_it(medmnist_root):
+    privacy = _privacy(clip=1e-6, noise_multiplier=2.0, mode="local")
+    federation = make_federation(medmnist_root, rounds=1, privacy=privacy)
+    start = federation.initial_state().global_vector
+    moved = run(federation, 1).global_vector - start
+    # four clients' noises of std z*C summed, over m = 4: std z*C/2
+    assert moved.std().item() == pytest.approx(2.0 * 1e-6 / 2, rel=0.05)
+
+
+def test_the_budget_stops_before_the_round_that_would_pass_the_target(medmnist_root):
+    privacy = _privacy(noise_multiplier=5.0, target_epsilon=1.2)  # admits 2 rounds
+    federation = make_federation(medmnist_root, rounds=4, privacy=privacy)
+    state = federation.initial_state()
+    while state.round < 4 and not federation.budget_spent(state):
+        state, _ = federation.run_round(state)
+    assert state.round == 2
+    assert [row["privacy_epsilon"] for row in state.history] == [
+        pytest.approx(privacy.epsilon(1)),
+        pytest.approx(privacy.epsilon(2)),
+    ]
+    reason = federation.budget_spent(state)
+    assert "round 3 would take ε to 1.446" in reason and "round 2's model" in reason
+
+
+def test_the_accounted_sampling_must_be_the_federations(medmnist_root):
+    with pytest.raises(ValueError, match="accounted for 2 of 4 clients"):
+        make_federation(
+            medmnist_root, privacy=_privacy(per_round=2),
+            config=FederationConfig(rounds=1, client_fraction=1.0),
+        )  # fmt: skip

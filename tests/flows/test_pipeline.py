@@ -113,6 +113,22 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert inputs[("breastmnist", "train")] == dataset_info("breastmnist").md5
     partition = project / "artifacts" / "partition" / "clients.npz"
     assert inputs[("partition", "partition")] == hashlib.md5(partition.read_bytes()).hexdigest()
+    # per-site evaluation: every site's local test split, every round, and the final model
+    sites = json.loads((project / "reports" / "sites.json").read_text())
+    partition_report = json.loads((project / "reports" / "partition.json").read_text())
+    held = [c["local_test"] for c in partition_report["clients"]]
+    assert [row["n"] for row in sites["sites"]] == held and min(held) >= 1
+    assert metrics["site_acc_worst"] == min(row["acc"] for row in sites["sites"])
+    assert all(0 <= row["ece"] <= 1 and 0 <= row["brier"] <= 2 for row in sites["sites"])
+    with (project / "reports" / "sites.csv").open() as handle:
+        per_round = list(csv.DictReader(handle))
+    assert {(int(r["round"]), int(r["site"])) for r in per_round} == {
+        (r, s) for r in (1, 2) for s in range(3)
+    }
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "site_acc/1")] == [1, 2]
+    assert "site_acc_worst" in run.data.metrics and "final_site_acc_worst" in run.data.metrics
+    assert {"reports/sites.csv", "reports/sites.png", "reports/sites.json"} <= artifacts
+    assert "sites.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
     assert version.run_id == run.info.run_id
 
@@ -129,6 +145,37 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert metrics["test_acc"] == pytest.approx(
         (expected.argmax(1) == torch.as_tensor(data.test.targets).view(-1)).float().mean().item()
     )
+
+
+def test_a_spent_privacy_budget_ends_the_run_cleanly_with_the_last_admissible_model(
+    project, prefect_server
+):
+    overrides = [
+        *SMALL, "train.rounds=4", "partition.local_test=0", "privacy.mode=central",
+        "privacy.noise_multiplier=5", "privacy.target_epsilon=1.2",
+    ]  # fmt: skip
+    params = load_params(project / "params.yaml", overrides)
+
+    results = pipeline_flow(params, project)
+
+    assert results["rounds"] == 2  # ε after 3 rounds would be 1.446 > 1.2
+    assert results["privacy_epsilon"] == pytest.approx(1.158, abs=1e-3)
+    assert [float(r["privacy_epsilon"]) for r in read_rounds(project)] == [
+        pytest.approx(0.795, abs=1e-3),
+        pytest.approx(1.158, abs=1e-3),
+    ]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert "round 3 would take ε to 1.446" in run.data.tags["stopped_early"]
+    assert (
+        run.data.tags["privacy"] == "central" and run.data.tags["privacy_epsilon_holds"] == "true"
+    )
+    assert run.data.metrics["final_privacy_epsilon"] == pytest.approx(results["privacy_epsilon"])
+    # without local test splits: no per-site numbers, and files that say why
+    assert "site_acc_worst" not in results
+    assert json.loads((project / "reports" / "sites.json").read_text())["sites"] == []
+    assert (project / "reports" / "sites.csv").read_text().startswith("round,site,n,")
 
 
 def test_a_killed_run_resumes_to_the_same_final_metrics(

@@ -1,0 +1,111 @@
+"""Client-level differential privacy: DP-FedAvg and its privacy accounting.
+
+DP-FedAvg (McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent
+Language Models", ICLR 2018, https://arxiv.org/abs/1710.06963), flat clipping with equal
+client weights and the fixed-denominator estimator: each sampled client's update is
+clipped to L2 norm ``clip`` (C); the server adds Gaussian noise of standard deviation
+``noise_multiplier × C`` (z C) to the sum of the clipped updates and divides by the number
+of clients sampled per round ``m`` (not by the number that arrived, so one client moves
+the average by at most C / m whatever the others do).
+
+- ``central``: the (trusted) server clips what it receives and adds the noise once.
+- ``local``: every client clips its own update and adds N(0, (z C)²) before sending; the
+  server only averages. The server never sees an un-noised update, and the released
+  model carries at least the central mode's noise, so the ε below holds for it too;
+  against the server itself a client's guarantee has no sampling amplification.
+
+Accounting is Opacus's RDP accountant (Mironov 2017; Mironov, Talwar and Zhang 2019 for
+the subsampled Gaussian), never by hand: after t rounds at sampling rate q = m / N with
+noise multiplier z, ε(t) at ``delta``. The accountant assumes Poisson sampling of clients
+at rate q; the federation samples exactly m of N each round, the approximation TensorFlow
+Federated's and Opacus's users make for fixed-size batches (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["ClientPrivacy", "epsilon_after"]
+
+
+@functools.lru_cache(maxsize=4096)
+def epsilon_after(
+    rounds: int, *, noise_multiplier: float, sample_rate: float, delta: float
+) -> float:
+    """ε after ``rounds`` subsampled Gaussian releases (Opacus's RDP accountant)."""
+    if rounds == 0:
+        return 0.0
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(noise_multiplier, sample_rate, rounds)]  # (z, q, steps)
+    return float(accountant.get_epsilon(delta))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientPrivacy:
+    """DP-FedAvg's clipping and noise for a federation of ``population`` clients of which
+    ``per_round`` are sampled each round, and its budget (``target_epsilon``)."""
+
+    clip: float
+    noise_multiplier: float
+    population: int
+    per_round: int
+    mode: Literal["central", "local"] = "central"
+    delta: float = 1e-5
+    target_epsilon: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip <= 0 or self.noise_multiplier <= 0:
+            raise ValueError("clip and noise_multiplier must be > 0")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if not 1 <= self.per_round <= self.population:
+            raise ValueError("per_round must be between 1 and the population")
+        if self.mode not in ("central", "local"):
+            raise ValueError(f"mode must be 'central' or 'local', got {self.mode!r}")
+
+    @property
+    def sample_rate(self) -> float:
+        """q: the share of the clients sampled in a round."""
+        return self.per_round / self.population
+
+    def epsilon(self, rounds: int) -> float:
+        """ε at ``delta`` after ``rounds`` rounds."""
+        return epsilon_after(
+            rounds, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
+            delta=self.delta,
+        )  # fmt: skip
+
+    def admits(self, rounds: int) -> bool:
+        """Whether ``rounds`` rounds stay within ``target_epsilon`` (always, without one)."""
+        return self.target_epsilon is None or self.epsilon(rounds) <= self.target_epsilon
+
+    def clipped(self, updates: Tensor) -> Tensor:
+        """Each row scaled down to L2 norm at most ``clip`` (rows within it unchanged)."""
+        norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
+        return updates * torch.clamp(self.clip / norms.clamp_min(1e-12), max=1.0)
+
+    def noise(self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator) -> Tensor:
+        """N(0, (z C)²) noise of ``shape``, ``like``'s dtype and device."""
+        std = self.noise_multiplier * self.clip
+        return std * torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+
+    def privatised_by_clients(self, updates: Tensor, generators: list[torch.Generator]) -> Tensor:
+        """``local`` mode: each client's clipped update plus its own noise (one generator
+        per row: a client's noise does not depend on who else was sampled)."""
+        clipped = self.clipped(updates)
+        noise = [self.noise(row.shape, row, g) for row, g in zip(clipped, generators, strict=True)]
+        return clipped + torch.stack(noise)
+
+    def released(self, total: Tensor, generator: torch.Generator) -> Tensor:
+        """The fixed-denominator average the server releases from the ``total`` of the
+        kept (clipped, or in local mode privatised) updates: central mode adds the noise."""
+        if self.mode == "central":
+            total = total + self.noise(tuple(total.shape), total, generator)
+        return total / self.per_round
