@@ -1,14 +1,19 @@
-"""Check that the MLflow UI lists the project's experiment and its runs, in a real browser.
+"""Check that the MLflow UI shows the project's experiment, its runs, and a run's data and
+per-site table, in a real browser.
 
 Starts ``mlflow server`` on a free loopback port against the project's store (default:
 ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``), asks its REST API (the one the UI
-calls) for the experiment and its runs, then renders the experiment's "Training runs" page
-in headless Chromium (``--dump-dom`` after a virtual-time budget, so the React app has
-fetched and drawn the runs) and saves a screenshot. The check passes when the rendered page
-shows the experiment's name, every expected run name and the matching-runs count.
+calls) for the experiment and its runs, then renders pages in headless Chromium
+(``--dump-dom`` after a virtual-time budget, so the React app has fetched and drawn them)
+and saves screenshots:
+- the experiment's "Training runs" page: its name, every expected run name and the
+  matching-runs count;
+- the newest run with dataset inputs (or ``--run NAME``): every dataset input's name and
+  digest on the run's page, and, when the run logged the per-site table ``sites.json``,
+  its header and every site on the artifact view.
 
     python scripts/check_mlflow_ui.py [--backend-store-uri URI] [--experiment fedsieve]
-                                      [--out DIR] [--runs N]
+                                      [--out DIR] [--runs N] [--run NAME]
 
 Exit codes: 0 verified, 1 the page did not show what the store holds, 2 bad input (no
 Chromium, no store, no such experiment). The server is stopped (by PID) on the way out.
@@ -30,8 +35,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -83,7 +90,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _post(url: str, body: dict[str, object]) -> dict[str, object]:
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.load(response)
+
+
+def _post(url: str, body: dict[str, object]) -> dict[str, Any]:
     request = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -156,6 +168,7 @@ def check(
     *,
     chromium: str,
     runs: int = 10,
+    run_name: str | None = None,
     timeout: float = 180,
     budget_ms: int = 15000,
 ) -> Report:
@@ -187,6 +200,20 @@ def check(
             screenshot, dom_file = out / "mlflow-ui.png", out / "mlflow-ui.html"
             dom = render(chromium, page, screenshot, Path(scratch) / "profile", budget_ms)
             dom_file.write_text(dom)
+            run = chosen_run(listed, run_name)
+            run_shown = (
+                check_run(
+                    url,
+                    experiment_id,
+                    run,
+                    out,
+                    lambda page, shot: render(
+                        chromium, page, shot, Path(scratch) / "profile", budget_ms
+                    ),
+                )
+                if run is not None
+                else {}
+            )
         finally:
             stop_server(server)
     text = page_text(dom)
@@ -199,7 +226,56 @@ def check(
     report.shown[f"run count ({len(listed)} matching) shown"] = (
         f"{len(listed)} matching run" in text
     )
+    report.shown |= run_shown
     return report
+
+
+def chosen_run(listed: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
+    """The run named ``name`` (bad input if absent), else the newest with dataset inputs."""
+    if name is not None:
+        named = [run for run in listed if run["info"].get("run_name") == name]
+        if not named:
+            raise CheckError(f"no run named {name!r} in the experiment")
+        return named[0]
+    return next((run for run in listed if run.get("inputs", {}).get("dataset_inputs")), None)
+
+
+def check_run(
+    url: str,
+    experiment_id: str,
+    run: dict[str, Any],
+    out: Path,
+    render_page: Callable[[str, Path], str],
+) -> dict[str, bool]:
+    """What the run's page and its per-site table's artifact view show."""
+    run_id, name = run["info"]["run_id"], run["info"].get("run_name", "")
+    runs_page = f"{url}/#/experiments/{experiment_id}/runs"
+    shown: dict[str, bool] = {}
+    text = page_text(render_page(f"{runs_page}/{run_id}", out / "mlflow-run.png"))
+    # the run page shows one dataset input as "name (digest) context" and the rest as "+N"
+    labels = [
+        f"{item['dataset']['name']} ({item['dataset']['digest'][:8]}"
+        for item in run.get("inputs", {}).get("dataset_inputs", [])
+    ]
+    if labels:
+        more = f" +{len(labels) - 1}" if len(labels) > 1 else ""
+        shown[f"run {name!r}: its {len(labels)} dataset inputs shown"] = any(
+            re.search(rf"{re.escape(label)}[^)]*\) \S+{re.escape(more)}", text) for label in labels
+        )
+    artifacts = _get(f"{url}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}")
+    if any(entry["path"] == "sites.json" for entry in artifacts.get("files", [])):
+        table = _get(f"{url}/get-artifact?path=sites.json&run_uuid={run_id}")
+        text = page_text(
+            render_page(f"{runs_page}/{run_id}/artifacts/sites.json", out / "mlflow-sites.png")
+        )
+        header = " ".join(table["columns"])
+        shown[f"run {name!r}: per-site table header ({header}) shown"] = header in text
+        body = text.split(header, 1)[-1]
+        shown[f"run {name!r}: all {len(table['data'])} sites in the table"] = all(
+            f" {row[0]} {row[1]} " in f" {body} "
+            for row in table["data"]  # site, images
+        )
+    return shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="fedsieve")
     parser.add_argument("--out", type=Path, default=Path("reports/ui-check"))
     parser.add_argument("--runs", type=int, default=10, help="check the N newest runs' names")
+    parser.add_argument(
+        "--run", help="check this run's page (default: the newest run with dataset inputs)"
+    )
     parser.add_argument("--chromium", help="browser binary (default: chromium on PATH)")
     args = parser.parse_args(argv)
     chromium = find_chromium(args.chromium)
@@ -219,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         if chromium is None:
             raise CheckError("no chromium binary found (apt-get install -y chromium)")
         report = check(
-            args.backend_store_uri, args.experiment, args.out, chromium=chromium, runs=args.runs
+            args.backend_store_uri,
+            args.experiment,
+            args.out,
+            chromium=chromium,
+            runs=args.runs,
+            run_name=args.run,
         )
     except CheckError as error:
         print(f"check_mlflow_ui: error: {error}", file=sys.stderr)

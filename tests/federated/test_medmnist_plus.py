@@ -17,7 +17,7 @@ from federated.batched import auto_max_parallel
 from federated.data import DataError, dataset_info, ensure_medmnist, file_md5, load_medmnist
 from fedsieve.config import ConfigError, eval_batch_size, validate_params
 from models import build_model
-from tasks.data import load_verified_dataset
+from tasks.data import data_root, ensure_dataset
 
 
 def test_each_size_names_medmnists_own_file_url_and_md5():
@@ -95,7 +95,9 @@ def test_params_choose_the_size_and_the_pipeline_loads_it(breast_64, tmp_path, m
         "test",
     )
 
-    data = load_verified_dataset(params.data, tmp_path)
+    root = data_root(params.data.root, tmp_path)  # what every stage's preamble does
+    ensure_dataset(params.data.dataset, root, params.data.download, params.data.size)
+    data = load_medmnist(params.data.dataset, root, params.data.size)
 
     assert data.info.size == 64 and data.test.images.shape == (156, 64, 64)
     with pytest.raises(ConfigError, match=r"data\.size"):

@@ -1,5 +1,6 @@
 """The MLflow UI, rendered in headless Chromium by scripts/check_mlflow_ui.py, lists the
-project's experiment and its runs (what `mlflow server` serves from the project's store)."""
+project's experiment and its runs, and shows a training run's dataset inputs and per-site
+table as fedsieve logs them (what `mlflow server` serves from the project's store)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from tasks.tracking import flatten_params
+from tasks.tracking import Tracker, flatten_params
 
 
 def _chromium() -> str | None:
@@ -43,6 +44,24 @@ def test_the_ui_lists_the_experiment_and_its_runs(tmp_path, ops):
             client.log_param(run.info.run_id, key, value)
         client.log_metric(run.info.run_id, "final_test_auc", 0.8 + seed / 100)
         client.set_terminated(run.info.run_id)
+    trained = Tracker("fedsieve", store)  # the newest run, logged as a training run logs
+    trained.start(run_id=None, run_name="breastmnist-trimmed_mean", tags={})
+    trained.log_dataset("breastmnist", "750601b1f35ba3300ea97c75c52ff8f6", "file.npz", "train")
+    trained.log_dataset("partition", "0123456789abcdef", "clients.npz", "partition")
+    sites = [
+        {
+            "site": i,
+            "n": 10 + i,
+            "loss": 0.5,
+            "acc": 0.7 + i / 100,
+            "auc": 0.8,
+            "ece": 0.1,
+            "brier": 0.2,
+        }
+        for i in range(4)
+    ]
+    trained.log_table(sites, "sites.json")
+    trained.end("FINISHED")
     out = tmp_path / "ui"
 
     done = subprocess.run(
@@ -61,7 +80,11 @@ def test_the_ui_lists_the_experiment_and_its_runs(tmp_path, ops):
     )
 
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert done.stdout.count("ok  ") == 2 + len(RUN_NAMES), done.stdout
-    assert "run count (3 matching) shown" in done.stdout
+    assert "MISS" not in done.stdout, done.stdout
+    assert done.stdout.count("ok  ") == 2 + len(RUN_NAMES) + 1 + 3, done.stdout
+    assert "run count (4 matching) shown" in done.stdout
+    assert "its 2 dataset inputs shown" in done.stdout  # "breastmnist (750601b1) train +1"
+    assert "per-site table header (site n loss acc auc ece brier) shown" in done.stdout
+    assert "all 4 sites in the table" in done.stdout
     screenshot = (out / "mlflow-ui.png").read_bytes()
     assert screenshot.startswith(b"\x89PNG") and len(screenshot) > 20_000
