@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import http.server
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +86,48 @@ def project(tmp_path: Path, medmnist_root: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MEDMNIST_ROOT", str(medmnist_root))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     return tmp_path
+
+
+@dataclass(frozen=True)
+class FabricatedFile:
+    """A MedMNIST+ file fabricated for tests, served at ``url`` and registered (md5, URL)
+    in the test's copy of ``medmnist.INFO``."""
+
+    path: Path
+    url: str
+
+    @staticmethod
+    def fabricate(path: Path, size: int, seed: int = 0) -> Path:
+        """BreastMNIST-shaped uint8 images ``(N, size, size)`` and 0/1 labels ``(N, 1)``."""
+        from federated.data import dataset_info
+
+        rng = np.random.default_rng(seed)
+        arrays = {}
+        for split, n in dataset_info("breastmnist").n_samples.items():
+            arrays[f"{split}_images"] = rng.integers(0, 256, (n, size, size), dtype=np.uint8)
+            arrays[f"{split}_labels"] = rng.integers(0, 2, (n, 1), dtype=np.uint8)
+        np.savez_compressed(path, **arrays)
+        return path
+
+
+@pytest.fixture
+def breast_64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FabricatedFile]:
+    """``breastmnist_64.npz`` fabricated, served on loopback, and its md5 and URL put in a
+    copy of ``medmnist.INFO`` in place of the real ones (no MedMNIST+ file can be
+    downloaded on these machines)."""
+    import federated.data as data_module
+    from federated.data import file_md5
+
+    served = tmp_path / "served"
+    served.mkdir()
+    path = FabricatedFile.fabricate(served / "breastmnist_64.npz", 64)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/breastmnist_64.npz"
+    table = copy.deepcopy(data_module._info_table())
+    table["breastmnist"]["url_64"], table["breastmnist"]["MD5_64"] = url, file_md5(path)
+    monkeypatch.setattr(data_module, "_info_table", lambda: table)
+    yield FabricatedFile(path, url)
+    server.shutdown()
+    server.server_close()

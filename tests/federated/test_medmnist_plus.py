@@ -1,18 +1,11 @@
 """MedMNIST+ (64, 128, 224 px): medmnist's own file names and md5s, the same download-and-
 verify path, and models and the batched backend at those sizes. The real files cannot be
 downloaded on these machines, so a fabricated file of the right shape is served on loopback
-and registered under a test-only md5 table (``federated.data._info_table`` patched)."""
+and registered under a test-only md5 table (the ``breastmnist_64`` fixture, conftest.py)."""
 
-import copy
-import functools
-import http.server
-import threading
-
-import numpy as np
 import pytest
 import torch
 
-import federated.data as data_module
 from federated.batched import auto_max_parallel
 from federated.data import DataError, dataset_info, ensure_medmnist, file_md5, load_medmnist
 from fedsieve.config import ConfigError, eval_batch_size, validate_params
@@ -34,53 +27,19 @@ def test_each_size_names_medmnists_own_file_url_and_md5():
         dataset_info("digits", 64)
 
 
-def fabricate(path, size, n_samples, channels=1, seed=0):
-    """A MedMNIST-shaped file: uint8 images ``(N, size, size[, 3])`` and labels ``(N, 1)``."""
-    rng = np.random.default_rng(seed)
-    shape = (size, size) + ((3,) if channels == 3 else ())
-    arrays = {}
-    for split, n in n_samples.items():
-        arrays[f"{split}_images"] = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-        arrays[f"{split}_labels"] = rng.integers(0, 2, (n, 1), dtype=np.uint8)
-    np.savez_compressed(path, **arrays)
-    return path
-
-
-@pytest.fixture
-def breast_64(tmp_path, monkeypatch):
-    """``breastmnist_64.npz`` fabricated, served on loopback, and its md5 and URL put in a
-    copy of ``medmnist.INFO`` in place of the real ones."""
-    served = tmp_path / "served"
-    served.mkdir()
-    n_samples = dataset_info("breastmnist").n_samples
-    fabricate(served / "breastmnist_64.npz", 64, n_samples)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    table = copy.deepcopy(data_module._info_table())
-    table["breastmnist"]["url_64"] = (
-        f"http://127.0.0.1:{server.server_address[1]}/breastmnist_64.npz"
-    )
-    table["breastmnist"]["MD5_64"] = file_md5(served / "breastmnist_64.npz")
-    monkeypatch.setattr(data_module, "_info_table", lambda: table)
-    yield served / "breastmnist_64.npz"
-    server.shutdown()
-    server.server_close()
-
-
 def test_a_larger_size_downloads_verifies_and_loads_like_28_px(breast_64, tmp_path):
     root = tmp_path / "root"
 
     path = ensure_medmnist("breastmnist", root, size=64, progress=False)
     data = load_medmnist("breastmnist", root, size=64)
 
-    assert path == root / "breastmnist_64.npz" and file_md5(path) == file_md5(breast_64)
+    assert path == root / "breastmnist_64.npz" and file_md5(path) == file_md5(breast_64.path)
     assert data.train.images.shape == (546, 64, 64) and data.info.size == 64
     assert not (root / "breastmnist.npz").exists()  # the 28 px file is another file
 
 
 def test_a_file_of_the_wrong_size_is_refused_naming_both_shapes(breast_64, tmp_path):
-    fabricate(tmp_path / "breastmnist_64.npz", 28, dataset_info("breastmnist").n_samples)
+    breast_64.fabricate(tmp_path / "breastmnist_64.npz", 28)
 
     with pytest.raises(DataError, match=r"shape \(546, 28, 28\).*expected \(546, 64, 64\)"):
         load_medmnist("breastmnist", tmp_path, size=64)
