@@ -82,9 +82,11 @@ class LocalTrainConfig:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.n_paths is not None and self.n_paths < 2:
+        loss = build_loss(self.loss)  # fails here, listing the losses, on an unknown name
+        if self.n_paths is not None and self.n_paths < getattr(loss, "min_paths", 2):
             raise ValueError(
-                f"n_paths must be >= 2 (a scoring rule needs spread), got {self.n_paths}"
+                f"n_paths must be >= 2 for the loss {self.loss!r} (a scoring rule needs "
+                f"spread), got {self.n_paths}; squared_error takes one path"
             )
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
@@ -94,7 +96,6 @@ class LocalTrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.gradient not in ("autograd", "smp"):
             raise ValueError(f"gradient must be 'autograd' or 'smp', got {self.gradient!r}")
-        build_loss(self.loss)  # fails here, listing the losses, on an unknown name
 
 
 @dataclass(frozen=True, kw_only=True)

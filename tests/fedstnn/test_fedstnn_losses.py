@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from federated.fedstnn.losses import build_loss, list_losses, single_sample_mse
+from federated.fedstnn.losses import build_loss, list_losses
 from federated.registry import RegistryError
 
 
@@ -44,12 +44,16 @@ def test_proper_scores_are_smallest_at_the_true_spread(name):
     assert scores[1.0] < scores[0.5] and scores[1.0] < scores[2.0]
 
 
-def test_single_sample_mse_prefers_zero_spread():
-    y = _observations()
+def test_the_papers_squared_error_prefers_zero_spread_and_takes_one_path():
+    y, loss = _observations(), build_loss("squared_error")
 
-    scores = [float(single_sample_mse(_gaussian_samples(s), y)) for s in (0.0, 0.5, 1.0)]
+    scores = [float(loss(_gaussian_samples(s), y)) for s in (0.0, 0.5, 1.0)]
+    one_path = loss(torch.tensor([[[1.0]], [[3.0]]])[:1], torch.tensor([[0.0]]))
 
     assert scores == sorted(scores)  # grows with the spread: its optimum is no diffusion
+    assert float(one_path) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="K >= 2"):
+        build_loss("energy_score")(torch.zeros(1, 3, 1), torch.zeros(3, 1))
 
 
 def test_energy_score_gradient_finite_when_paths_coincide():
@@ -61,7 +65,7 @@ def test_energy_score_gradient_finite_when_paths_coincide():
 
 
 def test_registry_lists_and_rejects():
-    assert list_losses() == ["energy_score", "gaussian_nll"]
+    assert list_losses() == ["energy_score", "gaussian_nll", "squared_error"]
     with pytest.raises(RegistryError, match="energy_score"):
         build_loss("mse")
     with pytest.raises(RegistryError, match="beta"):

@@ -11,7 +11,7 @@ from federated.fedstnn.train import ClientData, LocalTrainConfig, train_local
 from models.snn import SNN, SNNConfig
 
 
-@pytest.mark.parametrize("loss_name", ["energy_score", "gaussian_nll"])
+@pytest.mark.parametrize("loss_name", ["energy_score", "gaussian_nll", "squared_error"])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_smp_equals_autograd_in_float64(loss_name, activation):
     config = SNNConfig(

@@ -14,7 +14,7 @@ from tasks.fedstnn import load_fedstnn_params
 
 pytestmark = pytest.mark.e2e
 
-TINY = "1d_noniid_60: {rounds: 2, epochs: 2, n_clients: 10, n_groups: 5, fraction: 0.5, n_points: 500, main_points: 20, other_points: 4, eval_paths: 8, train_paths: 4}\n"
+TINY = "1d_noniid_60: {trainer: smp, rounds: 2, epochs: 2, n_clients: 10, n_groups: 5, fraction: 0.5, n_points: 500, main_points: 20, other_points: 4, eval_paths: 8, train_paths: 4}\n"
 
 
 def test_fedstnn_flow_writes_its_report_and_tracks_the_run(project, prefect_server):
@@ -34,6 +34,8 @@ def test_fedstnn_flow_writes_its_report_and_tracks_the_run(project, prefect_serv
     assert run.data.metrics["coverage_2sigma"] == pytest.approx(metrics["coverage_2sigma"])
     assert len(client.get_metric_history(run.info.run_id, "global_mse")) == 2
     assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2"
+    assert run.data.params["trainer"] == "smp" and run.data.params["gradient"] == "smp"
+    assert report["config"]["optimizer"] == "sgd" and report["config"]["loss"] == "squared_error"
 
 
 def test_a_failed_experiment_is_on_the_record_as_failed(project, prefect_server, monkeypatch):
@@ -55,4 +57,11 @@ def test_unknown_settings_are_refused_naming_the_key(tmp_path):
     (tmp_path / "bad.yaml").write_text("2d: {roundz: 3}\n")
 
     with pytest.raises(ValueError, match=r"2d.roundz is not a setting"):
+        load_fedstnn_params(tmp_path / "bad.yaml", "2d")
+
+
+def test_an_unknown_trainer_is_refused_naming_the_choices(tmp_path):
+    (tmp_path / "bad.yaml").write_text("2d: {trainer: adam}\n")
+
+    with pytest.raises(ValueError, match="unknown trainer 'adam'; available: autograd, smp"):
         load_fedstnn_params(tmp_path / "bad.yaml", "2d")
