@@ -588,6 +588,9 @@ def run_function_1d(config: Function1DConfig) -> ExperimentResult:
     )
 
 
+JUMP_BAND = 0.1  # 2-D: points this close to an axis are "near the jumps" (10 % of a side)
+
+
 def run_function_2d(config: Function2DConfig) -> ExperimentResult:
     """Sec. 5.2: FedStNN on the piecewise 2-D function, one client group per quadrant."""
     rng, model, evaluation = _setup(config, in_dim=2)
@@ -630,6 +633,11 @@ def run_function_2d(config: Function2DConfig) -> ExperimentResult:
         for q in range(4):
             inside = point_groups == q
             metrics[f"{prefix}mse_quadrant_{q + 1}"] = float(np.mean((m[inside] - f[inside]) ** 2))
+        # where the error is: within JUMP_BAND of an axis (the jumps) or away from them
+        near = (np.abs(inputs[:, 0]) < JUMP_BAND) | (np.abs(inputs[:, 1]) < JUMP_BAND)
+        for where, mask in (("near_jumps", near), ("away_from_jumps", ~near)):
+            mse = float(np.mean((m[mask] - f[mask]) ** 2))
+            metrics[f"{prefix}mse_over_sigma2_{where}"] = mse / config.noise_sigma**2
     figures = _figures_2d(config, inputs, f, y, predictions) if config.figures else {}
     return ExperimentResult(
         name="2d",

@@ -110,6 +110,11 @@ def test_run_2d_tiny():
 
     assert {"mse", "mse_quadrant_1", "local_mse_quadrant_4"} <= result.metrics.keys()
     assert result.figures == {}
+    m = result.metrics
+    near, away = m["mse_over_sigma2_near_jumps"], m["mse_over_sigma2_away_from_jumps"]
+    share = 1 - 0.8**2  # the grid's share within 0.1 of an axis: 36 %
+    whole = share * near + (1 - share) * away  # the two parts make up the whole
+    assert whole == pytest.approx(m["mse_over_sigma2"], rel=0.1)
 
 
 def test_run_image_tiny():
