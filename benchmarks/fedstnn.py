@@ -50,17 +50,21 @@ def _parse_value(text: str) -> Any:
 def run_cell(
     name: str, trainer: str, seed: int, overrides: dict[str, Any], out: Path
 ) -> dict[str, Any]:
-    """One run (in a worker process): its metrics, CPU time and, for seed 0, its figures."""
+    """One run (in a worker process): its metrics, CPU time and, for seed 0, its figures;
+    or the error that stopped it (a diverged run is a result, not a crash)."""
     torch.set_num_threads(1)
     cpu = time.process_time()
-    result = run_experiment(
-        name, trainer=trainer, seed=seed, track_rounds=False, figures=seed == 0, **overrides
-    )
+    record: dict[str, Any] = {"trainer": trainer, "seed": seed}
+    try:
+        result = run_experiment(
+            name, trainer=trainer, seed=seed, track_rounds=False, figures=seed == 0, **overrides
+        )
+    except (ValueError, RuntimeError) as error:
+        error_text = f"{type(error).__name__}: {error}"
+        return record | {"error": error_text, "cpu_seconds": round(time.process_time() - cpu, 1)}
     for key, figure in result.figures.items():
         figure.savefig(out / f"fedstnn-{name}-{trainer}-{key}.png", dpi=110)
-    return {
-        "trainer": trainer,
-        "seed": seed,
+    return record | {
         "metrics": result.metrics,
         "local_loss": [h["local_loss"] for h in result.history],
         "cpu_seconds": round(time.process_time() - cpu, 1),
@@ -75,14 +79,24 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for trainer in dict.fromkeys(r["trainer"] for r in records):
-        runs = sorted((r for r in records if r["trainer"] == trainer), key=lambda r: r["seed"])
+        mine = sorted((r for r in records if r["trainer"] == trainer), key=lambda r: r["seed"])
+        runs = [r for r in mine if "error" not in r]
+        failed = {r["seed"]: r["error"] for r in mine if "error" in r}
+        if not runs:
+            out[trainer] = {"seeds": [], "failed": failed}
+            continue
         metrics = {}
         for key in runs[0]["metrics"]:
             mean, std, half = interval([r["metrics"][key] for r in runs])
             metrics[key] = {"mean": mean, "std": std, "ci95": half}
         config = {k: v for k, v in runs[0]["config"].items() if k != "seed"}
-        out[trainer] = {"seeds": [r["seed"] for r in runs], "config": config, "metrics": metrics,
-                        "cpu_seconds_per_run": sum(r["cpu_seconds"] for r in runs) / len(runs)}  # fmt: skip
+        out[trainer] = {
+            "seeds": [r["seed"] for r in runs],
+            "failed": failed,
+            "config": config,
+            "metrics": metrics,
+            "cpu_seconds_per_run": sum(r["cpu_seconds"] for r in runs) / len(runs),
+        }
     return out
 
 
