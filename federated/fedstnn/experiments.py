@@ -33,7 +33,8 @@ Choices where the extracted text lost the numbers (the paper's words quoted):
   K the number of white pixels of the true image. The local models are "client 1, 11,
   and 21" (the first of each group) trained alone.
 
-Training defaults (tuned on the 1-D non-IID settings, CPU, a few minutes each): local
+The ``autograd`` trainer's defaults (the fields below; ``smp``, the paper's recipe, is
+:data:`TRAINERS`), tuned on the 1-D non-IID settings, one seed, CPU: local
 Adam, 100 full-batch epochs per round, lr 1e-2 decayed by 0.7 per round, K = 16 paths,
 a ReLU SNN with d = 8, 32 hidden units, N = 5 blocks. Two effects drove them:
 
