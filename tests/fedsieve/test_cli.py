@@ -178,6 +178,10 @@ def training(project: Path) -> bool:
     return (project / "artifacts" / "checkpoints" / "train.pt").exists()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def started_command(
     project: Path, medmnist_root: Path, *args: str, ready: Callable[[Path], bool] = training,
     within: float = 300, stderr: int = subprocess.DEVNULL,
@@ -190,6 +194,9 @@ def started_command(
         env=project_environment(project, medmnist_root, project / ".prefect"),
         stdout=subprocess.DEVNULL,
         stderr=stderr,
+        # Ctrl-C as at a terminal: a test runner started in the background (`cmd &` in a
+        # script) ignores SIGINT, and its children would inherit that
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + within
     while not ready(project):
