@@ -250,7 +250,7 @@ def test_an_interrupted_command_says_one_line_and_closes_its_run(medmnist_root, 
     command.send_signal(signal.SIGINT)  # Ctrl-C
     _, stderr = command.communicate(timeout=120)
 
-    assert command.returncode == 130
+    assert command.returncode == 130, stderr.decode()[-3000:]
     assert stderr.decode().strip().splitlines()[-1] == "fedsieve: interrupted"
     assert "Traceback" not in stderr.decode()
     assert not wait_for_no_server(tmp_path / ".prefect")
