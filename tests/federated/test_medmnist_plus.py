@@ -55,7 +55,7 @@ def test_params_choose_the_size_and_the_pipeline_loads_it(breast_64, tmp_path, m
     )
 
     root = data_root(params.data.root, tmp_path)  # what every stage's preamble does
-    ensure_dataset(params.data.dataset, root, params.data.download, params.data.size)
+    ensure_dataset.fn(params.data.dataset, root, params.data.download, params.data.size)
     data = load_medmnist(params.data.dataset, root, params.data.size)
 
     assert data.info.size == 64 and data.test.images.shape == (156, 64, 64)
