@@ -77,7 +77,9 @@ USER 10001:10001
 # pull step finds the checkout when this container runs a Prefect worker. The tracking
 # store is a file in /app/tracking (its artifacts beside it), so one volume keeps every
 # run; a tracking server is one MLFLOW_TRACKING_URI away. No git in the image: MLflow's
-# GitPython stays quiet about it (GIT_PYTHON_REFRESH=quiet, as MLflow documents).
+# GitPython stays quiet about it (GIT_PYTHON_REFRESH=quiet, as MLflow documents). The last
+# five before NVIDIA's pin the CPU numerics (config/environment.py): the same bits on any
+# x86-64 host with AVX2; `docker run -e FEDSIEVE_PORTABLE_NUMERICS=0` gives them up.
 ENV PATH=/app/.venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -89,6 +91,14 @@ ENV PATH=/app/.venv/bin:$PATH \
     DO_NOT_TRACK=true \
     MLFLOW_DISABLE_TELEMETRY=true \
     DVC_NO_ANALYTICS=1 \
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES=3 \
+    MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1 \
+    MLFLOW_HTTP_REQUEST_TIMEOUT=30 \
+    ATEN_CPU_CAPABILITY=avx2 \
+    ONEDNN_MAX_CPU_ISA=AVX2 \
+    MKL_CBWR=COMPATIBLE \
+    MKL_DYNAMIC=FALSE \
+    OMP_NUM_THREADS=2 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 

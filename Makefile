@@ -20,7 +20,7 @@ export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
 .PHONY: setup deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-overhead bench-fidelity bench-resnet18 container-smoke clean
+	bench-flower bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -77,6 +77,9 @@ bench-flower:  # creates its own Flower venv (benchmarks/.venv-flower) on first 
 
 bench-overhead:
 	$(BIN)/python -m benchmarks.overhead
+
+bench-numerics:  # what portable numerics cost (docs/configuration.md)
+	$(BIN)/python -m benchmarks.portable_numerics
 
 bench-fidelity:
 	for dataset in breastmnist retinamnist; do \

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from aggregation.base import AggregationRule, Filter, PreAggregator
-from federated.registry import Registry
+from registry import Registry
 
 __all__ = [
     "AGGREGATORS",

@@ -274,7 +274,7 @@ def check_rule(
     return {"d": sub.shape[1], "rel_err": rel, "ok": rel <= TOLERANCE}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--quick", action="store_true", help="CUDA: n = 50 only; CPU: d = 200k")
@@ -286,17 +286,69 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--d", type=int, default=None, help="override the parameter count")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(kind)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+
+def _sizes(args: argparse.Namespace, kind: str) -> tuple[tuple[int, ...], int]:
+    """The client counts and the parameter count: the issue's, or the overrides."""
     if kind == "cuda":
         ns, d = ((50,) if args.quick else (10, 50, 100)), 11_200_000
     else:
         ns, d = (50,), (200_000 if args.quick else 1_000_000)
-    ns, d = tuple(args.ns or ns), args.d or d
+    return tuple(args.ns or ns), args.d or d
+
+
+def measure(
+    name: str, updates: Tensor, weights: Tensor, floor: float, repeats: int
+) -> dict[str, Any]:
+    """Time and check rule ``name`` on ``updates`` ``(n, d)``; print and return its row."""
+    n, d = updates.shape
+    params = params_for(name, n)
+    times = time_rule(name, params, updates, weights, repeats)
+    check = check_rule(name, params, updates, weights)
+    best, median = min(times), statistics.median(times)
+    status = (
+        "-" if check["ok"] is None else f"{'ok' if check['ok'] else 'FAIL'} {check['rel_err']:.1e}"
+    )
+    print(
+        f"{name:<18} {n:>4} {d:>9} {best * 1e3:>10.1f} {median * 1e3:>10.1f} "
+        f"{floor * 1e3:>9.2f} {best / floor:>8.1f}  {status} (d={check['d']})",
+        flush=True,
+    )
+    row: dict[str, Any] = {
+        "rule": name,
+        "n": n,
+        "d": d,
+        "params": params,
+        "min_ms": best * 1e3,
+        "median_ms": median * 1e3,
+        "repeats": len(times),
+        "floor_ms": floor * 1e3,
+        "x_floor": best / floor,
+        "check": check,
+    }
+    if updates.device.type == "cuda" and n == 50 and name in GPU_TARGETS_MS:
+        row["target_ms"] = GPU_TARGETS_MS[name]
+    return row
+
+
+def _device_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"kind": device.type, "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["name"] = torch.cuda.get_device_name(device)
+    else:
+        info["processor"] = platform.processor() or platform.machine()
+        info["platform"] = platform.platform()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(kind)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ns, d = _sizes(args, kind)
     repeats = args.repeats or (10 if kind == "cuda" else 3)
     rules = args.rules or list_aggregators()
 
@@ -316,50 +368,15 @@ def main(argv: list[str] | None = None) -> int:
         updates = torch.randn(n, d, generator=gen).to(device)
         weights = torch.randint(1, 200, (n,), generator=gen).float().to(device)
         floor = n * d * 4 / bandwidth
-        for name in rules:
-            params = params_for(name, n)
-            times = time_rule(name, params, updates, weights, repeats)
-            check = check_rule(name, params, updates, weights)
-            best, median = min(times), statistics.median(times)
-            status = (
-                "-"
-                if check["ok"] is None
-                else f"{'ok' if check['ok'] else 'FAIL'} {check['rel_err']:.1e}"
-            )
-            print(
-                f"{name:<18} {n:>4} {d:>9} {best * 1e3:>10.1f} {median * 1e3:>10.1f} "
-                f"{floor * 1e3:>9.2f} {best / floor:>8.1f}  {status} (d={check['d']})",
-                flush=True,
-            )
-            row: dict[str, Any] = {
-                "rule": name,
-                "n": n,
-                "d": d,
-                "params": params,
-                "min_ms": best * 1e3,
-                "median_ms": median * 1e3,
-                "repeats": len(times),
-                "floor_ms": floor * 1e3,
-                "x_floor": best / floor,
-                "check": check,
-            }
-            if kind == "cuda" and n == 50 and name in GPU_TARGETS_MS:
-                row["target_ms"] = GPU_TARGETS_MS[name]
-            results.append(row)
+        results += [measure(name, updates, weights, floor, repeats) for name in rules]
         del updates
 
-    device_info: dict[str, Any] = {"kind": kind, "torch_threads": torch.get_num_threads()}
-    if kind == "cuda":
-        device_info["name"] = torch.cuda.get_device_name(device)
-    else:
-        device_info["processor"] = platform.processor() or platform.machine()
-        device_info["platform"] = platform.platform()
     report = {
         "benchmark": "aggregation",
         "command": "python -m benchmarks.aggregation "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": device_info,
+        "device": _device_info(device),
         "versions": versions(),
         "dtype": "float32",
         "quick": args.quick,

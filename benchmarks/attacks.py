@@ -42,10 +42,19 @@ from federated.attacks import Backdoor, ModelAttack, build_attack, client_seed
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.client import ClientData, LocalTraining, train_client
 from federated.data import load_medmnist, to_tensors
+from federated.loop import train
 from federated.metrics import loss_function
 from federated.partition import build_partitioner
 from federated.seeding import SHUFFLE, derive_seed, seeded_init, torch_generator
-from federated.server import Federation, FederationConfig
+from federated.server import (
+    Defence,
+    EvaluationSets,
+    Federation,
+    FederationConfig,
+    RoundReport,
+    ServerState,
+    ThreatModel,
+)
 from federated.vectors import model_to_vector
 from models import build_model
 
@@ -138,19 +147,22 @@ def backdoor_run(root: Path, seed: int, rule: str, attack: Backdoor | None) -> d
     federation = Federation(
         model=small_cnn(seed),
         clients=clients,
-        test=test,
-        rule=build_aggregator(rule),
         local=LocalTraining(lr=0.05, batch_size=16, epochs=2),
         config=FederationConfig(rounds=10, seed=seed),
-        malicious=frozenset() if attack is None else frozenset({0}),
-        model_attack=attack,
+        defence=Defence(rule=build_aggregator(rule)),
+        evaluation=EvaluationSets(test=test),
+        threat=ThreatModel(
+            malicious=frozenset() if attack is None else frozenset({0}), model_attack=attack
+        ),
     )
     triggered = triggered_test_set(*test, attack or Backdoor(target_label=0))
-    state, accuracy, asr = federation.initial_state(), [], []
-    for _ in range(10):
-        state, report = federation.run_round(state)
+    accuracy, asr = [], []
+
+    def on_round(report: RoundReport, state: ServerState) -> None:
         accuracy.append(report.metrics["test_acc"])
         asr.append(attack_success_rate(federation.global_model(state), triggered, 0))
+
+    train(federation, federation.initial_state(), 10, on_round=on_round)
     return {"test_acc": accuracy, "asr": asr}
 
 

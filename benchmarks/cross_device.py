@@ -74,9 +74,10 @@ def engine_run(
 
     from aggregation import build_aggregator
     from federated.client import ClientData, LocalTraining
+    from federated.loop import train
     from federated.partition import build_partitioner
     from federated.seeding import seeded_init
-    from federated.server import Federation, FederationConfig
+    from federated.server import Defence, EvaluationSets, Execution, Federation, FederationConfig
     from models import build_model
 
     torch.set_num_threads(threads)
@@ -90,17 +91,17 @@ def engine_run(
     federation = Federation(
         model=seeded_init(0, lambda: build_model(model, in_channels=1, num_classes=10)),
         clients=[ClientData(i, images[p], labels[p]) for i, p in enumerate(parts)],
-        test=test,
-        rule=build_aggregator("fedavg"),
         local=LocalTraining(epochs=1, lr=LR, momentum=0.0, batch_size=BATCH),
         config=FederationConfig(rounds=rounds, client_fraction=per_round / clients, seed=0),
-        backend="auto",
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=test),
+        execution=Execution(backend="auto"),
     )
-    state = federation.initial_state()
-    accuracy = []
-    while state.round < rounds:
-        state, report = federation.run_round(state)
-        accuracy.append(report.metrics["test_acc"])
+    accuracy: list[float] = []
+    train(
+        federation, federation.initial_state(), rounds,
+        on_round=lambda report, _state: accuracy.append(report.metrics["test_acc"]),
+    )  # fmt: skip
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # ru_maxrss is in kB
     print(json.dumps({"batched": federation.batched, "acc": accuracy, "peak_rss_gb": peak_gb}))
 

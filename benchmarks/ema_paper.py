@@ -55,7 +55,7 @@ def method(rule: str, attackers: int) -> dict[str, Any]:
 
 
 def cells_for(experiment: str, seeds: int) -> list[Any]:
-    from fedsieve.config import Params
+    from config.params import Params
     from tasks.grid import grid_cells
 
     scenarios = (
@@ -76,8 +76,8 @@ def cells_for(experiment: str, seeds: int) -> list[Any]:
 
 def pretest(seeds: int) -> list[dict[str, Any]]:
     """The Pre-Testing rate as the paper runs it, one row per seed."""
+    from config.params import Params
     from federated.data import load_digits
-    from fedsieve.config import Params
     from tasks.partition import split_partition
     from tasks.stats import collect_client_updates, test_normality
     from tasks.training import build_federation

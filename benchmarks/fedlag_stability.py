@@ -35,7 +35,7 @@ LAST_ROUNDS = 10
 
 
 def cells_for(seeds: int) -> list[Any]:
-    from fedsieve.config import Params
+    from config.params import Params
     from tasks.grid import grid_cells
 
     base = yaml.safe_load((PARAMS / "robustness-digits.yaml").read_text())

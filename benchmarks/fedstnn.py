@@ -36,6 +36,7 @@ from federated.fedstnn.experiments import EXPERIMENTS, TRAINERS, Function1DConfi
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import smp_gradients
 from models.snn import SNN
+from tasks.plots_fedstnn import save_fedstnn_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,14 +57,12 @@ def run_cell(
     cpu = time.process_time()
     record: dict[str, Any] = {"trainer": trainer, "seed": seed}
     try:
-        result = run_experiment(
-            name, trainer=trainer, seed=seed, track_rounds=False, figures=seed == 0, **overrides
-        )
+        result = run_experiment(name, trainer=trainer, seed=seed, track_rounds=False, **overrides)
     except (ValueError, RuntimeError) as error:
         error_text = f"{type(error).__name__}: {error}"
         return record | {"error": error_text, "cpu_seconds": round(time.process_time() - cpu, 1)}
-    for key, figure in result.figures.items():
-        figure.savefig(out / f"fedstnn-{name}-{trainer}-{key}.png", dpi=110)
+    if seed == 0:
+        save_fedstnn_figures(result, out, f"fedstnn-{name}-{trainer}")
     return record | {
         "metrics": result.metrics,
         "local_loss": [h["local_loss"] for h in result.history],

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,18 @@ def engine_main(backend: str, out: Path, clients: int, rounds: int, threads: int
     from aggregation import build_aggregator
     from federated.client import ClientData, LocalTraining
     from federated.data import load_medmnist, to_tensors
+    from federated.loop import train
     from federated.partition import build_partitioner
     from federated.seeding import seeded_init
-    from federated.server import Federation, FederationConfig
+    from federated.server import (
+        Defence,
+        EvaluationSets,
+        Execution,
+        Federation,
+        FederationConfig,
+        RoundReport,
+        ServerState,
+    )
     from models import build_model
 
     sys.path.insert(0, str(FLOWER_DIR))
@@ -113,22 +123,24 @@ def engine_main(backend: str, out: Path, clients: int, rounds: int, threads: int
     federation = Federation(
         model=model,
         clients=[ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)],
-        test=to_tensors(data.test, data.info),
-        rule=build_aggregator("fedavg"),
         local=LocalTraining(epochs=1, lr=LR, momentum=MOMENTUM, weight_decay=0.0, batch_size=BATCH),
         config=FederationConfig(rounds=rounds, seed=0),
-        backend=backend,  # type: ignore[arg-type]
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
+        execution=Execution(backend=backend),  # type: ignore[arg-type]
     )
     init = digest(list(model.state_dict().values()))
     state = federation.initial_state()
     ready = time.time()
     history = []
-    for _ in range(rounds):
-        state, report = federation.run_round(state)
+
+    def on_round(report: RoundReport, _state: ServerState) -> None:
         history.append(
             {"round": report.round, "acc": report.metrics["test_acc"],
              "loss": report.metrics["test_loss"], "time": time.time()}
         )  # fmt: skip
+
+    state = train(federation, state, rounds, on_round=on_round)
     result = {
         "started": started,
         "imported": imported,
@@ -237,7 +249,7 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", action="store_true", help="recreate the Flower environment")
     parser.add_argument("--clients", type=int, default=10)
@@ -248,12 +260,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--engine", choices=["sequential", "batched"], help=argparse.SUPPRESS)
     parser.add_argument("--engine-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/flower-race-cpu.json"))
-    args = parser.parse_args(argv)
-    if args.engine:
-        engine_main(args.engine, args.engine_out, args.clients, args.rounds, args.threads)
-        return {}
+    return parser.parse_args(argv)
 
-    python = flower_python(force=args.setup)
+
+def _header(args: argparse.Namespace, argv: list[str] | None, python: Path) -> dict[str, Any]:
+    """The report's description of the race: command, date, device, both environments'
+    versions, the workload."""
     versions = subprocess.run(
         [str(python), "-c", "import flwr, ray, torch, numpy; "
          "print(flwr.__version__, ray.__version__, torch.__version__, numpy.__version__)"],
@@ -262,10 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    common = ["--clients", str(args.clients), "--rounds", str(args.rounds),
-              "--threads", str(args.threads)]  # fmt: skip
-    load: dict[str, list[float]] = {"start": _load()}
-    report: dict[str, Any] = {
+    return {
         "benchmark": "flower_race",
         "command": " ".join(["python -m benchmarks.flower_race", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -281,105 +290,162 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "aggregation": "fedavg", "model": "small_cnn"},
     }  # fmt: skip
 
-    walls: dict[str, list[float]] = {"sequential": [], "batched": [], "flower": []}
-    engines: dict[str, dict[str, Any]] = {}
-    flower: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
-        for repeat in range(args.repeats):  # contestants alternate: load drifts hit all
-            for backend in ("sequential", "batched"):
-                out = Path(tmp) / f"engine-{backend}.json"
-                wall, cpu, _ = timed(
-                    [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
-                     "--engine-out", str(out), *common],
-                    cwd=REPO,
-                )  # fmt: skip
-                walls[backend].append(round(wall, 2))
-                result = json.loads(out.read_text())
-                engine_runs = engines.setdefault(backend, {"runs": []})["runs"]
-                engine_runs.append(
-                    {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+
+def engine_once(backend: str, tmp: Path, common: list[str]) -> tuple[float, dict[str, Any]]:
+    """One engine process with ``backend``: its wall seconds and its output (timings,
+    accuracies, digests) with this run's timings summarised under ``"run"``."""
+    out = tmp / f"engine-{backend}.json"
+    wall, cpu, _ = timed(
+        [sys.executable, "-m", "benchmarks.flower_race", "--engine", backend,
+         "--engine-out", str(out), *common],
+        cwd=REPO,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    result["run"] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                      "startup_s": round(result["ready"] - result["started"], 2),
-                     "round_s": round_seconds(result["rounds"], result["ready"])}
-                )  # fmt: skip
-                engines[backend].update(
-                    acc=[r["acc"] for r in result["rounds"]],
-                    init_digest=result["init_digest"],
-                    partition_digest=result["partition_digest"],
+                     "round_s": round_seconds(result["rounds"], result["ready"])}  # fmt: skip
+    return wall, result
+
+
+def flower_once(python: Path, tmp: Path, common: list[str]) -> tuple[float, dict[str, Any]]:
+    """One Flower simulation process: its wall seconds and its output, with this run's
+    timings summarised under ``"run"``."""
+    out = tmp / "flower.json"
+    wall, cpu, _ = timed(
+        [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
+         "--out", str(out), *common],
+        cwd=REPO,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
+    result["run"] = {"wall_s": round(wall, 2), "cpu_s_lower_bound": round(cpu, 2),
+                     "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
+                     "round_s": round_seconds(result["rounds"][1:], first_eval),
+                     "client_training_s": round(result["client_seconds"], 2)}  # fmt: skip
+    return wall, result
+
+
+@dataclass(frozen=True)
+class Race:
+    """The contestants' results over the repeats (filled in as they run)."""
+
+    walls: dict[str, list[float]]  # contestant -> wall seconds per repeat
+    engines: dict[str, dict[str, Any]]  # backend -> runs, accuracies, digests
+    flower: dict[str, Any]  # runs, accuracies, digest
+
+
+def race(repeats: int, python: Path, common: list[str], load: dict[str, list[float]]) -> Race:
+    """The engine (each backend) and Flower, alternating ``repeats`` times so that load
+    drifts hit all; the load average after each is added to ``load``."""
+    result = Race(walls={"sequential": [], "batched": [], "flower": []}, engines={}, flower={})
+    with tempfile.TemporaryDirectory(prefix="flower-race-") as tmp:
+        for repeat in range(repeats):
+            for backend in ("sequential", "batched"):
+                wall, engine = engine_once(backend, Path(tmp), common)
+                result.walls[backend].append(round(wall, 2))
+                entry = result.engines.setdefault(backend, {"runs": []})
+                entry["runs"].append(engine["run"])
+                entry.update(
+                    acc=[r["acc"] for r in engine["rounds"]],
+                    init_digest=engine["init_digest"],
+                    partition_digest=engine["partition_digest"],
                 )
                 print(f"[{repeat}] fedsieve engine ({backend}): {wall:.2f} s wall", flush=True)
             load[f"after_engines_{repeat}"] = _load()
 
-            out = Path(tmp) / "flower.json"
-            wall, cpu, _ = timed(
-                [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
-                 "--out", str(out), *common],
-                cwd=REPO,
-            )  # fmt: skip
-            walls["flower"].append(round(wall, 2))
-            result = json.loads(out.read_text())
-            first_eval = result["rounds"][0]["time"]  # Flower evaluates the initial model too
-            flower.setdefault("runs", []).append(
-                {"wall_s": round(wall, 2), "cpu_s_lower_bound": round(cpu, 2),
-                 "before_first_client_s": round(result["first_client_start"] - result["started"], 2),
-                 "round_s": round_seconds(result["rounds"][1:], first_eval),
-                 "client_training_s": round(result["client_seconds"], 2)}
-            )  # fmt: skip
-            flower.update(
-                acc=[r["acc"] for r in result["rounds"][1:]],
-                acc_initial=result["rounds"][0]["acc"],
-                init_digest=result["init_digest"],
+            wall, flower = flower_once(python, Path(tmp), common)
+            result.walls["flower"].append(round(wall, 2))
+            result.flower.setdefault("runs", []).append(flower["run"])
+            result.flower.update(
+                acc=[r["acc"] for r in flower["rounds"][1:]],
+                acc_initial=flower["rounds"][0]["acc"],
+                init_digest=flower["init_digest"],
             )
             print(f"[{repeat}] flower simulation: {wall:.2f} s wall", flush=True)
             load[f"after_flower_{repeat}"] = _load()
+    return result
 
+
+def comparison(result: Race) -> dict[str, Any]:
+    """The report's race entries: medians per contestant, Flower over the fastest engine
+    backend, and whether both sides started from the same weights and agree."""
+    walls, engines, flower = result.walls, result.engines, result.flower
     for backend, engine in engines.items():
         engine["wall_s"] = statistics.median(walls[backend])
     flower["wall_s"] = statistics.median(walls["flower"])
     best = min(engines, key=lambda b: engines[b]["wall_s"])
-    report["fedsieve_engine"] = engines
-    report["flower"] = flower
-    report["wall_s_median_of_repeats"] = {k: statistics.median(v) for k, v in walls.items()}
-    report["wall_s_min_of_repeats"] = {k: min(v) for k, v in walls.items()}
-    report["flower_over_fedsieve_min_of_repeats"] = round(
-        min(walls["flower"]) / min(min(walls["sequential"]), min(walls["batched"])), 2
-    )
-    report["same_initial_weights"] = all(
-        e["init_digest"] == flower["init_digest"] for e in engines.values()
-    )
-    report["max_abs_acc_difference"] = {
-        b: max(abs(a - f) for a, f in zip(e["acc"], flower["acc"], strict=True))
-        for b, e in engines.items()
+    return {
+        "fedsieve_engine": engines,
+        "flower": flower,
+        "wall_s_median_of_repeats": {k: statistics.median(v) for k, v in walls.items()},
+        "wall_s_min_of_repeats": {k: min(v) for k, v in walls.items()},
+        "flower_over_fedsieve_min_of_repeats": round(
+            min(walls["flower"]) / min(min(walls["sequential"]), min(walls["batched"])), 2
+        ),
+        "same_initial_weights": all(
+            e["init_digest"] == flower["init_digest"] for e in engines.values()
+        ),
+        "max_abs_acc_difference": {
+            b: max(abs(a - f) for a, f in zip(e["acc"], flower["acc"], strict=True))
+            for b, e in engines.items()
+        },
+        "flower_over_fedsieve": round(flower["wall_s"] / engines[best]["wall_s"], 2),
+        "flower_over_fedsieve_backend": best,
+        "flower_over_fedsieve_by_backend": {
+            b: round(flower["wall_s"] / e["wall_s"], 2) for b, e in engines.items()
+        },
+        "targets": {"flower_over_fedsieve": 2.5, "flower_over_fedsieve_run": 1.5},
     }
-    report["flower_over_fedsieve"] = round(flower["wall_s"] / engines[best]["wall_s"], 2)
-    report["flower_over_fedsieve_backend"] = best
-    report["flower_over_fedsieve_by_backend"] = {
-        b: round(flower["wall_s"] / e["wall_s"], 2) for b, e in engines.items()
-    }
-    report["targets"] = {"flower_over_fedsieve": 2.5, "flower_over_fedsieve_run": 1.5}
+
+
+def fedsieve_runs(
+    clients: int, rounds: int, repeats: int, load: dict[str, list[float]]
+) -> dict[str, Any]:
+    """``fedsieve run`` in a temporary project: cold, warm ``repeats`` times, and against a
+    running ``prefect server start`` ``repeats`` times; the load after each is added to
+    ``load``."""
+    with tempfile.TemporaryDirectory(prefix="flower-race-run-") as tmp:
+        project, home = Path(tmp) / "project", Path(tmp) / "prefect-home"
+        project.mkdir()
+        runs: dict[str, Any] = {}
+        # imported here: the engine's own process must not pay for torch early
+        from benchmarks.common import prefect_server_running
+        from config.environment import TELEMETRY_OFF
+
+        # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
+        # databases created), then the same project again (every later run)
+        for kind in ["cold"] + ["warm"] * repeats:
+            record_run(runs, kind, fedsieve_run(clients, rounds, project, home))
+            load[f"after_fedsieve_run_{kind}_{len(runs[kind]['walls_s'])}"] = _load()
+        # and against a running `prefect server start`, as scheduled deployments run
+        server_env = {**os.environ, "PREFECT_HOME": str(home), **TELEMETRY_OFF}
+        server_env.pop("PREFECT_API_URL", None)
+        with prefect_server_running(server_env) as url:
+            if url is not None:
+                for _ in range(repeats):
+                    result = fedsieve_run(clients, rounds, project, home, url)
+                    record_run(runs, "running_server", result)
+                load["after_fedsieve_run_running_server"] = _load()
+    return runs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
+    if args.engine:
+        engine_main(args.engine, args.engine_out, args.clients, args.rounds, args.threads)
+        return {}
+
+    python = flower_python(force=args.setup)
+    report = _header(args, argv, python)
+    common = ["--clients", str(args.clients), "--rounds", str(args.rounds),
+              "--threads", str(args.threads)]  # fmt: skip
+    load: dict[str, list[float]] = {"start": _load()}
+    result = race(args.repeats, python, common, load)
+    report.update(comparison(result))
+    engines, flower = result.engines, result.flower
 
     if not args.skip_run:
-        with tempfile.TemporaryDirectory(prefix="flower-race-run-") as tmp:
-            project, home = Path(tmp) / "project", Path(tmp) / "prefect-home"
-            project.mkdir()
-            runs: dict[str, Any] = {}
-            # imported here: the engine's own process must not pay for torch early
-            from benchmarks.common import prefect_server_running
-            from fedsieve.env import TELEMETRY_OFF
-
-            # a fresh project and PREFECT_HOME (a user's first run: Prefect's and MLflow's
-            # databases created), then the same project again (every later run)
-            for kind in ["cold"] + ["warm"] * args.repeats:
-                record_run(runs, kind, fedsieve_run(args.clients, args.rounds, project, home))
-                load[f"after_fedsieve_run_{kind}_{len(runs[kind]['walls_s'])}"] = _load()
-            # and against a running `prefect server start`, as scheduled deployments run
-            server_env = {**os.environ, "PREFECT_HOME": str(home), **TELEMETRY_OFF}
-            server_env.pop("PREFECT_API_URL", None)
-            with prefect_server_running(server_env) as url:
-                if url is not None:
-                    for _ in range(args.repeats):
-                        result = fedsieve_run(args.clients, args.rounds, project, home, url)
-                        record_run(runs, "running_server", result)
-                    load["after_fedsieve_run_running_server"] = _load()
+        runs = fedsieve_runs(args.clients, args.rounds, args.repeats, load)
         report["fedsieve_run"] = runs
         report["flower_over_fedsieve_run"] = {
             k: round(flower["wall_s"] / r["wall_s"], 2) for k, r in runs.items()
@@ -394,6 +460,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i, f in enumerate(flower["acc"]):
         seq, bat = engines["sequential"]["acc"][i], engines["batched"]["acc"][i]
         print(f"{i + 1:>5} {seq:>13.4f} {bat:>13.4f} {f:>8.4f}")
+    best = report["flower_over_fedsieve_backend"]
     print(f"flower_over_fedsieve = {report['flower_over_fedsieve']} ({best} backend)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -71,7 +71,7 @@ def overrides(seeds: int, max_parallel: int, threads: int | None = None) -> list
 
 
 def grid_cells_of(seeds: int, max_parallel: int) -> list[Any]:
-    from fedsieve.config import load_params
+    from config.params import load_params
     from tasks.grid import grid_cells
 
     return grid_cells(load_params(PARAMS, overrides(seeds, max_parallel)), REPO)
@@ -83,6 +83,7 @@ def engine_only(seeds: int, max_parallel: int, threads: int, without: list[str])
 
     WITHOUT[:] = without
     from federated.data import load_medmnist
+    from federated.loop import train as run_rounds
     from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
 
@@ -98,9 +99,7 @@ def engine_only(seeds: int, max_parallel: int, threads: int, without: list[str])
         federation = federation_from_params(
             params, data, clients, root, validation_every_round=False
         )
-        state = federation.initial_state()
-        while state.round < params.train.rounds:
-            state, _ = federation.run_round(state)
+        run_rounds(federation, federation.initial_state(), params.train.rounds)
         return time.perf_counter() - started
 
     with ThreadPoolExecutor(max_workers=max_parallel) as pool:

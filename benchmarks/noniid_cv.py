@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
+from config.params import load_params
 from federated.data import ensure_medmnist, load_medmnist
+from federated.loop import train
 from federated.partition import PartitionError, build_partitioner
-from fedsieve.config import load_params
 from tasks.comparison import interval
 from tasks.data import data_root
 from tasks.training import build_federation
@@ -57,9 +58,7 @@ def measure(dataset: str, scheme: str, alpha: float | None, clients: int, seed: 
     except PartitionError as error:
         return row | {"refused": str(error)}
     federation = build_federation.fn(params, data, parts)
-    state = federation.initial_state()
-    for _ in range(rounds):
-        state, _ = federation.run_round(state)
+    state = train(federation, federation.initial_state(), rounds)
     model = federation.global_model(state)
     sizes = [len(c) for c in federation.clients]
     row["median_client_size"] = sorted(sizes)[len(sizes) // 2]

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
+from config.params import load_params
 from federated.data import load_medmnist
+from federated.loop import train
 from federated.partition import PartitionError, build_partitioner
 from federated.stats import noniid_verdict
 from federated.stats.noniid import client_losses
-from fedsieve.config import load_params
 from tasks.data import data_root
 from tasks.stats import collect_client_updates, test_normality
 from tasks.tracking import Tracker
@@ -72,8 +73,7 @@ def measure(
         max_tests=max_tests,
         seed=0,
     )
-    for _ in range(rounds):
-        state, _ = federation.run_round(state)
+    state = train(federation, state, rounds)
     model = federation.global_model(state)
     losses = client_losses(model, [(c.images, c.targets) for c in federation.clients], loss="mse")
     verdict = noniid_verdict(losses, threshold=0.25)

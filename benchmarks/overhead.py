@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import free_port, prefect_server_running
-from fedsieve.env import TELEMETRY_OFF
+from config.environment import TELEMETRY_OFF
 
 REPO = Path(__file__).resolve().parents[1]
 # the tasks that run the engine's work: training, scoring, partitioning, the pre-test
@@ -61,7 +61,7 @@ COMPUTE_TASKS = (
     "test-normality", "score-final-model",
 )  # fmt: skip
 BIN = Path(sys.executable).parent
-# what fedsieve.env sets: telemetry off, and a cold temporary server on a busy machine is slow
+# what config.environment sets: telemetry off, and a cold temporary server on a busy machine is slow
 SUBPROCESS_ENV = {**TELEMETRY_OFF, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 NOOP_FLOW = "from prefect import flow\n@flow\ndef noop():\n    return 1\nnoop()\n"
 TRACKING = """
@@ -72,7 +72,7 @@ t = time.perf_counter(); times = {}
 def lap(name):
     global t
     now = time.perf_counter(); times[name] = round(now - t, 3); t = now
-from fedsieve.config import load_params
+from config.params import load_params
 from tasks.tracking import Tracker, flatten_params
 from federated.seeding import seeded_init
 from models import build_model

@@ -27,9 +27,7 @@ PID-MADE itself needs O(d) memory beyond the input.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import importlib
 import json
 import math
 import statistics
@@ -42,8 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation import build_aggregator, list_aggregators
-from aggregation.filters.pid_made import PIDMADE, _weiszfeld
+from aggregation import build_aggregator
+from aggregation.filters.pid_made import PIDMADE
 from benchmarks.common import cpu_environment
 
 DEFAULT_NS = (5, 10, 20, 50, 100, 1000)
@@ -62,34 +60,16 @@ def gram_krum(updates: Tensor, f: int) -> Tensor:
     return updates[int(scores.argmin())]
 
 
-def _register_optional(module: str) -> None:
-    """Import a rule module that may exist but not yet be imported by ``aggregation``."""
-    with contextlib.suppress(ImportError):
-        importlib.import_module(module)
-
-
 def krum_callable(f: int) -> tuple[Callable[[Tensor], Tensor], str]:
-    _register_optional("aggregation.krum")
-    if "krum" in list_aggregators():
-        try:
-            rule = build_aggregator("krum", f=f)
-            return rule, "aggregation.krum (registry)"
-        except ValueError:
-            pass
+    try:
+        return build_aggregator("krum", f=f), "aggregation.krum (registry)"
+    except ValueError:  # n too small for Krum's condition at this f
+        pass
     return (lambda x: gram_krum(x, f)), "benchmarks.pid_cost.gram_krum (Gram matrix)"
 
 
 def geomed_callable() -> tuple[Callable[[Tensor], Tensor], str]:
-    _register_optional("aggregation.geometric_median")
-    if "geometric_median" in list_aggregators():
-        try:
-            return build_aggregator("geometric_median"), "aggregation.geometric_median (registry)"
-        except ValueError:
-            pass
-    return (
-        lambda x: _weiszfeld(x, max_iter=100, tol=1e-6),
-        "aggregation.filters.pid_made._weiszfeld (max_iter=100, tol=1e-6)",
-    )
+    return build_aggregator("geometric_median"), "aggregation.geometric_median (registry)"
 
 
 def timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:

@@ -83,7 +83,7 @@ EXPERIMENTS: dict[str, list[tuple[str, int, dict[str, Any], list[float], dict[st
 
 
 def cells_for(experiment: str, seeds: int) -> list[Any]:
-    from fedsieve.config import Params
+    from config.params import Params
     from tasks.grid import grid_cells
 
     base = yaml.safe_load((PARAMS / "robustness-digits.yaml").read_text())

@@ -37,7 +37,7 @@ METRICS = {
 
 def cell_params(model: str, noise: float | None, seed: int) -> Any:
     """params.yaml with the model, the seed and (unless ``noise`` is None) central DP."""
-    from fedsieve.config import load_params, validate_params
+    from config.params import load_params, validate_params
 
     raw = load_params(REPO / "params.yaml").model_dump(mode="json")
     raw["seed"], raw["model"] = seed, {"name": model}
@@ -51,8 +51,9 @@ def run_cell(model: str, noise: float | None, seed: int) -> dict[str, Any]:
     import torch
 
     from federated.data import ensure_medmnist, load_medmnist
+    from federated.loop import train
     from tasks.data import data_root
-    from tasks.grid import cell_results
+    from tasks.evaluation import trained_results
     from tasks.partition import split_partition
     from tasks.training import federation_from_params
 
@@ -70,10 +71,9 @@ def run_cell(model: str, noise: float | None, seed: int) -> dict[str, Any]:
     federation = federation_from_params(
         params, data, parts.clients, parts.root, parts.local_tests, validation_every_round=False
     )
-    state = federation.initial_state()
-    while state.round < params.train.rounds and not federation.budget_spent(state):
-        state, _ = federation.run_round(state)
-    metrics = cell_results(federation, state, params)
+    state = train(federation, federation.initial_state(), params.train.rounds)
+    local_tests = parts.local_tests if any(len(t) for t in parts.local_tests) else None
+    metrics = trained_results(federation, state, params, data, local_tests)
     return {
         "model": model, "noise_multiplier": noise, "seed": seed,
         "metrics": {key: metrics.get(key) for key in METRICS},

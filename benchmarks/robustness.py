@@ -101,7 +101,7 @@ def cells_for(
     seeds: int,
 ) -> list[Any]:  # fmt: skip
     """The matrix's cells, scenario by scenario, as validated grid cells."""
-    from fedsieve.config import Params
+    from config.params import Params
     from tasks.grid import grid_cells
 
     clients = base["partition"]["num_clients"]
@@ -128,8 +128,10 @@ def run_cell(cell: Any) -> dict[str, Any]:
     import torch
 
     from federated.data import ensure_medmnist, load_medmnist
+    from federated.loop import train
     from tasks.data import data_root
-    from tasks.grid import cell_results, partition_key, partitions_for
+    from tasks.evaluation import trained_results
+    from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
 
     torch.set_num_threads(1)
@@ -150,10 +152,8 @@ def run_cell(cell: Any) -> dict[str, Any]:
         federation = federation_from_params(
             params, data, clients, root, validation_every_round=False
         )
-        state = federation.initial_state()
-        while state.round < params.train.rounds and state.halted is None:
-            state, _ = federation.run_round(state)
-        record["metrics"] = cell_results(federation, state, params)
+        state = train(federation, federation.initial_state(), params.train.rounds)
+        record["metrics"] = trained_results(federation, state, params, data)
         record["accuracy"] = [row["test_acc"] for row in state.history]
         record["excluded"] = excluded_clients(state.trail)
     except Exception as error:  # recorded, never dropped: the summary says which cells failed

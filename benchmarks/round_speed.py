@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,14 @@ from benchmarks.common import cpu_model, versions
 from federated.batched import auto_max_parallel
 from federated.client import ClientData, LocalTraining
 from federated.seeding import seeded_init, torch_generator
-from federated.server import Federation, FederationConfig, ServerState
+from federated.server import (
+    Defence,
+    EvaluationSets,
+    Execution,
+    Federation,
+    FederationConfig,
+    ServerState,
+)
 from models import build_model
 
 CLASSES, SHAPE = 8, (3, 28, 28)
@@ -173,12 +181,11 @@ def federation(
     return Federation(
         model=seeded_init(0, build).to(device),
         clients=clients,
-        test=test,
-        rule=build_aggregator("fedavg"),
         local=LOCAL,
         config=FederationConfig(rounds=1, seed=0),
-        backend=backend,  # type: ignore[arg-type]
-        max_parallel=max_parallel,
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=test),
+        execution=Execution(backend=backend, max_parallel=max_parallel),  # type: ignore[arg-type]
     )
 
 
@@ -189,7 +196,27 @@ def _summary(seconds: list[float]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Run:
+    """One benchmark run's settings, from the command line."""
+
+    device: torch.device
+    quick: bool  # the small workload
+    repeats: int  # timed rounds (or epochs) per measurement
+    warmup: bool  # an untimed round (or epoch) first
+    channels_last: bool  # models with channels-last convolution weights
+
+    def builder(self, name: str) -> Callable[[], torch.nn.Module]:
+        """Builds the registered model ``name`` for the workload, in the run's layout."""
+
+        def build() -> torch.nn.Module:
+            model = build_model(name, in_channels=3, num_classes=CLASSES)
+            return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+        return build
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--quick", action="store_true", help="a small workload for a busy CPU")
@@ -201,24 +228,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA device")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    quick = args.quick
-    repeats = args.repeats or (1 if quick else 3)
-    warmup = device.type == "cuda" or not quick
-    # (images, clients, test images) per part; --quick keeps ~1-2 minutes a part on 2 cores
-    cnn_sizes = (3_200, 50, 1_000) if quick else (12_000, 50, 3_421)
-    resnet_sizes = (192, 6, 200) if quick else (12_000, 50, 3_421)
-    layout = "channels_last" if args.channels_last else "default"
-    suffix = ("-quick" if quick else "") + ("-channels-last" if args.channels_last else "")
-    out = args.out or Path(f"benchmarks/results/round-speed-{device.type}{suffix}.json")
+    return args
 
-    def in_layout(model: torch.nn.Module) -> torch.nn.Module:
-        return model.to(memory_format=torch.channels_last) if args.channels_last else model
 
+def _header(run: _Run, argv: list[str] | None) -> dict[str, Any]:
+    """The report's description of the run: command, date, device, versions, settings."""
+    device = run.device
     load_before = os.getloadavg()
-    report: dict[str, Any] = {
+    return {
         "benchmark": "round_speed",
         "command": " ".join(["python -m benchmarks.round_speed", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -232,30 +249,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "versions": versions(cuda=torch.version.cuda),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_fp32_precision": torch.get_float32_matmul_precision(),
-        "model_layout": layout,
-        "quick": quick,
-        "repeats": repeats,
-        "warmup_round": warmup,
+        "model_layout": "channels_last" if run.channels_last else "default",
+        "quick": run.quick,
+        "repeats": run.repeats,
+        "warmup_round": run.warmup,
         "local": {"epochs": LOCAL.epochs, "lr": LOCAL.lr, "momentum": LOCAL.momentum,
                   "batch_size": LOCAL.batch_size},
         "load_avg_before": [round(x, 2) for x in load_before],
     }  # fmt: skip
 
-    # 1. small_cnn: sequential vs batched round
-    n_images, n_clients, n_test = cnn_sizes
-    _, _, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
-    def cnn() -> torch.nn.Module:
-        return in_layout(build_model("small_cnn", in_channels=3, num_classes=CLASSES))
-
+def small_cnn_round(run: _Run) -> dict[str, Any]:
+    """Part 1: a small_cnn round, sequential vs batched."""
+    # (images, clients, test images); --quick keeps ~1-2 minutes a part on 2 cores
+    n_images, n_clients, n_test = (3_200, 50, 1_000) if run.quick else (12_000, 50, 3_421)
+    _, _, clients, test = synthetic_federation(n_images, n_clients, n_test, run.device)
+    cnn = run.builder("small_cnn")
     part: dict[str, Any] = {"images": n_images, "clients": n_clients, "test_images": n_test}
     finals = {}
     start = federation(cnn, clients, test, "sequential").initial_state().global_vector
     for backend in ("sequential", "batched"):
         fed = federation(cnn, clients, test, backend)
         state = fed.initial_state()
-        with peak_memory(device) as memory:
-            seconds, finals[backend] = time_rounds(fed, state, repeats, warmup)
+        with peak_memory(run.device) as memory:
+            seconds, finals[backend] = time_rounds(fed, state, run.repeats, run.warmup)
         part[backend] = {**_summary(seconds), "memory": memory}
         print(f"small_cnn {backend}: round {part[backend]['median_s']:.2f} s", flush=True)
     moved = (finals["sequential"].global_vector - start).norm()
@@ -265,58 +282,82 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     part["test_acc"] = {b: finals[b].history[-1]["test_acc"] for b in finals}
     part["target_speedup_h100"] = 8.0
-    report["small_cnn_round"] = part
+    return part
 
-    # 2. ResNet-18: batched round vs one centralized epoch over the same images
-    n_images, n_clients, n_test = resnet_sizes
-    images, labels, clients, test = synthetic_federation(n_images, n_clients, n_test, device)
 
-    def resnet() -> torch.nn.Module:
-        return in_layout(build_model("resnet18", in_channels=3, num_classes=CLASSES))
-
+def resnet18_round_vs_centralized_epoch(run: _Run) -> dict[str, Any]:
+    """Part 2: a batched ResNet-18 round vs one centralized epoch over the same images."""
+    n_images, n_clients, n_test = (192, 6, 200) if run.quick else (12_000, 50, 3_421)
+    images, labels, clients, test = synthetic_federation(n_images, n_clients, n_test, run.device)
+    resnet = run.builder("resnet18")
     part = {"images": n_images, "clients": n_clients, "test_images": n_test, "norm": "batch"}
     fed = federation(resnet, clients, test, "batched")
     part["max_parallel"] = auto_max_parallel(fed.model, images, LOCAL.batch_size)
-    with peak_memory(device) as memory:
-        seconds, _ = time_rounds(fed, fed.initial_state(), repeats, warmup)
+    with peak_memory(run.device) as memory:
+        seconds, _ = time_rounds(fed, fed.initial_state(), run.repeats, run.warmup)
     part["batched_round"] = {**_summary(seconds), "memory": memory}
     print(f"resnet18 batched: round {part['batched_round']['median_s']:.2f} s", flush=True)
-    if warmup:
+    if run.warmup:
         centralized_epoch(resnet, images, labels, seed=0)
-    with peak_memory(device) as memory:
-        epochs = [centralized_epoch(resnet, images, labels, seed=0) for _ in range(repeats)]
+    with peak_memory(run.device) as memory:
+        epochs = [centralized_epoch(resnet, images, labels, seed=0) for _ in range(run.repeats)]
     part["centralized_epoch"] = {**_summary(epochs), "memory": memory}
     print(f"resnet18 centralized epoch: {part['centralized_epoch']['median_s']:.2f} s", flush=True)
     part["round_over_epoch"] = round(
         part["batched_round"]["median_s"] / part["centralized_epoch"]["median_s"], 3
     )
     part["target_round_over_epoch"] = 1.15
-    report["resnet18_round_vs_centralized_epoch"] = part
+    return part
 
-    # 3. 100 clients of ResNet-18, batched, chunked to a 16 GB budget (GPU only)
+
+def resnet18_100_clients_memory(run: _Run) -> dict[str, Any]:
+    """Part 3 (CUDA): 100 ResNet-18 clients, batched, chunked to a 16 GB budget."""
+    device = run.device
+    resnet = run.builder("resnet18")
+    images, _, clients, test = synthetic_federation(12_000, 100, 3_421, device)
+    model = seeded_init(0, resnet).to(device)
+    d = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
+    deltas_gb = 100 * d * 4 / 1e9
+    # two copies of the deltas exist at once (the chunks' and the server's stack)
+    chunk_budget = int(16e9 - 2 * 100 * d * 4 - 1e9)
+    max_parallel = auto_max_parallel(
+        model, images, LOCAL.batch_size, budget_fraction=1.0, budget_bytes=chunk_budget
+    )
+    fed = federation(resnet, clients, test, "batched", max_parallel=max_parallel)
+    del model
+    torch.cuda.empty_cache()
+    with peak_memory(device) as memory:
+        seconds, _ = time_rounds(fed, fed.initial_state(), 1, warmup=False)
+    return {
+        "clients": 100,
+        "max_parallel": max_parallel,
+        "round_s": round(seconds[0], 3),
+        "deltas_gb": round(deltas_gb, 2),
+        "memory": memory,
+        "fits_16gb": memory["peak_allocated_gb"] <= 16.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _arguments(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    run = _Run(
+        device=device,
+        quick=args.quick,
+        repeats=args.repeats or (1 if args.quick else 3),
+        warmup=device.type == "cuda" or not args.quick,
+        channels_last=args.channels_last,
+    )
+    suffix = ("-quick" if run.quick else "") + ("-channels-last" if run.channels_last else "")
+    out = args.out or Path(f"benchmarks/results/round-speed-{device.type}{suffix}.json")
+
+    report = _header(run, argv)
+    report["small_cnn_round"] = small_cnn_round(run)
+    report["resnet18_round_vs_centralized_epoch"] = resnet18_round_vs_centralized_epoch(run)
     if device.type == "cuda" and not args.skip_memory:
-        images, _, clients, test = synthetic_federation(12_000, 100, 3_421, device)
-        model = seeded_init(0, resnet).to(device)
-        d = sum(v.numel() for v in model.state_dict().values() if v.is_floating_point())
-        deltas_gb = 100 * d * 4 / 1e9
-        # two copies of the deltas exist at once (the chunks' and the server's stack)
-        chunk_budget = int(16e9 - 2 * 100 * d * 4 - 1e9)
-        max_parallel = auto_max_parallel(
-            model, images, LOCAL.batch_size, budget_fraction=1.0, budget_bytes=chunk_budget
-        )
-        fed = federation(resnet, clients, test, "batched", max_parallel=max_parallel)
-        del model
-        torch.cuda.empty_cache()
-        with peak_memory(device) as memory:
-            seconds, _ = time_rounds(fed, fed.initial_state(), 1, warmup=False)
-        report["resnet18_100_clients_memory"] = {
-            "clients": 100,
-            "max_parallel": max_parallel,
-            "round_s": round(seconds[0], 3),
-            "deltas_gb": round(deltas_gb, 2),
-            "memory": memory,
-            "fits_16gb": memory["peak_allocated_gb"] <= 16.0,
-        }
+        report["resnet18_100_clients_memory"] = resnet18_100_clients_memory(run)
     else:
         report["resnet18_100_clients_memory"] = (
             "not measured: needs --device cuda (and no --skip-memory)"

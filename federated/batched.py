@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -293,6 +293,175 @@ def _to_device(
     return out
 
 
+@dataclass(frozen=True)
+class _ChunkData:
+    """A chunk's clients' samples one after another, so a batch is a set of row indices."""
+
+    images: Tensor  # (sum N, C, H, W)
+    targets: Tensor  # (sum N,)
+    sizes: list[int]  # N per client
+    offsets: list[int]  # each client's first row
+
+
+def _chunk_data(clients: Sequence[ClientData]) -> _ChunkData:
+    """The clients' data concatenated; a client without samples is an error."""
+    sizes = [len(c) for c in clients]
+    for client, size in zip(clients, sizes, strict=True):
+        if size == 0:
+            raise ValueError(f"client {client.client_id} has no samples")
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + size)
+    return _ChunkData(
+        images=torch.cat([c.images for c in clients]),
+        targets=torch.cat([c.targets for c in clients]),
+        sizes=sizes,
+        offsets=offsets,
+    )
+
+
+@dataclass(frozen=True)
+class _Stacks:
+    """Every client's training state, one row per client of the chunk (``P`` rows),
+    updated in place step by step."""
+
+    count: int  # P
+    params: dict[str, Tensor]  # trainable parameter -> (P, *shape)
+    momenta: dict[str, Tensor]  # the same keys (empty without momentum) -> (P, *shape)
+    running: dict[str, Tensor]  # "<BatchNorm>.running_mean" / "...running_var" -> (P, C)
+    anchors: list[Tensor]  # the global weights, in the order of params (FedProx)
+
+
+def _stacks(space: _Workspace, count: int, config: LocalTraining) -> _Stacks:
+    """``count`` copies of the workspace's (global) state; momenta start at zero."""
+    named = dict(space.module.named_parameters())
+    params = {
+        k: named[k].detach().unsqueeze(0).repeat(count, *([1] * named[k].dim()))
+        for k in space.trainable
+    }
+    running = {
+        f"{prefix}.{stat}": space.module.get_buffer(f"{prefix}.{stat}")
+        .detach()
+        .unsqueeze(0)
+        .repeat(count, 1)
+        for prefix in space.norms
+        for stat in ("running_mean", "running_var")
+    }
+    return _Stacks(
+        count=count,
+        params=params,
+        momenta={k: torch.zeros_like(v) for k, v in params.items()} if config.momentum else {},
+        running=running,
+        anchors=[named[k].detach() for k in space.trainable],
+    )
+
+
+_BatchStats = dict[str, tuple[Tensor, Tensor]]  # BatchNorm -> a batch's (mean, unbiased var)
+# (weights, x, y) -> (loss, (loss, stats)); its vmapped gradient -> (grads, (losses, stats))
+_Objective = Callable[
+    [dict[str, Tensor], Tensor, Tensor], tuple[Tensor, tuple[Tensor, _BatchStats]]
+]
+_StepFn = Callable[
+    [dict[str, Tensor], Tensor, Tensor], tuple[dict[str, Tensor], tuple[Tensor, _BatchStats]]
+]
+
+
+def _objective(space: _Workspace, loss_fn: nn.Module) -> _Objective:
+    """One client's loss at ``weights`` on a batch, with (the loss, the batch statistics of
+    each BatchNorm with running statistics) as auxiliary outputs."""
+    module, sink = space.module, space.sink
+
+    def objective(
+        weights: dict[str, Tensor], x: Tensor, y: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, _BatchStats]]:
+        sink.clear()
+        loss = loss_fn(functional_call(module, weights, (x,)), y)
+        stats = {name: sink[name] for name in space.norms}
+        sink.clear()
+        return loss, (loss.detach(), stats)
+
+    return objective
+
+
+def _gather(stack: Tensor, group: _Step) -> Tensor:
+    """The group's rows of a ``(P, ...)`` stack: the stack itself when the group is the
+    whole chunk in order."""
+    return stack if group.full else stack.index_select(0, group.members)
+
+
+def _scatter_(stack: Tensor, group: _Step, rows: Tensor) -> None:
+    """Write the group's ``rows`` back into ``stack`` (nothing to do when they are it)."""
+    if rows is stack:
+        return
+    if group.full:
+        stack.copy_(rows)
+    else:
+        stack.index_copy_(0, group.members, rows)
+
+
+def _update_running_(
+    stacks: _Stacks, norms: dict[str, float], stats: _BatchStats, group: _Step
+) -> None:
+    """nn.BatchNorm's in-place train-mode update of the group's running statistics:
+    ``r ← (1 − momentum)·r + momentum·stat``."""
+    for prefix, momentum in norms.items():
+        mean, var = stats[prefix]  # (G, C)
+        for stat, value in (("running_mean", mean), ("running_var", var)):
+            buffer = stacks.running[f"{prefix}.{stat}"]
+            rows = _gather(buffer, group).mul(1 - momentum).add_(value, alpha=momentum)
+            _scatter_(buffer, group, rows)
+
+
+def _train_group_(
+    step_fn: _StepFn,
+    space: _Workspace,
+    stacks: _Stacks,
+    data: _ChunkData,
+    group: _Step,
+    config: LocalTraining,
+) -> Tensor:
+    """One local SGD step of the group's clients, each on its own batch; their losses (G,)."""
+    x, y = data.images[group.index], data.targets[group.index]  # (G, B, ...)
+    names = list(stacks.params)
+    weights = [_gather(stacks.params[k], group) for k in names]
+    buffers = [_gather(stacks.momenta[k], group) for k in stacks.momenta]
+    grads, (losses, stats) = step_fn(dict(zip(names, weights, strict=True)), x, y)
+    with torch.no_grad():
+        sgd_step_(weights, [grads[k] for k in names], stacks.anchors, buffers, config)
+        for k, rows in zip(names, weights, strict=True):
+            _scatter_(stacks.params[k], group, rows)
+        for k, rows in zip(stacks.momenta, buffers, strict=True):
+            _scatter_(stacks.momenta[k], group, rows)
+        _update_running_(stacks, space.norms, stats, group)
+    return losses
+
+
+def _mean_losses(last_losses: list[tuple[Tensor, Tensor, int]], count: int) -> list[float]:
+    """Each client's mean loss over its batches ``(members, losses, batch size)`` of the
+    last epoch, summed in batch order as train_client does."""
+    totals = [0.0] * count
+    counts = [0] * count
+    for members, losses, size in last_losses:
+        for position, value in zip(members.tolist(), losses.tolist(), strict=True):
+            totals[position] += value * size
+            counts[position] += size
+    return [t / c for t, c in zip(totals, counts, strict=True)]
+
+
+def _deltas(space: _Workspace, stacks: _Stacks, global_vector: Tensor) -> Tensor:
+    """The clients' updates ``(P, d)`` in the order of the model's layout."""
+    state = space.module.state_dict()
+    columns = []
+    for name in space.layout.names:
+        if name in stacks.params:
+            columns.append(stacks.params[name].reshape(stacks.count, -1))
+        elif name in stacks.running:
+            columns.append(stacks.running[name].reshape(stacks.count, -1))
+        else:  # frozen parameters and untouched buffers keep the global value
+            columns.append(state[name].detach().reshape(1, -1).expand(stacks.count, -1))
+    return torch.cat(columns, dim=1).float().sub_(global_vector)
+
+
 def _train_chunk(
     space: _Workspace,
     global_vector: Tensor,
@@ -302,103 +471,20 @@ def _train_chunk(
     seeds: Sequence[int],
 ) -> tuple[Tensor, list[float]]:
     """Train one chunk of clients; their deltas ``(P, d)`` and last-epoch mean losses."""
-    count = len(clients)
-    device = global_vector.device
-    sizes = [len(c) for c in clients]
-    for client, size in zip(clients, sizes, strict=True):
-        if size == 0:
-            raise ValueError(f"client {client.client_id} has no samples")
-    offsets = [0]
-    for size in sizes[:-1]:
-        offsets.append(offsets[-1] + size)
-    images = torch.cat([c.images for c in clients])  # (sum N, C, H, W)
-    targets = torch.cat([c.targets for c in clients])
-
-    module, sink = space.module, space.sink
-    named = dict(module.named_parameters())
-    params = {
-        k: named[k].detach().unsqueeze(0).repeat(count, *([1] * named[k].dim()))
-        for k in space.trainable
-    }  # (P, *shape) each
-    anchor_list = [named[k].detach() for k in space.trainable]  # the global weights
-    momenta = {k: torch.zeros_like(v) for k, v in params.items()} if config.momentum else {}
-    running = {
-        f"{prefix}.{stat}": module.get_buffer(f"{prefix}.{stat}")
-        .detach()
-        .unsqueeze(0)
-        .repeat(count, 1)
-        for prefix in space.norms
-        for stat in ("running_mean", "running_var")
-    }  # (P, C) each
-
-    def objective(
-        weights: dict[str, Tensor], x: Tensor, y: Tensor
-    ) -> tuple[Tensor, tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]]:
-        sink.clear()
-        loss = loss_fn(functional_call(module, weights, (x,)), y)
-        stats = {name: sink[name] for name in space.norms}
-        sink.clear()
-        return loss, (loss.detach(), stats)
-
-    step_fn = vmap(grad(objective, has_aux=True))
-    names = list(params)
+    data = _chunk_data(clients)
+    stacks = _stacks(space, len(clients), config)
+    step_fn = vmap(grad(_objective(space, loss_fn), has_aux=True))
     last_losses: list[tuple[Tensor, Tensor, int]] = []  # (members, losses, batch size)
     for epoch in range(config.epochs):
-        schedule = _to_device(
-            _schedule(sizes, offsets, seeds, epoch, config.batch_size), count=count, device=device
-        )
+        order = _schedule(data.sizes, data.offsets, seeds, epoch, config.batch_size)
+        schedule = _to_device(order, count=len(clients), device=global_vector.device)
         last = epoch == config.epochs - 1
         for step in schedule:
             for group in step:
-                x, y = images[group.index], targets[group.index]  # (G, B, ...)
-                if group.full:
-                    weights = [params[k] for k in names]
-                    buffers = [momenta[k] for k in names] if momenta else []
-                else:
-                    weights = [params[k].index_select(0, group.members) for k in names]
-                    buffers = [momenta[k].index_select(0, group.members) for k in momenta]
-                grads, (losses, stats) = step_fn(dict(zip(names, weights, strict=True)), x, y)
-                with torch.no_grad():
-                    sgd_step_(weights, [grads[k] for k in names], anchor_list, buffers, config)
-                    if not group.full:
-                        for k, rows in zip(names, weights, strict=True):
-                            params[k].index_copy_(0, group.members, rows)
-                        for k, rows in zip(momenta, buffers, strict=True):
-                            momenta[k].index_copy_(0, group.members, rows)
-                    for prefix, momentum in space.norms.items():
-                        mean, var = stats[prefix]  # (G, C)
-                        for stat, value in (("running_mean", mean), ("running_var", var)):
-                            buffer = running[f"{prefix}.{stat}"]
-                            rows = buffer if group.full else buffer.index_select(0, group.members)
-                            # nn.BatchNorm's in-place update: (1 - momentum)·r + momentum·stat
-                            rows = rows.mul(1 - momentum).add_(value, alpha=momentum)
-                            if group.full:
-                                buffer.copy_(rows)
-                            else:
-                                buffer.index_copy_(0, group.members, rows)
+                losses = _train_group_(step_fn, space, stacks, data, group, config)
                 if last:
                     last_losses.append((group.members, losses, group.index.shape[1]))
-
-    # Mean loss over the last epoch, summed in batch order as train_client does.
-    totals = [0.0] * count
-    counts = [0] * count
-    for members, losses, size in last_losses:
-        for position, value in zip(members.tolist(), losses.tolist(), strict=True):
-            totals[position] += value * size
-            counts[position] += size
-    mean_losses = [t / c for t, c in zip(totals, counts, strict=True)]
-
-    state = module.state_dict()
-    columns = []
-    for name in space.layout.names:
-        if name in params:
-            columns.append(params[name].reshape(count, -1))
-        elif name in running:
-            columns.append(running[name].reshape(count, -1))
-        else:  # frozen parameters and untouched buffers keep the global value
-            columns.append(state[name].detach().reshape(1, -1).expand(count, -1))
-    deltas = torch.cat(columns, dim=1).float().sub_(global_vector)  # (P, d)
-    return deltas, mean_losses
+    return _deltas(space, stacks, global_vector), _mean_losses(last_losses, len(clients))
 
 
 def train_clients_batched(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from federated.registry import Registry
+from registry import Registry
 
 __all__ = [
     "PARTITIONERS",

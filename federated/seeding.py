@@ -8,13 +8,14 @@ which other clients were sampled or on the training backend.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["derive_seed", "sample_clients", "seeded_init", "torch_generator"]
+__all__ = ["clients_per_round", "derive_seed", "sample_clients", "seeded_init", "torch_generator"]
 
 T = TypeVar("T")
 
@@ -42,6 +43,12 @@ def seeded_init(seed: int, build: Callable[[], T]) -> T:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, INIT))
         return build()
+
+
+def clients_per_round(fraction: float, population: int) -> int:
+    """Clients sampled each round: ``ceil(fraction * population)``, at least one (the one
+    definition the server, the preflight check and the privacy accountant share)."""
+    return max(1, math.ceil(fraction * population - 1e-9))
 
 
 def sample_clients(seed: int, round_number: int, population: int, count: int) -> list[int]:

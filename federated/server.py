@@ -1,4 +1,10 @@
-"""The server loop: sample clients, train them, screen their updates, aggregate, evaluate.
+"""The server's round: sample clients, have them trained, screen their updates, aggregate,
+evaluate. (The loop over rounds is :func:`federated.loop.train`.)
+
+A :class:`Federation` is assembled from frozen parts: the clients and their
+:class:`~federated.client.LocalTraining`, the :class:`FederationConfig`, the
+:class:`Defence`, the :class:`ThreatModel`, the :class:`EvaluationSets` and the
+:class:`Execution`.
 
 All memory lives in :class:`ServerState` (the global model vector, the aggregator's and
 filters' states, the per-round metrics and the exclusion trail), which
@@ -9,7 +15,9 @@ filters' states, the per-round metrics and the exclusion trail), which
 Screening order in a round, each dropped client recorded in the trail with its reason:
 0. ``noniid_loss`` (optional): the global model's loss on the client's data is an
    outlier (z-score > z); the client is left out before training.
-1. ``client_error``: local training raised; the round goes on with the rest.
+1. ``client_error`` / ``client_timeout`` / ``client_unavailable``: no update came back
+   from the executor (:mod:`federated.execution`); ``bad_update``: one came, of the wrong
+   shape or dtype. The round goes on with the rest.
 2. ``non_finite``: the update holds NaN or Inf; it can never reach the global model.
 3. filters (e.g. ``pid_made``), in the configured order.
 4. the aggregation rule (selection rules report their implicit choice as ``not_selected``).
@@ -24,14 +32,12 @@ that reach the rule are clipped and weighted equally, and the released aggregate
 DP-FedAvg's noisy fixed-denominator mean; every round logs ε, and
 :meth:`Federation.budget_spent` says when the next round would pass the target.
 
-``backend`` picks how the sampled clients are trained: ``sequential`` (one
-:func:`~federated.client.train_client` call per client), ``batched`` (all in one
-:func:`~federated.batched.train_clients_batched` call, the same updates up to rounding) or
-``auto`` (batched where :func:`~federated.batched.batched_pays` and
-:func:`~federated.batched.supports_batched` say so: on a CUDA device, and on a CPU for
-models without convolutions; see ``benchmarks/grid_throughput.py``). If the batched call raises, the
-round falls back to training each client alone, so a broken client is still dropped alone
-as ``client_error``.
+Clients are trained by an executor (:mod:`federated.execution`), which decides nothing
+about exclusions. :class:`Execution`'s ``backend`` picks this process's: ``sequential``,
+``batched`` (the same updates up to rounding) or ``auto`` (batched where
+:func:`~federated.batched.batched_pays` and :func:`~federated.batched.supports_batched`
+say so: on a CUDA device, and on a CPU for models without convolutions); its
+``executor`` replaces them with one of the caller's, e.g. clients that live elsewhere.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ from aggregation.mean import FedAvg
 from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
-from federated.batched import batched_pays, batched_unsupported_reason, train_clients_batched
+from federated.batched import batched_pays, batched_unsupported_reason
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.execution import BatchedExecutor, ClientExecutor, ClientResult, SequentialExecutor
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function, site_scores, site_summary
 from federated.privacy import ClientPrivacy
@@ -61,6 +68,7 @@ from federated.seeding import (
     PREAGGREGATION,
     PRIVACY,
     SHUFFLE,
+    clients_per_round,
     derive_seed,
     sample_clients,
     torch_generator,
@@ -75,12 +83,17 @@ from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = [
     "Backend",
+    "Defence",
+    "EvaluationSets",
+    "Execution",
     "Federation",
     "FederationConfig",
     "NonIIDCheck",
     "RoundReport",
     "ServerState",
+    "ThreatModel",
     "detection_counts",
+    "left_out",
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
@@ -231,108 +244,153 @@ class Aggregation:
     attack_metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Defence:
+    """What the server does with the updates it receives, in order: the non-IID screen,
+    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise. ``root``
+    (FLTrust's reference update) and ``server_batch`` (Zeno's oracle) are the server's own
+    data, for the rules that need them."""
+
+    rule: AggregationRule
+    filters: tuple[Filter, ...] = ()
+    preaggregators: tuple[PreAggregator, ...] = ()  # in front of the rule, in this order
+    noniid: NonIIDCheck | None = None
+    privacy: ClientPrivacy | None = None
+    root: ClientData | None = None
+    server_batch: tuple[Tensor, Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule.requires_reference and self.root is None:
+            raise ValueError(
+                f"aggregator {type(self.rule).__name__} needs the server's root data (root=): "
+                "its reference update is trained on it every round"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreatModel:
+    """Who attacks and how: the malicious client ids (their data attack is already in
+    their data), the model attack that rewrites their updates every round, and a
+    backdoor's triggered test images and target label (its success rate every round)."""
+
+    malicious: frozenset[int] = frozenset()
+    model_attack: ModelAttack | None = None
+    backdoor_test: tuple[Tensor, int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationSets:
+    """Where the global model is scored: the test split every round, the validation
+    split (when given; ``select="best_val"`` picks the final model by it) and each site's
+    local test split (one per client, in client order)."""
+
+    test: tuple[Tensor, Tensor]
+    val: tuple[Tensor, Tensor] | None = None
+    sites: tuple[tuple[Tensor, Tensor], ...] = ()
+    multi_label: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Execution:
+    """How the sampled clients are trained: by one of this process's backends, or by an
+    executor of its own (``executor``, e.g. clients that live elsewhere)."""
+
+    backend: Backend = "sequential"
+    max_parallel: int | None = None  # batched: clients trained at once (None: by memory)
+    executor: ClientExecutor | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in get_args(Backend):
+            raise ValueError(f"backend must be one of {get_args(Backend)}, got {self.backend!r}")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1 or None, got {self.max_parallel}")
+
+
 class Federation:
-    """The static parts of a federation (model workspace, clients, rule, filters, test set)
-    and the round step over an explicit :class:`ServerState`."""
+    """A federation assembled from frozen parts (clients, local training, the defence,
+    the threat model, the evaluation sets, the execution) and the round step over an
+    explicit :class:`ServerState`."""
 
     def __init__(
         self,
         *,
         model: nn.Module,
         clients: Sequence[ClientData],
-        test: tuple[Tensor, Tensor],
-        rule: AggregationRule,
-        filters: Sequence[Filter] = (),
-        preaggregators: Sequence[PreAggregator] = (),
-        root: ClientData | None = None,
         local: LocalTraining,
         config: FederationConfig,
-        multi_label: bool = False,
-        malicious: frozenset[int] = frozenset(),
-        model_attack: ModelAttack | None = None,
-        backdoor_test: tuple[Tensor, int] | None = None,
-        noniid: NonIIDCheck | None = None,
-        server_batch: tuple[Tensor, Tensor] | None = None,
-        val: tuple[Tensor, Tensor] | None = None,
-        sites: Sequence[tuple[Tensor, Tensor]] = (),
-        privacy: ClientPrivacy | None = None,
-        backend: Backend = "sequential",
-        max_parallel: int | None = None,
+        defence: Defence,
+        evaluation: EvaluationSets,
+        threat: ThreatModel = ThreatModel(),
+        execution: Execution = Execution(),
     ) -> None:
         if not clients:
             raise ValueError("a federation needs at least one client")
-        if backend not in get_args(Backend):
-            raise ValueError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
-        unsupported = None if backend == "sequential" else batched_unsupported_reason(model)
-        if backend == "batched" and unsupported is not None:
-            raise ValueError(f"backend 'batched' cannot train this model: {unsupported}")
-        if max_parallel is not None and max_parallel < 1:
-            raise ValueError(f"max_parallel must be >= 1 or None, got {max_parallel}")
-        self.model = use_fast_layout_(model, test[0].device)  # the workspace every client uses
-        self.clients = list(clients)
-        self.test = test
-        self.rule = rule
-        self.filters = list(filters)
-        self.preaggregators = list(preaggregators)  # in front of the rule, in this order
-        if rule.requires_reference and root is None:
+        if evaluation.sites and len(evaluation.sites) != len(clients):
             raise ValueError(
-                f"aggregator {type(rule).__name__} needs the server's root data (root=): "
-                "its reference update is trained on it every round"
+                f"sites: one local test split per client ({len(clients)}), "
+                f"got {len(evaluation.sites)}"
             )
-        self.root = root  # the server's own clean data (FLTrust's reference update)
+        if config.select == "best_val" and evaluation.val is None:
+            raise ValueError("select='best_val' needs a validation split (val=)")
+        self.model = use_fast_layout_(model, evaluation.test[0].device)  # the workspace
+        self.clients = list(clients)
         self.local = local
         self.config = config
-        self.multi_label = multi_label
-        self.malicious = malicious
-        self.model_attack = model_attack  # rewrites the malicious rows every round
-        # a backdoor's triggered test images and target label: its success rate every round
-        self.backdoor_test = backdoor_test
-        self.noniid = noniid
-        self.server_batch = server_batch  # held-out batch for oracle rules such as Zeno
-        if config.select == "best_val" and val is None:
-            raise ValueError("select='best_val' needs a validation split (val=)")
-        self.val = val  # evaluated every round when given (val_loss, val_acc, val_auc)
-        if sites and len(sites) != len(self.clients):
-            raise ValueError(
-                f"sites: one local test split per client ({len(self.clients)}), got {len(sites)}"
-            )
-        self.sites = list(sites)  # each client's local test split, in client order
-        if privacy is not None and (
-            privacy.population != len(self.clients) or privacy.per_round != self.clients_per_round
-        ):
-            raise ValueError(
-                f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
-                f"a round, but the federation samples {self.clients_per_round} of {len(self.clients)}"
-            )
-        self.privacy = privacy  # DP-FedAvg's clipping, noise and budget
-        self.loss_fn = loss_function(multi_label)
-        self.backend = backend
-        self.batched = backend == "batched" or (
-            backend == "auto" and unsupported is None and batched_pays(model, self.device)
+        self.defence = defence
+        self.evaluation = evaluation
+        self.threat = threat
+        self.initial_vector = model_to_vector(self.model).to(self.device)
+        self.clients_per_round = clients_per_round(config.client_fraction, len(self.clients))
+        _check_privacy(defence.privacy, len(self.clients), self.clients_per_round)
+        self.loss_fn = loss_function(evaluation.multi_label)
+        self.executor = execution.executor or self._local_executor(execution)
+
+    def _local_executor(self, execution: Execution) -> ClientExecutor:
+        """The sequential executor, or the batched one where ``backend`` asks for it."""
+        sequential = SequentialExecutor(
+            model=self.model,
+            clients={c.client_id: c for c in self.clients},
+            local=self.local,
+            loss_fn=self.loss_fn,
+            seed_of=lambda round_number, client_id: self._shuffle_seed(round_number, client_id),
         )
-        self.max_parallel = max_parallel  # clients trained at once (None: sized to memory)
+        unsupported = (
+            None if execution.backend == "sequential" else batched_unsupported_reason(self.model)
+        )
+        if execution.backend == "batched" and unsupported is not None:
+            raise ValueError(f"backend 'batched' cannot train this model: {unsupported}")
+        batched = execution.backend == "batched" or (
+            execution.backend == "auto"
+            and unsupported is None
+            and batched_pays(self.model, self.device)
+        )
+        if not batched:
+            return sequential
+        return BatchedExecutor(sequential=sequential, max_parallel=execution.max_parallel)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the round's clients are trained in one batched call."""
+        return isinstance(self.executor, BatchedExecutor)
 
     @property
     def device(self) -> torch.device:
-        return self.test[0].device
+        return self.evaluation.test[0].device
 
     def initial_state(self) -> ServerState:
+        """Round 0: the model's weights as the federation was built (the workspace model
+        holds whatever was loaded last), fresh rule, filter and attack states."""
         return ServerState(
             round=0,
-            global_vector=model_to_vector(self.model).to(self.device),
-            aggregator_state=self.rule.init_state(),
-            filter_states=[f.init_state() for f in self.filters],
-            attack_state=self.model_attack.init_state() if self.model_attack else {},
-            preaggregator_states=[p.init_state() for p in self.preaggregators],
+            global_vector=self.initial_vector.clone(),
+            aggregator_state=self.defence.rule.init_state(),
+            filter_states=[f.init_state() for f in self.defence.filters],
+            attack_state=self.threat.model_attack.init_state() if self.threat.model_attack else {},
+            preaggregator_states=[p.init_state() for p in self.defence.preaggregators],
         )
 
-    @property
-    def clients_per_round(self) -> int:
-        """``ceil(fraction * n)``, at least one: the same every round."""
-        return max(1, math.ceil(self.config.client_fraction * len(self.clients) - 1e-9))
-
     def sample_clients(self, round_number: int) -> list[int]:
-        """Seeded choice of :attr:`clients_per_round` client positions for a round."""
+        """Seeded choice of ``clients_per_round`` client positions for a round."""
         return sample_clients(
             self.config.seed, round_number, len(self.clients), self.clients_per_round
         )
@@ -354,7 +412,7 @@ class Federation:
     def _scores(self, model: nn.Module, split: tuple[Tensor, Tensor]) -> dict[str, float]:
         images, targets = split
         return evaluate(
-            model, images, targets, multi_label=self.multi_label,
+            model, images, targets, multi_label=self.evaluation.multi_label,
             batch_size=self.config.eval_batch_size,
         )  # fmt: skip
 
@@ -363,7 +421,7 @@ class Federation:
     ) -> dict[str, float]:
         """Loss, ACC and AUC of the state's global model (``selected``: of the model the
         run ends with, see :meth:`selected_model`) on the test or validation split."""
-        data = self.test if split == "test" else self.val
+        data = self.evaluation.test if split == "test" else self.evaluation.val
         if data is None:
             raise ValueError("this federation has no validation split (val=)")
         model = self.selected_model(state) if selected else self.global_model(state)
@@ -371,15 +429,20 @@ class Federation:
 
     def site_scores(self, model: nn.Module) -> list[dict[str, float]]:
         """``model``'s scores on every site's local test split, one row per site."""
-        splits = {c.client_id: split for c, split in zip(self.clients, self.sites, strict=True)}
+        splits = {
+            c.client_id: split for c, split in zip(self.clients, self.evaluation.sites, strict=True)
+        }
         return site_scores(
-            model, splits, multi_label=self.multi_label, batch_size=self.config.eval_batch_size
+            model,
+            splits,
+            multi_label=self.evaluation.multi_label,
+            batch_size=self.config.eval_batch_size,
         )
 
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past
         ``privacy.target_epsilon``), in one line; None while the budget admits it."""
-        privacy, done = self.privacy, state.round
+        privacy, done = self.defence.privacy, state.round
         if privacy is None or privacy.admits(done + 1):
             return None
         return (
@@ -390,17 +453,17 @@ class Federation:
 
     def _sites_due(self, round_number: int) -> bool:
         every = self.config.site_every
-        return bool(self.sites) and (
+        return bool(self.evaluation.sites) and (
             round_number % every == 0 or round_number == self.config.rounds
         )
 
     def backdoor_asr(self, state: ServerState, *, selected: bool = False) -> float | None:
         """The backdoor's attack success rate on the triggered test images for the state's
         global (``selected``: final) model; ``None`` without a backdoor."""
-        if self.backdoor_test is None:
+        if self.threat.backdoor_test is None:
             return None
         model = self.selected_model(state) if selected else self.global_model(state)
-        return attack_success_rate(model, *self.backdoor_test)
+        return attack_success_rate(model, *self.threat.backdoor_test)
 
     def trained_model_noniid(self, model: nn.Module, loss: str, threshold: float) -> NonIIDResult:
         """EMA's Algorithms 3-4 as the paper runs them: the trained ``model``'s ``loss`` on
@@ -413,7 +476,7 @@ class Federation:
     def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their
         losses, the CV verdict, and (``exclude``) the ids whose loss z-score is too high."""
-        check = self.noniid
+        check = self.defence.noniid
         due = check is not None and check.every > 0 and round_number % check.every == 0
         if check is None or not (due or check.exclude) or len(positions) < 2:
             return Screen()
@@ -431,11 +494,11 @@ class Federation:
 
     def _oracle(self, state: ServerState) -> Callable[[Tensor], Tensor]:
         """Loss on the server's batch after applying each candidate update (Zeno)."""
-        if self.server_batch is None:
+        if self.defence.server_batch is None:
             raise ValueError(
-                f"aggregator {type(self.rule).__name__} needs a server batch (server_batch=)"
+                f"aggregator {type(self.defence.rule).__name__} needs a server batch (server_batch=)"
             )
-        images, targets = self.server_batch
+        images, targets = self.defence.server_batch
 
         @torch.no_grad()
         def oracle(candidates: Tensor) -> Tensor:
@@ -447,31 +510,6 @@ class Federation:
             return torch.stack(losses)
 
         return oracle
-
-    def _train_batched(
-        self, state: ServerState, round_number: int, positions: list[int]
-    ) -> dict[int, ClientUpdate] | None:
-        """Updates by client id from one batched call; ``None`` if it raised."""
-        clients = [self.clients[p] for p in positions]
-        try:
-            updates = train_clients_batched(
-                self.model,
-                state.global_vector,
-                clients,
-                self.local,
-                self.loss_fn,
-                seeds=[self._shuffle_seed(round_number, c.client_id) for c in clients],
-                max_parallel=self.max_parallel,
-            )
-        except Exception as error:  # retried client by client: a broken one is dropped alone
-            log.warning(
-                "round %d: batched training failed (%s: %s); training clients one by one",
-                round_number,
-                type(error).__name__,
-                error,
-            )
-            return None
-        return {u.client_id: u for u in updates}
 
     def _shuffle_seed(self, round_number: int, client_id: int) -> int:
         return derive_seed(self.config.seed, round_number, client_id, SHUFFLE)
@@ -501,8 +539,8 @@ class Federation:
             ]
             metrics |= site_summary(sites, self.config.target_acc)
             new_state.sites.extend(sites)
-        if self.privacy is not None:  # spent after this round (a skipped round spends too)
-            metrics["privacy_epsilon"] = self.privacy.epsilon(round_number)
+        if self.defence.privacy is not None:  # spent after this round (a skipped round spends too)
+            metrics["privacy_epsilon"] = self.defence.privacy.epsilon(round_number)
         new_state.history.append(metrics)
         trail_rows = list(rows.values())
         new_state.trail.extend(trail_rows)
@@ -517,8 +555,8 @@ class Federation:
         bound = self.config.max_excluded
         if bound is None:
             return None
-        judged = [r for r in rows.values() if r["reason"] != "client_error"]
-        left_out = sum(bool(r["excluded"] or r.get("selected") is False) for r in judged)
+        judged = [r for r in rows.values() if not failed_to_answer(r)]
+        left_out = sum(map(is_left_out, judged))
         allowed = bound if isinstance(bound, int) else math.floor(bound * len(rows))
         if left_out <= allowed:
             return None
@@ -535,15 +573,9 @@ class Federation:
         screen: Screen,
         on_client: Callable[[int], None] | None,
     ) -> tuple[dict[int, dict[str, Any]], list[ClientUpdate]]:
-        """Train every sampled client the screen kept: its trail row (by client id) and
-        the updates of the clients whose training succeeded."""
-        done = on_client if on_client is not None else (lambda _client_id: None)
-        batched = None
-        if self.batched:
-            to_train = [p for p in sampled if self.clients[p].client_id not in screen.excluded]
-            batched = self._train_batched(state, round_number, to_train)
+        """Ask the executor for the updates of every sampled client the screen kept and
+        check each one: its trail row (by client id) and the updates that passed."""
         rows: dict[int, dict[str, Any]] = {}
-        updates: list[ClientUpdate] = []
         for position in sampled:
             client = self.clients[position]
             row = rows[client.client_id] = self._trail_row(round_number, client)
@@ -551,51 +583,49 @@ class Federation:
                 row["noniid_loss"] = screen.losses[client.client_id]
             if client.client_id in screen.excluded:
                 row.update(excluded=True, reason="noniid_loss")
-            else:
-                update = self._train_one(state, round_number, client, batched, row)
-                if update is not None:
-                    row["train_loss"] = update.train_loss
-                    updates.append(update)
-            done(client.client_id)
+        to_train = [i for i in rows if i not in screen.excluded]
+        done = (lambda result: on_client(result.client_id)) if on_client is not None else None
+        results = self.executor.train(state.global_vector, round_number, to_train, done)
+        if on_client is not None:
+            for client_id in screen.excluded & rows.keys():
+                on_client(client_id)
+        updates = []
+        for result in results:
+            update = self._checked_update(result, rows[result.client_id], state.global_vector)
+            if update is not None:
+                updates.append(update)
         return rows, updates
+
+    def _checked_update(
+        self, result: ClientResult, row: dict[str, Any], global_vector: Tensor
+    ) -> ClientUpdate | None:
+        """The result's update if one came and it fits the model; otherwise ``None`` and
+        the row marked with why: ``client_<outcome>`` (``client_error``, ...) or
+        ``bad_update`` (a wrong shape or dtype)."""
+        update = result.update
+        if result.outcome != "ok" or update is None:
+            row.update(excluded=True, reason=f"client_{result.outcome}", message=result.message)
+            return None
+        if update.delta.shape != global_vector.shape or not update.delta.is_floating_point():
+            row.update(
+                excluded=True, reason="bad_update",
+                message=f"update of shape {tuple(update.delta.shape)} and dtype "
+                f"{update.delta.dtype}; the model has {tuple(global_vector.shape)} parameters",
+            )  # fmt: skip
+            return None
+        row["train_loss"] = update.train_loss
+        return update
 
     def _trail_row(self, round_number: int, client: ClientData) -> dict[str, Any]:
         return {
             "round": round_number,
             "client": client.client_id,
             "num_samples": len(client),
-            "malicious": client.client_id in self.malicious,
+            "malicious": client.client_id in self.threat.malicious,
             "excluded": False,
             "reason": "",
             "message": "",
         }
-
-    def _train_one(
-        self,
-        state: ServerState,
-        round_number: int,
-        client: ClientData,
-        batched: dict[int, ClientUpdate] | None,
-        row: dict[str, Any],
-    ) -> ClientUpdate | None:
-        """The client's update (from the batched call when there was one); ``None``, and
-        the row marked ``client_error``, when its training raised."""
-        if batched is not None:
-            return batched[client.client_id]
-        try:
-            return train_client(
-                self.model,
-                state.global_vector,
-                client,
-                self.local,
-                self.loss_fn,
-                seed=self._shuffle_seed(round_number, client.client_id),
-            )
-        except Exception as error:  # a broken client must not stop the federation
-            row.update(
-                excluded=True, reason="client_error", message=f"{type(error).__name__}: {error}"
-            )
-            return None
 
     def _aggregate(
         self,
@@ -618,14 +648,16 @@ class Federation:
         weights = torch.tensor(
             [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
         )
-        if self.privacy is not None and self.privacy.mode == "local":  # noised by the clients
+        if (
+            self.defence.privacy is not None and self.defence.privacy.mode == "local"
+        ):  # noised by the clients
             generators = [
                 torch_generator(
                     derive_seed(self.config.seed, round_number, PRIVACY, i), stacked.device
                 )
                 for i in ids
             ]
-            stacked = self.privacy.privatised_by_clients(stacked, generators)
+            stacked = self.defence.privacy.privatised_by_clients(stacked, generators)
         stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
         _, _, keep = drop_non_finite(stacked, weights)
         keep = keep.clone()
@@ -640,12 +672,18 @@ class Federation:
         if len(outcome.kept_ids) < self.config.min_clients:
             return outcome
         kept, kept_weights = stacked[positions], weights[positions]
-        if self.privacy is not None:  # DP-FedAvg: clipped (by the server, centrally), equal weights
-            kept = self.privacy.clipped(kept) if self.privacy.mode == "central" else kept
+        if (
+            self.defence.privacy is not None
+        ):  # DP-FedAvg: clipped (by the server, centrally), equal weights
+            kept = (
+                self.defence.privacy.clipped(kept)
+                if self.defence.privacy.mode == "central"
+                else kept
+            )
             kept_weights = torch.ones_like(kept_weights)
         decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids)
         aggregate, outcome.aggregator_state, outcome.preaggregator_states = decided[:3]
-        if self.privacy is not None:
+        if self.defence.privacy is not None:
             aggregate = self._privately_released(round_number, aggregate, kept)
         self._record_decisions(decided[3], outcome.kept_ids, rows)
         outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
@@ -660,9 +698,9 @@ class Federation:
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, PRIVACY), kept.device
         )
-        if isinstance(self.rule, FedAvg):
-            return self.privacy.released(kept.sum(dim=0), generator)
-        return aggregate + self.privacy.released(torch.zeros_like(aggregate), generator)
+        if isinstance(self.defence.rule, FedAvg):
+            return self.defence.privacy.released(kept.sum(dim=0), generator)
+        return aggregate + self.defence.privacy.released(torch.zeros_like(aggregate), generator)
 
     def _attacked(
         self,
@@ -675,17 +713,19 @@ class Federation:
     ) -> Tensor:
         """The round's updates ``(n, d)`` after the model attack, if any malicious client
         is among them; the attack's new state and its diagnostics go into ``outcome``."""
-        attack = self.model_attack
-        if attack is None or not self.malicious:
+        attack = self.threat.model_attack
+        if attack is None or not self.threat.malicious:
             return stacked
-        mask = torch.tensor([i in self.malicious for i in ids], device=stacked.device)
+        mask = torch.tensor([i in self.threat.malicious for i in ids], device=stacked.device)
         if not bool(mask.any()):
             return stacked
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, ATTACK), stacked.device
         )
         defence = (
-            self._defence(state, round_number, weights, ids) if attack.requires_aggregate else None
+            self._simulated_defence(state, round_number, weights, ids)
+            if attack.requires_aggregate
+            else None
         )
         attacked, outcome.attack_state, diagnostics = attack.step(
             state.attack_state, stacked, mask, generator, aggregate=defence
@@ -693,7 +733,7 @@ class Federation:
         outcome.attack_metrics = {f"attack_{k}": float(v) for k, v in diagnostics.items()}
         return attacked
 
-    def _defence(
+    def _simulated_defence(
         self, state: ServerState, round_number: int, weights: Tensor, ids: list[int]
     ) -> Callable[[Tensor], Tensor]:
         """What the server would make of a candidate round ``(n, d)`` (rows in ``ids``'
@@ -703,7 +743,7 @@ class Federation:
         def defend(candidate: Tensor) -> Tensor:
             _, _, keep = drop_non_finite(candidate, weights)
             keep = keep.clone()
-            for flt, flt_state in zip(self.filters, state.filter_states, strict=True):
+            for flt, flt_state in zip(self.defence.filters, state.filter_states, strict=True):
                 positions = keep.nonzero().flatten()
                 if len(positions) == 0:
                     break
@@ -734,7 +774,7 @@ class Federation:
         """Run the filters in order on the rows still kept (``keep`` is updated in place),
         recording each client's scores and any exclusion; the filters' new states."""
         states = list(filter_states)
-        for index, flt in enumerate(self.filters):
+        for index, flt in enumerate(self.defence.filters):
             positions = keep.nonzero().flatten()
             if len(positions) == 0:
                 break
@@ -770,17 +810,17 @@ class Federation:
             derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
         )
         chain, pre_states = preaggregate(
-            self.preaggregators, state.preaggregator_states, updates, weights,
+            self.defence.preaggregators, state.preaggregator_states, updates, weights,
             client_ids=ids, generator=generator,
         )  # fmt: skip
         inputs: dict[str, Any] = {}
-        if self.rule.requires_oracle:
+        if self.defence.rule.requires_oracle:
             inputs["oracle"] = self._oracle(state)
-        if self.rule.requires_reference:
+        if self.defence.rule.requires_reference:
             inputs["reference"] = self._reference(state, round_number)
         if chain.row_ids is not None:
             inputs["client_ids"] = chain.row_ids
-        aggregate, rule_state, diagnostics = self.rule.step(
+        aggregate, rule_state, diagnostics = self.defence.rule.step(
             state.aggregator_state, chain.rows, chain.weights, **inputs
         )
         return (
@@ -792,10 +832,10 @@ class Federation:
 
     def _reference(self, state: ServerState, round_number: int) -> Tensor:
         """The server's own update from its root data, made as a client makes its own."""
-        assert self.root is not None  # checked when the federation was built
-        seed = derive_seed(self.config.seed, round_number, self.root.client_id, SHUFFLE)
+        assert self.defence.root is not None  # checked when the federation was built
+        seed = derive_seed(self.config.seed, round_number, self.defence.root.client_id, SHUFFLE)
         return train_client(
-            self.model, state.global_vector, self.root, self.local, self.loss_fn, seed=seed
+            self.model, state.global_vector, self.defence.root, self.local, self.loss_fn, seed=seed
         ).delta
 
     @staticmethod
@@ -841,11 +881,11 @@ class Federation:
         """Test (and validation) scores of the new global model, the round's counts and
         detections; keeps the best validation round when ``select="best_val"``."""
         model = self.global_model(new_state)  # loaded once for both splits
-        metrics = {f"test_{k}": v for k, v in self._scores(model, self.test).items()}
-        if self.val is not None:
-            metrics |= {f"val_{k}": v for k, v in self._scores(model, self.val).items()}
-        if self.backdoor_test is not None:
-            triggered, target = self.backdoor_test
+        metrics = {f"test_{k}": v for k, v in self._scores(model, self.evaluation.test).items()}
+        if self.evaluation.val is not None:
+            metrics |= {f"val_{k}": v for k, v in self._scores(model, self.evaluation.val).items()}
+        if self.threat.backdoor_test is not None:
+            triggered, target = self.threat.backdoor_test
             metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)
         if self.config.select == "best_val" and metrics["val_auc"] > new_state.best_val_auc:
             new_state.best_round = round_number  # NaN AUC (one class) never counts as best
@@ -867,13 +907,37 @@ class Federation:
         }
 
 
+def failed_to_answer(row: dict[str, Any]) -> bool:
+    """A trail row of a client that sent no update (``client_error``, ``client_timeout``,
+    ``client_unavailable``): a failure, not a detection."""
+    return str(row["reason"]).startswith("client_")
+
+
+def is_left_out(row: dict[str, Any]) -> bool:
+    """Excluded by a check, screen or filter, or not chosen by a selecting rule."""
+    return bool(row["excluded"] or row.get("selected") is False)
+
+
+def left_out(rows: Sequence[dict[str, Any]]) -> int:
+    """How many of a round's clients the defence left out (failures to answer aside)."""
+    return sum(is_left_out(r) for r in rows if not failed_to_answer(r))
+
+
+def _check_privacy(privacy: ClientPrivacy | None, population: int, per_round: int) -> None:
+    if privacy is not None and (privacy.population != population or privacy.per_round != per_round):
+        raise ValueError(
+            f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
+            f"a round, but the federation samples {per_round} of {population}"
+        )
+
+
 def detection_counts(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Exclusions against the ground truth: a false positive is an honest client left out,
     a false negative a malicious client kept. Left out means excluded by a screen or filter,
     or not chosen by a selecting rule (Krum, Multi-Krum, Bulyan record ``selected``): such
     a rule's choice is its detection. Client errors are not detections."""
-    judged = [r for r in rows if r["reason"] != "client_error"]
-    left_out = [bool(r["excluded"] or r.get("selected") is False) for r in judged]
+    judged = [r for r in rows if not failed_to_answer(r)]
+    left_out = [is_left_out(r) for r in judged]
     malicious = [bool(r["malicious"]) for r in judged]
     tp = sum(out and bad for out, bad in zip(left_out, malicious, strict=True))
     fp = sum(out and not bad for out, bad in zip(left_out, malicious, strict=True))

@@ -1,7 +1,6 @@
-"""The shell around the engine: params, CLI, tracking, reports."""
+"""The command line, the top of the house: ``fedsieve`` (:mod:`fedsieve.cli`) and its
+operations commands. Importing it changes nothing; :func:`fedsieve.cli.console` sets the
+process environment (:func:`config.environment.configure_environment`) before anything
+loads Prefect or MLflow."""
 
-from fedsieve.env import configure_environment
-
-configure_environment()
-
-__all__ = ["configure_environment"]
+__all__: list[str] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fedsieve.config import Params
+    from config.params import Params
 
 __all__ = ["add_params_arguments", "add_resume_argument", "checked_params"]
 
@@ -39,7 +39,7 @@ def checked_params(args: argparse.Namespace, workdir: Path) -> Params:
     """The params file with its overrides, validated and preflight-checked (data, partition,
     rules against the clients per round); warnings printed once. (Imported here: commands
     that take no params, ``fedsieve dvc`` and ``list``, need neither torch nor Prefect.)"""
-    from fedsieve.config import load_params, params_warnings
+    from config.params import load_params, params_warnings
     from tasks.preflight import check_params
 
     params = load_params(Path(args.params), args.overrides)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import subprocess
@@ -24,10 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import fedsieve  # noqa: F401  (telemetry off and PREFECT_HOME before Prefect loads)
+from config.environment import configure_environment
+from config.errors import RunHalted, ServiceError, UsageError
 from fedsieve import explain, ops
 from fedsieve.arguments import add_params_arguments, add_resume_argument, checked_params
-from fedsieve.errors import RunHalted, ServiceError, UsageError
 from fedsieve.local_server import prefect_server
 
 __all__ = ["COMMANDS", "console", "main"]
@@ -44,13 +43,28 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
-def _stage(flow_target: str, *, resumable: bool = False) -> Handler:
+def _stage_flow(stage: str) -> Callable[..., object]:
+    """The Prefect flow of one pipeline stage (imported here: Prefect loads on use)."""
+    from flows.evaluate import evaluate_flow
+    from flows.partition import partition_flow
+    from flows.pretest import pretest_flow
+    from flows.train import train_flow
+
+    flows = {
+        "partition": partition_flow,
+        "pretest": pretest_flow,
+        "train": train_flow,
+        "evaluate": evaluate_flow,
+    }
+    return flows[stage]
+
+
+def _stage(stage: str, *, resumable: bool = False) -> Handler:
     """The handler of one pipeline stage: check the params, then run the stage's flow."""
 
     def handler(args: argparse.Namespace, workdir: Path) -> int:
         params = checked_params(args, workdir)
-        module, name = flow_target.split(":")
-        flow = getattr(importlib.import_module(module), name)
+        flow = _stage_flow(stage)
         with prefect_server():
             if resumable:
                 flow(params, workdir, resume=args.resume)
@@ -62,7 +76,7 @@ def _stage(flow_target: str, *, resumable: bool = False) -> Handler:
 
 
 def _compare(args: argparse.Namespace, workdir: Path) -> int:
-    from fedsieve.config import load_params, params_warnings
+    from config.params import load_params, params_warnings
     from flows.compare import compare_flow
     from tasks.grid import grid_cells
     from tasks.preflight import check_params
@@ -179,22 +193,22 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
     "partition": (
         "partition the dataset across clients",
         add_params_arguments,
-        _stage("flows.partition:partition_flow"),
+        _stage("partition"),
     ),
     "pretest": (
         "normality pre-test of the clients' updates",
         add_params_arguments,
-        _stage("flows.pretest:pretest_flow"),
+        _stage("pretest"),
     ),
     "train": (
         "run the federated training rounds",
         add_resume_argument,
-        _stage("flows.train:train_flow", resumable=True),
+        _stage("train", resumable=True),
     ),
     "evaluate": (
         "evaluate the final model, log and register it",
         add_params_arguments,
-        _stage("flows.evaluate:evaluate_flow"),
+        _stage("evaluate"),
     ),
     "compare": (
         "run the comparison grid (methods x attacks x fractions x seeds) as child runs",
@@ -243,13 +257,15 @@ def usage_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's to fix: one line and exit code 2, no traceback."""
     from federated.data import DataError
     from federated.partition import PartitionError
-    from federated.registry import RegistryError
+    from registry import RegistryError
 
     return (UsageError, DataError, PartitionError, RegistryError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command and return its exit code."""
+    """Run one command and return its exit code. The process environment is set first
+    (telemetry off, PREFECT_HOME in the project), before a handler loads Prefect or MLflow."""
+    configure_environment()
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command][2](args, Path.cwd())

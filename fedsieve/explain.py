@@ -16,7 +16,7 @@ import math
 import statistics
 from pathlib import Path
 
-from fedsieve.errors import OpsError
+from config.errors import OpsError
 
 __all__ = ["add_explain_arguments", "explain", "explain_row"]
 

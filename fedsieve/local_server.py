@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from fedsieve.errors import ServiceError
+from config.errors import ServiceError
 
 __all__ = ["configured_api_url", "prefect_server"]
 

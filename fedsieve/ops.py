@@ -6,7 +6,7 @@
 - ``promote`` sets the registry alias ``champion`` on the model version whose run scored
   best on a metric.
 
-Everything reads the tracking store of :func:`fedsieve.env.tracking_uri`
+Everything reads the tracking store of :func:`config.environment.tracking_uri`
 (``MLFLOW_TRACKING_URI`` or the project's ``sqlite:///mlflow.db``). Bad input ends with one
 line and exit code 2; an unusable tracking store or Prefect server with exit code 1.
 MLflow and Prefect are imported inside the handlers so other commands stay fast.
@@ -22,9 +22,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from config.environment import tracking_uri
+from config.errors import OpsError, ServiceError
 from fedsieve.arguments import add_params_arguments, checked_params
-from fedsieve.env import tracking_uri
-from fedsieve.errors import OpsError, ServiceError
 
 __all__ = [
     "Champion",

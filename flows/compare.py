@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedsieve.config import Params
+from config.params import Params
 from tasks.comparison import CellResult, open_grid_run, write_comparison_reports
 from tasks.data import load_verified_dataset
 from tasks.grid import (

@@ -22,7 +22,7 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import DataParams, load_params, validate_params
+from config.params import DataParams, load_params, validate_params
 from flows.pipeline import pipeline_flow
 
 __all__ = ["pipeline_from_file"]

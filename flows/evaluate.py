@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import Params
+from config.params import Params
 from tasks.data import load_verified_dataset
 from tasks.evaluation import log_final_results, reopen_training_run, score_final_model
 from tasks.reports import ProjectPaths

@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow
 
 from federated.fedstnn.experiments import experiment_config
-from tasks.fedstnn import open_fedstnn_run, run_fedstnn, write_fedstnn_report
+from tasks.fedstnn import open_fedstnn_run, plot_fedstnn, run_fedstnn, write_fedstnn_report
 
 __all__ = ["fedstnn_flow"]
 
@@ -22,6 +22,7 @@ def fedstnn_flow(name: str, overrides: dict[str, Any], workdir: Path) -> dict[st
     tracker = open_fedstnn_run(name, config, workdir)
     with tracker.ended_on_failure():
         result = run_fedstnn(name, overrides)
+        plot_fedstnn(name, result, workdir, tracker)
         metrics = write_fedstnn_report(name, config, result, workdir, tracker)
         tracker.end()
     return metrics

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import Params
+from config.params import Params
 from tasks.data import load_verified_dataset
 from tasks.partition import partition_clients, write_partition_reports
 from tasks.reports import ProjectPaths

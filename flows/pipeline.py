@@ -8,7 +8,7 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import Params
+from config.params import Params
 from flows.common import subflows_without_heartbeats
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow

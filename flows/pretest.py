@@ -9,11 +9,11 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import Params
+from config.params import Params
 from tasks.data import load_verified_dataset
 from tasks.reports import ProjectPaths, read_partition, read_root
 from tasks.stats import collect_client_updates, test_normality, write_pretest_report
-from tasks.training import build_federation, train_round
+from tasks.training import build_federation, train_rounds
 
 __all__ = ["pretest_flow"]
 
@@ -25,9 +25,8 @@ def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     federation = build_federation(
         params, data, read_partition(paths.partition), read_root(paths.partition)
     )
-    state = federation.initial_state()
-    while state.round < params.pretest.round:  # the same rounds training would run
-        state, _ = train_round(federation, state)
+    # the same rounds training would run
+    state = train_rounds(federation, federation.initial_state(), params.pretest.round)
     updates = collect_client_updates(federation, state, params.pretest.mode)
     result = test_normality(
         federation,

@@ -12,20 +12,17 @@ from typing import Any
 
 from prefect import flow
 
-from fedsieve.config import Params, params_hash
+from config.params import Params, params_hash
 from tasks.data import load_verified_dataset
 from tasks.reports import ProjectPaths, read_local_tests, read_partition, read_root
-from tasks.stopping import stop_if_requested
 from tasks.tracking import open_training_run
 from tasks.training import (
-    RoundProgress,
+    RunOutputs,
     build_federation,
     halt_if_bound_exceeded,
     load_checkpoint,
-    record_budget_spent,
-    record_round,
     resumed_state,
-    train_round,
+    train_federation,
     trained_model_noniid,
     write_run_info,
     write_training_reports,
@@ -59,19 +56,10 @@ def train_flow(
         federation = build_federation(
             params, data, read_partition(split), read_root(split), read_local_tests(split)
         )
-        state = resumed_state(federation, checkpoint)
-        rounds = params.train.rounds
-        with RoundProgress(rounds, state.round, federation.clients_per_round) as progress:
-            while state.round < rounds and state.halted is None:
-                if federation.budget_spent(state):  # fail closed: the run ends cleanly here
-                    break
-                stop_if_requested()  # a cancelled comparison stops its cells between rounds
-                state, report = train_round(federation, state, on_client=progress.client_done)
-                record_round(tracker, report, state, paths.checkpoint, digest)
-                progress.round_done(report)
-        record_budget_spent(
-            tracker, federation.budget_spent(state) if state.round < rounds else None
-        )
+        state = train_federation(
+            federation, resumed_state(federation, checkpoint), params, tracker,
+            (paths.checkpoint, digest), RunOutputs(),
+        )  # fmt: skip
         model = federation.selected_model(state)
         trained_noniid = trained_model_noniid(federation, model, params)
         write_training_reports(paths, model, state, params, tracker, trained_noniid)

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from federated.registry import Registry
+from registry import Registry
 
 __all__ = ["MODELS", "build_model", "list_models", "register_model"]
 

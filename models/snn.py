@@ -295,31 +295,8 @@ class SNN(nn.Module):
         return Prediction(samples=samples, mean=samples.mean(dim=0), std=std)
 
 
-def build_snn(
-    *,
-    in_channels: int = 1,
-    num_classes: int = 1,
-    state_dim: int = SNNConfig.state_dim,
-    hidden_dim: int = SNNConfig.hidden_dim,
-    n_blocks: int = SNNConfig.n_blocks,
-    horizon: float = SNNConfig.horizon,
-    n_paths: int = SNNConfig.n_paths,
-    diffusion_init: float = SNNConfig.diffusion_init,
-    activation: str = SNNConfig.activation,
-    fourier_features: int = SNNConfig.fourier_features,
-) -> SNN:
+def build_snn(*, in_channels: int = 1, num_classes: int = 1, **architecture: Any) -> SNN:
     """Model-registry factory: ``in_channels`` are the input features, ``num_classes`` the
-    outputs (1 for regression)."""
-    config = SNNConfig(
-        in_dim=in_channels,
-        out_dim=num_classes,
-        state_dim=state_dim,
-        hidden_dim=hidden_dim,
-        n_blocks=n_blocks,
-        horizon=horizon,
-        n_paths=n_paths,
-        diffusion_init=diffusion_init,
-        activation=activation,
-        fourier_features=fourier_features,
-    )
-    return SNN(config)
+    outputs (1 for regression); ``architecture`` takes the other :class:`SNNConfig` fields
+    (``state_dim``, ``n_blocks``, ...), with its defaults, and rejects unknown ones."""
+    return SNN(SNNConfig(in_dim=in_channels, out_dim=num_classes, **architecture))

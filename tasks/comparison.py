@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from scipy import stats
 
-from fedsieve.config import Params
+from config.params import Params
 from tasks.plots import plot_compare_curves, plot_compare_heatmap
 from tasks.reports import write_csv, write_json
 from tasks.tracking import Tracker, flatten_params, run_tags

@@ -9,8 +9,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from config.params import DataParams
 from federated.data import MedMNISTData, ensure_medmnist, load_medmnist
-from fedsieve.config import DataParams
 
 __all__ = ["data_root", "ensure_dataset", "load_dataset", "load_verified_dataset"]
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from config.params import Params, eval_batch_size
 from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
 from federated.data import MedMNISTData, to_tensors
@@ -25,7 +28,7 @@ from federated.metrics import (
     site_summary,
     top_label,
 )
-from fedsieve.config import Params, eval_batch_size
+from federated.server import Federation, ServerState
 from tasks.plots import plot_reliability
 from tasks.reports import ProjectPaths, read_local_tests, write_json
 from tasks.tracking import Tracker
@@ -33,10 +36,13 @@ from tasks.training import build_global_model, resolve_device, run_attack
 
 __all__ = [
     "detection_totals",
+    "final_results",
+    "final_scores",
     "log_final_results",
     "reopen_training_run",
     "rounds_to_target",
     "score_final_model",
+    "trained_results",
 ]
 
 
@@ -81,29 +87,71 @@ def reopen_training_run(params: Params, paths: ProjectPaths) -> tuple[Tracker, d
 def score_final_model(
     params: Params, data: MedMNISTData, paths: ProjectPaths, run_info: dict[str, Any]
 ) -> tuple[dict[str, Any], torch.nn.Module]:
-    """The saved model's test and validation scores with the run's summary numbers, in
-    ``reports/metrics.json``; also the model (on the CPU, for logging)."""
+    """The saved model's :func:`final_results`, in ``reports/metrics.json``; also the
+    model (on the CPU, for logging)."""
     device = resolve_device(params.train.device)
     model = build_global_model(params, data.info)
     model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
     use_fast_layout_(model.to(device), device)  # as the train stage evaluated it
-    results: dict[str, Any] = {}
-    for split in ("test", "val"):
-        images, targets = to_tensors(getattr(data, split), data.info, device=device)
-        logits = logits_of(model, images, eval_batch_size(params))  # one pass: scores and plot
-        scores = scores_of(logits, targets, multi_label=data.info.multi_label)
-        results |= {f"{split}_{k}": v for k, v in scores.items()}
-        if split == "test" and not data.info.multi_label:
-            plot_reliability(
-                *top_label(probabilities_of(logits, False), targets.cpu().numpy()),
-                CALIBRATION_BINS, paths.calibration,
-            )  # fmt: skip
-        if split == "test" and isinstance(attack := run_attack(params), Backdoor):
-            triggered = triggered_test_set(images, targets, attack)
-            results["backdoor_asr"] = attack_success_rate(model, triggered, attack.target_label)
-    results |= score_sites(model, params, data, paths, run_info)
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
+    results = final_results(
+        model, params, data, paths, read_local_tests(paths.partition), rounds, run_info
+    )
+    get_run_logger().info(
+        "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
+        *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
+    )
+    return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
+
+
+def final_results(
+    model: torch.nn.Module,
+    params: Params,
+    data: MedMNISTData,
+    paths: ProjectPaths,
+    local_tests: list[np.ndarray] | None,
+    rounds: Sequence[Mapping[str, Any]],
+    run_info: dict[str, Any],
+    *,
+    figures: bool = True,
+) -> dict[str, Any]:
+    """:func:`final_scores`, written to ``reports/metrics.json`` and the final per-site
+    table to ``reports/sites.json``; the calibration figure when ``figures``. The
+    pipeline's evaluate stage and a comparison cell score their final models here alike."""
+    calibration = paths.calibration if figures else None
+    results, sites = final_scores(
+        model, params, data, local_tests, rounds, run_info, calibration=calibration
+    )
+    selected = run_info.get("selected_round", run_info["rounds"])
+    summary = site_summary(sites, params.eval.target_acc) if sites else {}
+    write_json(
+        paths.sites_final,
+        {"round": selected, "target_acc": params.eval.target_acc, **summary, "sites": sites}
+        if local_tests is not None
+        else {"sites": [], "note": "partition.local_test = 0"},
+    )
+    write_json(paths.metrics, results)
+    return results
+
+
+def final_scores(
+    model: torch.nn.Module,
+    params: Params,
+    data: MedMNISTData,
+    local_tests: list[np.ndarray] | None,
+    rounds: Sequence[Mapping[str, Any]],
+    run_info: dict[str, Any],
+    *,
+    calibration: Path | None = None,
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """The final model's test and validation scores, backdoor success and spread over
+    sites, with the run's summary numbers (``rounds``: the per-round table); and the
+    per-site rows. Writes nothing but the reliability diagram at ``calibration``."""
+    results = split_scores(model, params, data, calibration)
+    sites = score_sites(model, params, data, local_tests)
+    if sites:
+        results |= site_summary(sites, params.eval.target_acc)
     results |= {
         "rounds": run_info["rounds"],
         "selected_round": run_info.get("selected_round", run_info["rounds"]),
@@ -113,12 +161,44 @@ def score_final_model(
         **detection_totals(rounds),
         **privacy_spent(params, rounds),
     }
-    write_json(paths.metrics, results)
-    get_run_logger().info(
-        "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
-        *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
-    )
-    return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
+    return results, sites
+
+
+def trained_results(
+    federation: Federation,
+    state: ServerState,
+    params: Params,
+    data: MedMNISTData,
+    local_tests: list[np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """:func:`final_scores` of a federation's trained model (the state's selected one),
+    in this process: what a benchmark's run ends with."""
+    run_info = {"rounds": state.round, "selected_round": state.selected_round}
+    model = federation.selected_model(state)
+    return final_scores(model, params, data, local_tests, state.history, run_info)[0]
+
+
+def split_scores(
+    model: torch.nn.Module, params: Params, data: MedMNISTData, calibration: Path | None
+) -> dict[str, Any]:
+    """Test and validation scores (one pass each), the backdoor's success rate on the
+    triggered test images, and the reliability diagram at ``calibration`` when given."""
+    device = next(model.parameters()).device
+    results: dict[str, Any] = {}
+    for split in ("test", "val"):
+        images, targets = to_tensors(getattr(data, split), data.info, device=device)
+        logits = logits_of(model, images, eval_batch_size(params))  # one pass: scores and plot
+        scores = scores_of(logits, targets, multi_label=data.info.multi_label)
+        results |= {f"{split}_{k}": v for k, v in scores.items()}
+        if split == "test" and calibration is not None and not data.info.multi_label:
+            plot_reliability(
+                *top_label(probabilities_of(logits, False), targets.cpu().numpy()),
+                CALIBRATION_BINS, calibration,
+            )  # fmt: skip
+        if split == "test" and isinstance(attack := run_attack(params), Backdoor):
+            triggered = triggered_test_set(images, targets, attack)
+            results["backdoor_asr"] = attack_success_rate(model, triggered, attack.target_label)
+    return results
 
 
 def privacy_spent(params: Params, rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -133,16 +213,12 @@ def score_sites(
     model: torch.nn.Module,
     params: Params,
     data: MedMNISTData,
-    paths: ProjectPaths,
-    run_info: dict[str, Any],
-) -> dict[str, float]:
-    """The final model on every site's local test split (with calibration), written to
-    ``reports/sites.json``; the spread over sites (worst site, ...) for the metrics. Empty
-    without local test splits (``partition.local_test = 0``)."""
-    local_tests = read_local_tests(paths.partition)
+    local_tests: list[np.ndarray] | None,
+) -> list[dict[str, float]]:
+    """The final model on every site's local test split (with calibration), one row per
+    site; none without local test splits (``partition.local_test = 0``)."""
     if local_tests is None:
-        write_json(paths.sites_final, {"sites": [], "note": "partition.local_test = 0"})
-        return {}
+        return []
     device = next(model.parameters()).device
     images, targets = to_tensors(data.train, data.info, device=device)
     splits = {
@@ -150,16 +226,9 @@ def score_sites(
         for site, held in enumerate(local_tests)
         if len(index := torch.as_tensor(held, device=device, dtype=torch.long))
     }
-    rows = site_scores(
+    return site_scores(
         model, splits, multi_label=data.info.multi_label, batch_size=eval_batch_size(params)
     )
-    summary = site_summary(rows, params.eval.target_acc)
-    selected = run_info.get("selected_round", run_info["rounds"])
-    write_json(
-        paths.sites_final,
-        {"round": selected, "target_acc": params.eval.target_acc, **summary, "sites": rows},
-    )
-    return summary
 
 
 @task(name="log-final-results", cache_policy=NO_CACHE)

@@ -1,5 +1,5 @@
-"""FedStNN tasks: validated experiment settings, the experiment itself, and its report,
-figures and MLflow run."""
+"""FedStNN tasks: validated experiment settings, the experiment itself, its figures
+(:mod:`tasks.plots_fedstnn`), its report and MLflow run."""
 
 from __future__ import annotations
 
@@ -11,19 +11,21 @@ import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from config.errors import ConfigError
 from federated.fedstnn.experiments import (
     EXPERIMENTS,
     ExperimentResult,
     experiment_config,
     run_experiment,
 )
-from fedsieve.errors import ConfigError
+from tasks.plots_fedstnn import save_fedstnn_figures
 from tasks.reports import write_json
 from tasks.tracking import Tracker, flatten_params, git_commit
 
 __all__ = [
     "load_fedstnn_params",
     "open_fedstnn_run",
+    "plot_fedstnn",
     "run_fedstnn",
     "write_fedstnn_report",
 ]
@@ -72,17 +74,24 @@ def run_fedstnn(name: str, overrides: dict[str, Any]) -> ExperimentResult:
     return run_experiment(name, **overrides)
 
 
+@task(name="plot-fedstnn-figures", cache_policy=NO_CACHE)
+def plot_fedstnn(
+    name: str, result: ExperimentResult, workdir: Path, tracker: Tracker
+) -> list[Path]:
+    """``reports/fedstnn/<name>-<figure>.png``, each logged to the run."""
+    paths = save_fedstnn_figures(result, workdir / "reports" / "fedstnn", name)
+    for path in paths:
+        tracker.log_artifact(path, "fedstnn")
+    return paths
+
+
 @task(name="write-fedstnn-report", cache_policy=NO_CACHE)
 def write_fedstnn_report(
     name: str, config: dict[str, Any], result: ExperimentResult, workdir: Path, tracker: Tracker
 ) -> dict[str, float]:
-    """``reports/fedstnn/<name>.json`` and its figures, the per-round and final metrics
-    logged to the run."""
+    """``reports/fedstnn/<name>.json``, the per-round and final metrics logged to the run."""
     out = workdir / "reports" / "fedstnn"
     out.mkdir(parents=True, exist_ok=True)
-    for key, figure in result.figures.items():
-        figure.savefig(out / f"{name}-{key}.png", dpi=110)
-        tracker.log_artifact(out / f"{name}-{key}.png", "fedstnn")
     write_json(out / f"{name}.json", {"experiment": name, **result.metrics, "config": config})
     for step, row in enumerate(result.history, start=1):
         numbers = {k: float(v) for k, v in row.items() if isinstance(v, int | float)}

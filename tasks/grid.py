@@ -1,14 +1,16 @@
-"""A comparison grid's cells, run at the engine's own speed.
+"""A comparison grid's cells: each one the train stage's run with its extras off.
 
-A cell (method × attack × fraction × seed) is one federated training: the engine's rounds
-with nothing around them but what the grid's summary needs. What every cell of a grid
-shares is done once: the dataset is loaded once, and each distinct partition (seed and
-partition settings) is drawn once. Per cell there is one Prefect task, one MLflow child
-run (its params and tags when it starts; its per-round metrics, final metrics and two
-CSV reports when it ends), and ``rounds.csv``, ``exclusions.csv`` and ``metrics.json``
-under ``artifacts/compare/<cell>/reports/``; no pre-test, no figures and no per-round
-checkpoint (a cell is rerun, not resumed). The validation split is scored every round
-only when ``eval.select: best_val`` needs it.
+A cell (method × attack × fraction × seed) is one federated training through the same
+round loop, reports and final scoring as the pipeline's train and evaluate stages
+(:func:`tasks.training.train_federation`, :func:`tasks.training.write_reports`,
+:func:`tasks.evaluation.final_results`), with :data:`CELL_OUTPUTS`: no per-round
+checkpoint (a cell is rerun, not resumed), no figures, no model file. What every cell of
+a grid shares is done once: the dataset is loaded once, and each distinct partition
+(seed and partition settings) is drawn once. Per cell there is one Prefect task, one
+MLflow child run (its params and tags when it starts; its per-round metrics, final
+metrics and reports when it ends), and the reports under
+``artifacts/compare/<cell>/reports/``; no pre-test. The validation split is scored every
+round only when ``eval.select: best_val`` needs it.
 """
 
 from __future__ import annotations
@@ -26,18 +28,22 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from config.errors import RunHalted
+from config.params import AttackParams, Params
 from federated.data import MedMNISTData
-from federated.metrics import site_summary
-from federated.server import Federation, ServerState
-from fedsieve.config import Params
-from fedsieve.errors import RunHalted
 from tasks.data import data_root
-from tasks.evaluation import detection_totals, privacy_spent, rounds_to_target
+from tasks.evaluation import final_results
 from tasks.partition import Partition, split_partition
-from tasks.reports import write_csv, write_json
+from tasks.reports import ProjectPaths
 from tasks.stopping import RunStopped, stop_if_requested
 from tasks.tracking import Tracker, flatten_params, run_tags
-from tasks.training import federation_from_params, trail_columns
+from tasks.training import (
+    RunOutputs,
+    federation_from_params,
+    train_federation,
+    trained_model_noniid,
+    write_reports,
+)
 
 __all__ = [
     "Cell",
@@ -71,9 +77,10 @@ class Cell:
 
 def grid_cells(params: Params, workdir: Path) -> list[Cell]:
     """Every cell of the grid as validated params (cells never register models)."""
-    base = params.model_dump(mode="json")
-    base["data"]["root"] = str(data_root(params.data.root, workdir))  # cells live elsewhere
-    base["tracking"]["register_model"] = False
+    # the settings given, not every default: a default is not a setting a cell would ignore
+    base = params.model_dump(mode="json", exclude_unset=True)
+    base.setdefault("data", {})["root"] = str(data_root(params.data.root, workdir))
+    base.setdefault("tracking", {})["register_model"] = False  # cells live elsewhere
     cells = []
     grid = params.compare
     for attack in grid.attacks:
@@ -86,12 +93,18 @@ def grid_cells(params: Params, workdir: Path) -> list[Cell]:
                         aggregate=spec.aggregate.model_dump(mode="json"),
                         filters=[f.model_dump(mode="json") for f in spec.filters],
                         preaggregators=[p.model_dump(mode="json") for p in spec.preaggregators],
-                        attack={**attack.model_dump(mode="json"), "fraction": fraction},
+                        attack=cell_attack(attack, fraction),
                     )
                     cells.append(
                         Cell(method, attack.name, fraction, seed, Params.model_validate(child))
                     )
     return cells
+
+
+def cell_attack(attack: AttackParams, fraction: float) -> dict[str, Any]:
+    """A cell's attack settings: the grid's attack at ``fraction`` (none takes none)."""
+    settings = attack.model_dump(mode="json", exclude_unset=True)
+    return settings if attack.name == "none" else {**settings, "fraction": fraction}
 
 
 def partition_key(params: Params) -> str:
@@ -139,6 +152,11 @@ def cell_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# A cell is the train stage with its extras off: no per-round checkpoints (it is rerun, not
+# resumed), no figures, no model file, no per-round log lines (hundreds of cells at once).
+CELL_OUTPUTS = RunOutputs(checkpoints=False, figures=False, model_file=False, progress=False)
+
+
 @task(name="run-grid-cell", cache_policy=NO_CACHE)
 def run_grid_cell(
     cell: Cell,
@@ -147,8 +165,36 @@ def run_grid_cell(
     workdir: Path,
     parent_run_id: str | None,
 ) -> dict[str, Any]:
-    """Train one cell and write and log its results; its final metrics and accuracy per
-    round (what the grid's summary needs)."""
+    """Train one cell as the train stage does (the same round loop, reports and final
+    scoring, with :data:`CELL_OUTPUTS`); its final metrics and accuracy per round (what
+    the grid's summary needs)."""
+    params, paths = cell.params, ProjectPaths(workdir)
+    tracker = open_cell_run(cell, workdir, parent_run_id)
+    with tracker.ended_on_failure():
+        federation = federation_from_params(
+            params, data, parts.clients, parts.root, parts.local_tests,
+            validation_every_round=False,
+        )  # fmt: skip
+        state = train_federation(
+            federation, federation.initial_state(), params, tracker, None, CELL_OUTPUTS
+        )
+        model = federation.selected_model(state)
+        trained_noniid = trained_model_noniid(federation, model, params)
+        write_reports(paths, model, state, params, tracker, trained_noniid, CELL_OUTPUTS)
+        local_tests = parts.local_tests if any(len(t) for t in parts.local_tests) else None
+        run_info = {"rounds": state.round, "selected_round": state.selected_round}
+        results = final_results(
+            model, params, data, paths, local_tests, state.history, run_info, figures=False
+        )
+        tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
+        if state.halted is not None:  # fail closed: the cell, and so the grid, stops here
+            raise RunHalted(f"{cell.name}: {state.halted}")
+        tracker.end()
+    return {"metrics": results, "accuracy": [row["test_acc"] for row in state.history]}
+
+
+def open_cell_run(cell: Cell, workdir: Path, parent_run_id: str | None) -> Tracker:
+    """The cell's MLflow run, a named child of the grid's, with its params and tags."""
     params = cell.params
     tracker = Tracker(params.tracking.experiment)
     tags = run_tags(params, workdir) | {"cell": cell.name}
@@ -156,49 +202,7 @@ def run_grid_cell(
         tags["mlflow.parentRunId"] = parent_run_id
     tracker.start(run_id=None, run_name=cell.name, tags=tags)
     tracker.log_params(flatten_params(params.model_dump(mode="json")))
-    with tracker.ended_on_failure():
-        federation = federation_from_params(
-            params, data, parts.clients, parts.root, parts.local_tests,
-            validation_every_round=False,
-        )  # fmt: skip
-        state = federation.initial_state()
-        while state.round < params.train.rounds and state.halted is None:
-            if federation.budget_spent(state):  # the privacy budget: the cell ends cleanly
-                break
-            stop_if_requested()  # a cancelled or failed grid stops its cells between rounds
-            state, _ = federation.run_round(state)
-        results = cell_results(federation, state, params)
-        reports = workdir / "reports"
-        write_csv(reports / "rounds.csv", state.history)
-        write_csv(reports / "exclusions.csv", state.trail, columns=trail_columns(state.trail))
-        write_json(reports / "metrics.json", results)
-        tracker.log_history(state.history)
-        tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
-        for name in ("rounds.csv", "exclusions.csv"):
-            tracker.log_artifact(reports / name, "reports")
-        if state.halted is not None:  # fail closed: the cell, and so the grid, stops here
-            raise RunHalted(f"{cell.name}: {state.halted}")
-        tracker.end()
-    return {"metrics": results, "accuracy": [row["test_acc"] for row in state.history]}
-
-
-def cell_results(federation: Federation, state: ServerState, params: Params) -> dict[str, Any]:
-    """The cell's final numbers, with the keys of the pipeline's ``reports/metrics.json``."""
-    scores = federation.evaluate(state, "test", selected=True)
-    asr = federation.backdoor_asr(state, selected=True)
-    sites = federation.site_scores(federation.selected_model(state)) if federation.sites else []
-    return {
-        **{f"test_{k}": v for k, v in scores.items()},
-        **(site_summary(sites, params.eval.target_acc) if sites else {}),
-        **({} if asr is None else {"backdoor_asr": asr}),
-        "rounds": state.round,
-        "selected_round": state.selected_round,
-        "rounds_to_target": rounds_to_target(
-            state.history, params.eval.target_acc, params.eval.target_loss
-        ),
-        **detection_totals(state.history),
-        **privacy_spent(params, state.history),
-    }
+    return tracker
 
 
 WORKER_POLL_SECONDS = 2  # how often a dispatched cell's state is read
@@ -215,7 +219,7 @@ def run_cell_on_worker(
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
-    params = cell.params.model_dump(mode="json")
+    params = cell.params.model_dump(mode="json", exclude_unset=True)
     params["data"]["root"] = configured_data_root  # resolved on the worker, not here
     flow_run = run_deployment(
         deployment,

@@ -9,13 +9,13 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from config.params import Params
 from federated.partition import (
     build_partitioner,
     hold_out_local_tests,
     partition_report,
     split_off_root,
 )
-from fedsieve.config import Params
 from tasks.plots import plot_partition
 from tasks.reports import ProjectPaths, write_json, write_partition
 

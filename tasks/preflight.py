@@ -7,12 +7,11 @@ round. The rule and the filters are asked for their conditions by running them o
 synthetic round of that many random updates: a rule raises for a count it cannot take,
 in its own words. The same check runs from the CLI (before a flow starts), in every DVC
 stage and at the start of the pipeline flow (so a deployment run on a worker is checked
-too). A failure is one :class:`~fedsieve.errors.ConfigError` line.
+too). A failure is one :class:`~config.errors.ConfigError` line.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -23,23 +22,23 @@ from prefect.cache_policies import NO_CACHE
 
 from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
 from aggregation.preaggregators import preaggregate
+from config.errors import ConfigError
+from config.params import Params
 from federated.data import DataError, ensure_medmnist, load_medmnist
 from federated.partition import PartitionError
-from federated.registry import RegistryError
-from fedsieve.config import Params
-from fedsieve.errors import ConfigError
+from federated.seeding import clients_per_round
+from registry import RegistryError
 from tasks.data import data_root
 from tasks.partition import split_partition
 
-__all__ = ["check_params", "clients_per_round", "preflight"]
+__all__ = ["check_params", "preflight", "sampled_per_round"]
 
 PROBE_DIM = 8  # parameters of the synthetic updates a rule is probed with
 
 
-def clients_per_round(params: Params) -> int:
-    """``ceil(client_fraction * num_clients)``, at least one (as the server samples)."""
-    train, clients = params.train, params.partition.num_clients
-    return max(1, math.ceil(train.client_fraction * clients - 1e-9))
+def sampled_per_round(params: Params) -> int:
+    """The clients the server samples each round under ``params``."""
+    return clients_per_round(params.train.client_fraction, params.partition.num_clients)
 
 
 def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
@@ -59,7 +58,7 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
         )  # fmt: skip
     except (DataError, PartitionError, RegistryError) as error:
         raise ConfigError(f"{source}: {error}") from None
-    sampled = clients_per_round(params)
+    sampled = sampled_per_round(params)
     if params.train.min_clients > sampled:
         raise ConfigError(
             f"{source}: train.min_clients = {params.train.min_clients} but only {sampled} "

@@ -10,6 +10,7 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from config.params import Params
 from federated.client import client_gradient, train_client
 from federated.seeding import SHUFFLE, derive_seed
 from federated.server import Federation, ServerState
@@ -21,7 +22,6 @@ from federated.stats import (
     sample_coordinates,
 )
 from federated.vectors import layout_of
-from fedsieve.config import Params
 from tasks.plots_stats import pretest_figure
 from tasks.reports import ProjectPaths, write_json
 

@@ -42,8 +42,10 @@ def stoppable_runs() -> Iterator[None]:
         _stop_requested.reset(token)
 
 
-def stop_if_requested() -> None:
-    """Raise :class:`RunStopped` if the block that started this run asked it to stop."""
+def stop_if_requested() -> bool:
+    """Raise :class:`RunStopped` if the block that started this run asked it to stop;
+    False otherwise (the round loop's ``should_stop``: a stop is never a quiet one)."""
     requested = _stop_requested.get()
     if requested is not None and requested.is_set():
         raise RunStopped("stopped: the flow that started this run was cancelled or failed")
+    return False

@@ -22,9 +22,9 @@ from typing import Any, ClassVar, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from config.environment import DEFAULT_TRACKING_URI, tracking_uri
+from config.params import Params, params_hash, privacy_unaccounted
 from federated.data import dataset_info
-from fedsieve.config import Params, params_hash, privacy_unaccounted
-from fedsieve.env import DEFAULT_TRACKING_URI, tracking_uri
 from tasks.reports import ProjectPaths
 
 __all__ = [

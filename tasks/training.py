@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
 from aggregation import build_aggregator, build_filter, build_preaggregator
+from config.errors import RunHalted
+from config.params import Params, eval_batch_size, privacy_budget
 from federated.attacks import (
     Attack,
     Backdoor,
@@ -27,29 +29,36 @@ from federated.attacks import (
 from federated.backdoor_eval import triggered_test_set
 from federated.client import ClientData, LocalTraining
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
+from federated.loop import train
 from federated.seeding import seeded_init
 from federated.server import (
+    Defence,
+    EvaluationSets,
+    Execution,
     Federation,
     FederationConfig,
     NonIIDCheck,
     RoundReport,
     ServerState,
+    ThreatModel,
 )
-from fedsieve.config import Params, eval_batch_size, privacy_budget
-from fedsieve.errors import RunHalted
 from models import build_model
 from tasks.plots import plot_curves, plot_exclusion_heatmap, plot_sites
 from tasks.reports import ProjectPaths, write_csv, write_json
+from tasks.stopping import stop_if_requested
 from tasks.tracking import Tracker
 
 __all__ = [
     "TRAIL_COLUMNS",
     "RoundProgress",
+    "RunOutputs",
     "build_federation",
     "build_global_model",
+    "federation_config",
     "federation_from_params",
     "halt_if_bound_exceeded",
     "load_checkpoint",
+    "local_training",
     "malicious_clients",
     "record_budget_spent",
     "record_round",
@@ -57,8 +66,10 @@ __all__ = [
     "resumed_state",
     "run_attack",
     "save_checkpoint",
-    "train_round",
+    "train_federation",
+    "train_rounds",
     "trained_model_noniid",
+    "write_reports",
     "write_run_info",
     "write_training_reports",
 ]
@@ -213,60 +224,120 @@ def federation_from_params(
     data indices (FLTrust's reference), clean, held by no client; ``local_tests``: each
     client's local test split (per-site evaluation)."""
     device = resolve_device(params.train.device)
-    train = params.train
     val = to_tensors(data.val, data.info, device=device)
     test = to_tensors(data.test, data.info, device=device)
     attack = run_attack(params)
     return Federation(
         model=build_global_model(params, data.info).to(device),
         clients=_clients(params, data, parts, device, attack),
-        test=test,
-        rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
-        filters=[build_filter(f.name, **f.params()) for f in params.filters],
-        preaggregators=[build_preaggregator(p.name, **p.params()) for p in params.preaggregators],
-        root=_root_data(data, root, len(parts), device),
-        local=LocalTraining(
-            epochs=train.local_epochs,
-            lr=train.lr,
-            momentum=train.momentum,
-            weight_decay=train.weight_decay,
-            batch_size=train.batch_size,
-            prox_mu=train.prox_mu,
+        local=local_training(params),
+        config=federation_config(params),
+        defence=Defence(
+            rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
+            filters=tuple(build_filter(f.name, **f.params()) for f in params.filters),
+            preaggregators=tuple(
+                build_preaggregator(p.name, **p.params()) for p in params.preaggregators
+            ),
+            noniid=_noniid_check(params, data.info),
+            privacy=None if params.privacy.mode == "off" else privacy_budget(params),
+            root=_root_data(data, root, len(parts), device),
+            server_batch=val,  # Zeno's held-out batch
         ),
-        config=FederationConfig(
-            rounds=train.rounds,
-            client_fraction=train.client_fraction,
-            server_lr=train.server_lr,
-            min_clients=train.min_clients,
-            seed=params.seed,
-            eval_batch_size=eval_batch_size(params),
-            select=params.eval.select,
-            max_excluded=train.max_excluded,
-            site_every=params.eval.every,
-            target_acc=params.eval.target_acc,
+        threat=ThreatModel(
+            malicious=malicious_clients(params),
+            model_attack=attack if isinstance(attack, ModelAttack) else None,
+            backdoor_test=_backdoor_test(attack, test),
         ),
-        multi_label=data.info.multi_label,
-        malicious=malicious_clients(params),
-        model_attack=attack if isinstance(attack, ModelAttack) else None,
-        backdoor_test=_backdoor_test(attack, test),
-        noniid=_noniid_check(params, data.info),
-        server_batch=val,  # Zeno's held-out batch
-        # evaluated every round; eval.select=best_val picks the final model by it
-        val=val if validation_every_round or params.eval.select == "best_val" else None,
-        sites=_sites(data, local_tests, device),
-        privacy=None if params.privacy.mode == "off" else privacy_budget(params),
-        backend=train.backend,
-        max_parallel=train.max_parallel,
+        evaluation=EvaluationSets(
+            test=test,
+            # scored every round; eval.select=best_val picks the final model by it
+            val=val if validation_every_round or params.eval.select == "best_val" else None,
+            sites=tuple(_sites(data, local_tests, device)),
+            multi_label=data.info.multi_label,
+        ),
+        execution=Execution(backend=params.train.backend, max_parallel=params.train.max_parallel),
     )
 
 
-@task(name="train-round", cache_policy=NO_CACHE)
-def train_round(
+def local_training(params: Params) -> LocalTraining:
+    """The clients' local training settings (``train.*``)."""
+    train = params.train
+    return LocalTraining(
+        epochs=train.local_epochs,
+        lr=train.lr,
+        momentum=train.momentum,
+        weight_decay=train.weight_decay,
+        batch_size=train.batch_size,
+        prox_mu=train.prox_mu,
+    )
+
+
+def federation_config(params: Params) -> FederationConfig:
+    """The server's settings: rounds, sampling, the fail-closed bound, evaluation."""
+    train = params.train
+    return FederationConfig(
+        rounds=train.rounds,
+        client_fraction=train.client_fraction,
+        server_lr=train.server_lr,
+        min_clients=train.min_clients,
+        seed=params.seed,
+        eval_batch_size=eval_batch_size(params),
+        select=params.eval.select,
+        max_excluded=train.max_excluded,
+        site_every=params.eval.every,
+        target_acc=params.eval.target_acc,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutputs:
+    """What a training run writes besides its results. The pipeline's train stage writes
+    everything; a comparison cell is the same run with everything off (it is rerun, not
+    resumed, and only the grid's summary reads it)."""
+
+    checkpoints: bool = True  # track every round as it ends and checkpoint it (resumable)
+    figures: bool = True  # the training figures in reports/
+    model_file: bool = True  # the final weights (artifacts/model/model.pt)
+    progress: bool = True  # progress bars on a terminal and a log line per round
+
+
+def train_federation(
     federation: Federation,
     state: ServerState,
-    on_client: Callable[[int], None] | None = None,
-) -> tuple[ServerState, RoundReport]:
-    return federation.run_round(state, on_client=on_client)
+    params: Params,
+    tracker: Tracker,
+    checkpoint: tuple[Path, str] | None,
+    outputs: RunOutputs,
+) -> ServerState:
+    """The run's rounds through the engine's one round loop (:func:`federated.loop.train`),
+    stopped between rounds when the flow that started it was cancelled or failed. With
+    ``outputs.checkpoints`` each round is tracked and checkpointed (``checkpoint``: the
+    path and the params hash) as it ends; otherwise the rounds are tracked at the end."""
+    rounds = params.train.rounds
+    with RoundProgress(
+        rounds, state.round, federation.clients_per_round, enabled=outputs.progress
+    ) as progress:
+
+        def on_round(report: RoundReport, new_state: ServerState) -> None:
+            if outputs.checkpoints and checkpoint is not None:
+                record_round(tracker, report, new_state, *checkpoint)
+            progress.round_done(report)
+
+        state = train(
+            federation, state, rounds, on_round=on_round, should_stop=stop_if_requested,
+            on_client=progress.client_done,
+        )  # fmt: skip
+    if not outputs.checkpoints:
+        tracker.log_history(state.history)
+    record_budget_spent(tracker, federation.budget_spent(state) if state.round < rounds else None)
+    return state
+
+
+@task(name="train-rounds", cache_policy=NO_CACHE)
+def train_rounds(federation: Federation, state: ServerState, rounds: int) -> ServerState:
+    """Rounds up to ``rounds`` through the engine's round loop, untracked (the pre-test's
+    rounds before it looks at the updates)."""
+    return train(federation, state, rounds)
 
 
 def save_checkpoint(path: Path, *, state: ServerState, digest: str, run_id: str | None) -> None:
@@ -341,7 +412,7 @@ def trained_model_noniid(
 ) -> dict[str, Any] | None:
     """The paper's non-IID check (EMA, Algorithms 3-4) on the trained model, every client,
     when ``noniid.final`` asks for it (never for multi-label data, as the per-round one)."""
-    if not params.noniid.final or federation.noniid is None or len(federation.clients) < 2:
+    if not params.noniid.final or federation.defence.noniid is None or len(federation.clients) < 2:
         return None
     result = federation.trained_model_noniid(model, params.noniid.loss, params.noniid.threshold)
     ids = [str(client.client_id) for client in federation.clients]
@@ -381,39 +452,38 @@ def noniid_report(
     }
 
 
-@task(name="write-training-reports", cache_policy=NO_CACHE)
-def write_training_reports(
+def write_reports(
     paths: ProjectPaths, model: torch.nn.Module, state: ServerState, params: Params,
     tracker: Tracker, trained_noniid: dict[str, Any] | None = None,
+    outputs: RunOutputs = RunOutputs(),
 ) -> None:  # fmt: skip
     """The final model, the per-round table, the exclusion trail, the non-IID report (with
-    ``trained_noniid``, the trained model's check: :func:`trained_model_noniid`) and
-    their figures, each also logged to the run."""
-    paths.model.parent.mkdir(parents=True, exist_ok=True)
-    # contiguous: the file does not depend on the layout training used (federated.layout)
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    torch.save(weights, paths.model)
+    ``trained_noniid``, the trained model's check: :func:`trained_model_noniid`), the
+    per-site scores and (``outputs.figures``) their figures, each also logged to the run."""
+    if outputs.model_file:
+        paths.model.parent.mkdir(parents=True, exist_ok=True)
+        # contiguous: the file does not depend on the layout training used (federated.layout)
+        weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        torch.save(weights, paths.model)
     write_csv(paths.rounds, state.history)
     write_csv(paths.exclusions, state.trail, columns=trail_columns(state.trail))
     write_json(paths.noniid, noniid_report(state, params, trained_noniid))
     if trained_noniid is not None:
         tracker.log_metrics({"noniid_cv_trained": trained_noniid["cv"]})
-    plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
-    plot_curves(state.history, paths.curves)
     tracker.log_table(state.trail, "exclusions.json")
     # per-site evaluation, every scored round and site (a header and a note without it)
     write_csv(paths.sites, state.sites, columns=SITE_COLUMNS if not state.sites else None)
-    plot_sites(state.sites, paths.sites_plot)
-    for path in (
-        paths.rounds,
-        paths.exclusions,
-        paths.curves,
-        paths.exclusion_heatmap,
-        paths.noniid,
-        paths.sites,
-        paths.sites_plot,
-    ):
+    written = [paths.rounds, paths.exclusions, paths.noniid, paths.sites]
+    if outputs.figures:
+        plot_exclusion_heatmap(state.trail, paths.exclusion_heatmap)
+        plot_curves(state.history, paths.curves)
+        plot_sites(state.sites, paths.sites_plot)
+        written += [paths.curves, paths.exclusion_heatmap, paths.sites_plot]
+    for path in written:
         tracker.log_artifact(path, "reports")
+
+
+write_training_reports = task(name="write-training-reports", cache_policy=NO_CACHE)(write_reports)
 
 
 @task(name="write-run-info", cache_policy=NO_CACHE)
@@ -442,8 +512,11 @@ class RoundProgress:
     """Progress bars on a terminal (rounds, and clients within the round) and one log line
     per round."""
 
-    def __init__(self, rounds: int, done: int, clients_per_round: int) -> None:
-        on_terminal = sys.stderr.isatty()
+    def __init__(
+        self, rounds: int, done: int, clients_per_round: int, *, enabled: bool = True
+    ) -> None:
+        on_terminal = enabled and sys.stderr.isatty()
+        self.enabled = enabled
         self.rounds = rounds
         self.bar = tqdm(
             total=rounds, initial=done, desc="rounds", unit="round", disable=not on_terminal
@@ -464,6 +537,8 @@ class RoundProgress:
         self.clients.update(1)
 
     def round_done(self, report: RoundReport) -> None:
+        if not self.enabled:
+            return
         metrics = report.metrics
         self.clients.reset()
         self.bar.update(1)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-import copy
-import functools
-import http.server
-import os
-import shutil
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from config.environment import configure_environment
 
-import numpy as np
-import pytest
-import torch
+# As the CLI's entry does, before torch, Prefect or MLflow load: telemetry off, and the
+# pinned numerics (read once, when torch loads), so a test's in-process run and the
+# `fedsieve` command it starts give the same bits.
+configure_environment()
 
-from federated.client import ClientData
+import copy  # noqa: E402
+import functools  # noqa: E402
+import http.server  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from federated.client import ClientData  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

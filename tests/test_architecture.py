@@ -27,7 +27,10 @@ def test_the_import_contracts_are_kept():
 LIBRARIES = ("torch", "prefect", "mlflow")
 # the one module allowed private torch names, and why: its docstring and README
 PRIVATE_ALLOWED = {REPO / "federated" / "foreach_sgd.py"}
-PACKAGES = ("fedsieve", "flows", "tasks", "federated", "aggregation", "models", "benchmarks")
+PACKAGES = (
+    "fedsieve", "flows", "tasks", "config", "federated", "aggregation", "models", "registry",
+    "benchmarks",
+)  # fmt: skip
 
 
 def private_uses(path: Path) -> list[str]:
@@ -88,3 +91,48 @@ def test_the_one_module_with_private_names_uses_only_the_foreach_kernels():
     }
 
     assert used and used <= set(FOREACH_KERNELS), used
+
+
+ENGINE_AND_SHELL = ("federated", "aggregation", "models", "registry", "config", "tasks", "flows")
+
+
+def private_project_imports(path: Path) -> list[str]:
+    """``from <project package> import _name`` (or ``import x._y``): what a benchmark may
+    not rely on, since only the public APIs are kept stable."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+            ENGINE_AND_SHELL
+        ):
+            names = [*(node.module or "").split("."), *(alias.name for alias in node.names)]
+            if any(name.startswith("_") and not name.endswith("__") for name in names):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_benchmarks_use_only_the_public_engine_and_tasks_apis():
+    sources = [p for p in (REPO / "benchmarks").rglob("*.py") if ".venv" not in str(p)]
+
+    used = [hit for path in sources for hit in private_project_imports(path)]
+
+    assert sources and not used, used
+
+
+def test_ruff_keeps_the_code_clean_and_functions_within_their_size_limits():
+    """ruff's lint rules (pyproject.toml), with pylint's PLR0913 / PLR0915 size limits."""
+    ruff = Path(sys.executable).with_name("ruff")
+
+    checked = subprocess.run(
+        [str(ruff), "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True
+    )
+    formatted = subprocess.run(
+        [str(ruff), "format", "--check", "--no-cache", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+
+    assert checked.returncode == 0, checked.stdout[-4000:]
+    assert formatted.returncode == 0, formatted.stdout[-4000:]

@@ -228,80 +228,22 @@ class PIDMADE(Filter):
         weights: Tensor | None = None,
     ) -> tuple[FilterDecision, State]:
         check_updates(updates, weights)
-        ids = [int(i) for i in client_ids]
-        n = updates.shape[0]
-        if len(ids) != n:
-            raise ValueError(f"client_ids has {len(ids)} ids for {n} update rows")
-        if len(set(ids)) != n:
-            raise ValueError(f"client_ids must be distinct, got {ids}")
-        history: dict[int, dict[str, Any]] = state["history"]
-        banned_set = set(state["banned"])
-        f64 = torch.float64
-
-        # A non-finite entry anywhere makes the column mean non-finite: one O(d) check on
-        # the mean spares the O(n·d) row scan in the common, all-finite case.
-        mean_all: Tensor | None = _mean_rows(updates)
-        if bool(torch.isfinite(mean_all).all()):
-            finite = torch.ones(n, dtype=torch.bool)
-        else:
-            finite, mean_all = _row_finite(updates).cpu(), None
-        banned = torch.tensor([i in banned_set for i in ids], dtype=torch.bool)
+        ids = _distinct_ids(client_ids, updates.shape[0])
+        banned_ids = set(state["banned"])
+        banned = torch.tensor([i in banned_ids for i in ids], dtype=torch.bool)
+        distance, finite = self._distances(updates, banned)
         active = finite & ~banned
-
-        distance = torch.full((n,), math.nan, dtype=f64)
-        if bool(active.any()):
-            center = self._centroid(updates, active, mean_all if bool(active.all()) else None)
-            distance = _row_distances(updates, center).to("cpu", f64)
-            if not bool(torch.isfinite(distance[finite]).all()):  # overflow in low precision
-                distance = _row_distances(updates, center, acc_dtype=f64).to("cpu")
-            # a finite row whose distance still overflows is treated as non-finite
-            finite &= torch.isfinite(distance)
-            active = finite & ~banned
-            distance[~finite] = math.nan
-
-        seen = torch.tensor([i in history for i in ids], dtype=torch.bool)
-        integral = torch.tensor(
-            [history[i]["integral"] if i in history else 0.0 for i in ids], dtype=f64
-        )
-        last = torch.tensor(
-            [history[i]["last"] if i in history else math.nan for i in ids], dtype=f64
-        )
-        last = torch.where(seen, last, distance)  # first observation: D_{t-1} := D_t
-
-        p_term = self.kp * distance
-        i_term = self.ki * integral
-        d_term = self.kd * (distance - last)
+        p_term, i_term, d_term = self._pid_terms(state["history"], ids, distance)
         scores = p_term + i_term + d_term
 
         tau: float | None = None
         note = ""
-        exclude = torch.zeros(n, dtype=torch.bool)
-        m = int(active.sum())
-        if m > 0:
+        exclude = torch.zeros(len(ids), dtype=torch.bool)
+        if bool(active.any()):
             tau, note = self._threshold(scores[active], int(state["round"]) + 1)
             exclude = active & (scores > tau + _TIE_RTOL * abs(tau))
-        keep = active & ~exclude
-
-        new_history = dict(history)
-        for row, i in enumerate(ids):
-            if bool(finite[row]):
-                old = history.get(i, {"integral": 0.0, "rounds": 0})
-                d = float(distance[row])
-                new_history[i] = {
-                    "integral": float(old["integral"]) + d,
-                    "last": d,
-                    "rounds": int(old["rounds"]) + 1,
-                }
-        new_banned = set(banned_set)
-        if self.exclusion == "permanent":
-            new_banned.update(i for i, x in zip(ids, exclude.tolist(), strict=True) if x)
-        new_state: State = {
-            "round": int(state["round"]) + 1,
-            "history": new_history,
-            "banned": sorted(new_banned),
-        }
         decision = FilterDecision(
-            keep=keep.to(updates.device),
+            keep=(active & ~exclude).to(updates.device),
             reason="pid_made",
             scores=scores,
             threshold=tau,
@@ -314,7 +256,61 @@ class PIDMADE(Filter):
                 "banned": banned,
             },
         )
-        return decision, new_state
+        return decision, self._next_state(state, ids, distance, finite, exclude)
+
+    def _distances(self, updates: Tensor, banned: Tensor) -> tuple[Tensor, Tensor]:
+        """``D`` per row (float64 on the CPU, ``nan`` where not finite) from the centroid of
+        the finite rows that are not banned, and which rows are finite (bool ``(n,)``)."""
+        n = updates.shape[0]
+        finite, mean_all = _finite_rows(updates)
+        active = finite & ~banned
+        distance = torch.full((n,), math.nan, dtype=torch.float64)
+        if not bool(active.any()):
+            return distance, finite
+        center = self._centroid(updates, active, mean_all if bool(active.all()) else None)
+        distance = _row_distances(updates, center).to("cpu", torch.float64)
+        if not bool(torch.isfinite(distance[finite]).all()):  # overflow in low precision
+            distance = _row_distances(updates, center, acc_dtype=torch.float64).to("cpu")
+        # a finite row whose distance still overflows is treated as non-finite
+        finite &= torch.isfinite(distance)
+        distance[~finite] = math.nan
+        return distance, finite
+
+    def _pid_terms(
+        self, history: dict[int, dict[str, Any]], ids: list[int], distance: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The P, I and D terms per row: this round's ``distance`` against each id's
+        history (a first observation has integral 0 and ``D_{t-1} := D_t``)."""
+        seen = torch.tensor([i in history for i in ids], dtype=torch.bool)
+        integral = torch.tensor(
+            [history[i]["integral"] if i in history else 0.0 for i in ids], dtype=torch.float64
+        )
+        last = torch.tensor(
+            [history[i]["last"] if i in history else math.nan for i in ids], dtype=torch.float64
+        )
+        last = torch.where(seen, last, distance)  # first observation: D_{t-1} := D_t
+        return self.kp * distance, self.ki * integral, self.kd * (distance - last)
+
+    def _next_state(
+        self, state: State, ids: list[int], distance: Tensor, finite: Tensor, exclude: Tensor
+    ) -> State:
+        """The state after this round: the finite rows' distances join their ids' history
+        (excluded or not); excluded ids are banned when exclusion is permanent."""
+        history: dict[int, dict[str, Any]] = state["history"]
+        new_history = dict(history)
+        for row, i in enumerate(ids):
+            if bool(finite[row]):
+                old = history.get(i, {"integral": 0.0, "rounds": 0})
+                d = float(distance[row])
+                new_history[i] = {
+                    "integral": float(old["integral"]) + d,
+                    "last": d,
+                    "rounds": int(old["rounds"]) + 1,
+                }
+        banned = set(state["banned"])
+        if self.exclusion == "permanent":
+            banned.update(i for i, x in zip(ids, exclude.tolist(), strict=True) if x)
+        return {"round": int(state["round"]) + 1, "history": new_history, "banned": sorted(banned)}
 
     def _threshold(self, u: Tensor, round_number: int) -> tuple[float, str]:
         """τ over the round's scores ``u`` and a note naming the rule and why."""
@@ -353,6 +349,26 @@ class PIDMADE(Filter):
         if self.centroid == "mean":
             return mean
         return _weiszfeld(rows, max_iter=self.gm_max_iter, tol=self.gm_tol, init=mean)
+
+
+def _distinct_ids(client_ids: Sequence[int], n: int) -> list[int]:
+    """``client_ids`` as ints, checked: one per update row, no duplicates."""
+    ids = [int(i) for i in client_ids]
+    if len(ids) != n:
+        raise ValueError(f"client_ids has {len(ids)} ids for {n} update rows")
+    if len(set(ids)) != n:
+        raise ValueError(f"client_ids must be distinct, got {ids}")
+    return ids
+
+
+def _finite_rows(updates: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Bool ``(n,)`` on the CPU: rows without ``nan``/``inf``; and the mean of the rows when
+    all are finite. A non-finite entry anywhere makes the column mean non-finite: one O(d)
+    check on the mean spares the O(n·d) row scan in the common, all-finite case."""
+    mean_all = _mean_rows(updates)
+    if bool(torch.isfinite(mean_all).all()):
+        return torch.ones(updates.shape[0], dtype=torch.bool), mean_all
+    return _row_finite(updates).cpu(), None
 
 
 def _mean_rows(points: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from federated.attacks.base import Attack
-from federated.registry import Registry
+from registry import Registry
 
 __all__ = ["ATTACKS", "build_attack", "list_attacks", "register_attack"]
 

@@ -1,11 +1,16 @@
-"""The FedStNN paper's three experiments (Sec. 5): data generators and runners.
+"""The FedStNN paper's three experiments (Sec. 5): data generators and one runner.
 
-Each runner takes a frozen config dataclass (sizes, rounds, epochs, lr, seed, device) and
-returns an :class:`ExperimentResult`: plain metrics, per-round history, the trained global
-and local models and matplotlib Figures. Nothing here writes files, seeds global RNGs or
-reads params; ``seed`` drives one ``numpy.random.Generator`` for the data and
-``torch.Generator`` objects for the model and the noise. matplotlib and Pillow are
-imported only where figures or the letter image are made.
+An experiment is its frozen config dataclass: the settings (sizes, rounds, epochs, lr,
+seed, device) plus what differs between experiments: its data and targets
+(``make_data``), the clients trained alone for comparison (``local_clients``), the
+per-round tracking (``round_tracker``) and the final metrics (``evaluate``). One runner,
+:func:`run_config`, does the rest (federation, stand-alone local models, predictions) and
+returns an :class:`ExperimentResult` of plain values: metrics, per-round history, the
+trained models, the data and every model's predictions as numpy arrays; the figures are
+drawn from them in the tasks layer (``tasks/plots_fedstnn.py``). Nothing here writes
+files, draws, seeds global RNGs or reads params; ``seed`` drives one
+``numpy.random.Generator`` for the data and ``torch.Generator`` objects for the model and
+the noise. Pillow is imported only where the letter image is made.
 
 Choices where the extracted text lost the numbers (the paper's words quoted):
 
@@ -61,11 +66,13 @@ for the global model and each group's local model. ``local_*`` is the local mode
 
 from __future__ import annotations
 
+import abc
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -80,18 +87,19 @@ from federated.fedstnn.train import (
 )
 from models.snn import SNN, SNNConfig
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
 __all__ = [
     "EXPERIMENTS",
     "GAUSSIAN_2SIGMA_COVERAGE",
     "TRAINERS",
     "ExperimentConfig",
+    "ExperimentData",
     "ExperimentResult",
     "Function1DConfig",
     "Function2DConfig",
     "ImageConfig",
+    "Prediction",
+    "RegressionConfig",
+    "RoundTracker",
     "experiment_config",
     "function_1d",
     "function_2d",
@@ -103,21 +111,62 @@ __all__ = [
     "predict_chunked",
     "regression_metrics",
     "render_letters",
+    "run_config",
     "run_experiment",
-    "run_function_1d",
-    "run_function_2d",
-    "run_image",
     "segmentation_metrics",
     "top_k_binary",
 ]
+
+# ``on_round(round, global_model)``: metrics for that round's history entry
+RoundTracker = Callable[[int, SNN], dict[str, float]]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ExperimentData:
+    """An experiment's points as plain arrays: what the clients hold, what the models are
+    scored against and what the figures draw. ``n`` points, ``in_dim`` input features."""
+
+    inputs: np.ndarray  # (n, in_dim): 1-D x; 2-D (x, y); image (column, row) in [-1, 1]
+    truth: np.ndarray  # (n,) the noiseless target (the image: each pixel's colour)
+    observed: np.ndarray  # (n,) the targets the clients hold (truth + noise; image: truth)
+    point_groups: np.ndarray  # (n,) each point's group: interval, quadrant, letter (IID: 0)
+    indices: list[np.ndarray]  # per client, the indices of its points
+    groups: np.ndarray  # (n_clients,) each client's group
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Prediction:
+    """One trained model on every point of the data, over ``eval_paths`` paths."""
+
+    mean: np.ndarray  # (n,) mean output
+    std: np.ndarray  # (n,) standard deviation of the output (the predicted σ)
+    sample: np.ndarray  # (n,) the output of one sampled path
+
+
+@dataclass(eq=False)
+class ExperimentResult:
+    """What :func:`run_config` returns; the caller logs it (MLflow) and draws its figures."""
+
+    name: str
+    metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    global_model: SNN
+    local_models: dict[str, SNN]  # the clients trained alone, by key (``local_clients``)
+    data: ExperimentData
+    predictions: dict[str, Prediction]  # "global", then each key of ``local_models``
+    config: ExperimentConfig
 
 
 # ---------------------------------------------------------------- configs
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExperimentConfig:
-    """Settings shared by the three experiments (federation, local training, model, eval)."""
+class ExperimentConfig(abc.ABC):
+    """Settings shared by the three experiments (federation, local training, model, eval);
+    each experiment's subclass adds its own and defines its data and metrics."""
 
     # federation
     n_clients: int = 100  # clients in total
@@ -150,7 +199,6 @@ class ExperimentConfig:
     # evaluation and reproducibility
     eval_paths: int = 256  # K paths when evaluating the trained models
     track_rounds: bool = True  # evaluate the global model after every round (history)
-    figures: bool = True  # build matplotlib figures
     seed: int = 0
     device: str = "cpu"
 
@@ -201,9 +249,49 @@ class ExperimentConfig:
             fourier_features=self.fourier_features,
         )
 
+    @abc.abstractmethod
+    def make_data(self, rng: np.random.Generator) -> ExperimentData:
+        """The points, their targets and the clients' shares, drawn from ``rng``."""
+
+    @abc.abstractmethod
+    def local_clients(self, data: ExperimentData) -> dict[str, int]:
+        """The clients trained alone beside the federation: result key -> client index."""
+
+    @abc.abstractmethod
+    def round_tracker(self, data: ExperimentData, x: Tensor) -> RoundTracker | None:
+        """Per-round metrics of the global model (None: ``track_rounds`` is off);
+        ``x (n, in_dim)`` is ``data.inputs`` as a tensor on the device."""
+
+    @abc.abstractmethod
+    def evaluate(
+        self, data: ExperimentData, predictions: Mapping[str, Prediction]
+    ) -> dict[str, float]:
+        """The final metrics of every trained model, from its predictions."""
+
 
 @dataclass(frozen=True, kw_only=True)
-class Function1DConfig(ExperimentConfig):
+class RegressionConfig(ExperimentConfig):
+    """A regression experiment (Sec. 5.1-5.2): one client's stand-alone model beside the
+    global one, and the per-round fit of the global model on the noisy points."""
+
+    local_client: int = 0  # the client whose stand-alone model is shown beside the global
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.local_client < self.n_clients:
+            raise ValueError(
+                f"local_client must be in [0, {self.n_clients}), got {self.local_client}"
+            )
+
+    def local_clients(self, data: ExperimentData) -> dict[str, int]:
+        return {f"client_{self.local_client}": self.local_client}
+
+    def round_tracker(self, data: ExperimentData, x: Tensor) -> RoundTracker | None:
+        return _regression_tracker(self, data, x)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Function1DConfig(RegressionConfig):
     """Sec. 5.1: ``y = sin(2πx) + σ ε`` on 10,000 points of ``[-1, 1]``."""
 
     n_points: int = 10_000  # grid points on [x_min, x_max]
@@ -214,7 +302,6 @@ class Function1DConfig(ExperimentConfig):
     n_groups: int = 10  # non-IID: client groups = data groups (consecutive intervals)
     main_points: int = 100  # IID: points per client; non-IID: from the client's own group
     other_points: int = 10  # non-IID: points from the other groups (0 for IID)
-    local_client: int = 0  # the client whose stand-alone model is shown beside the global
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -222,14 +309,40 @@ class Function1DConfig(ExperimentConfig):
             raise ValueError(f"partition must be 'iid' or 'noniid', got {self.partition!r}")
         if not self.noise_sigma > 0:
             raise ValueError(f"noise_sigma must be > 0, got {self.noise_sigma}")
-        if not 0 <= self.local_client < self.n_clients:
-            raise ValueError(
-                f"local_client must be in [0, {self.n_clients}), got {self.local_client}"
+
+    def make_data(self, rng: np.random.Generator) -> ExperimentData:
+        """The noisy grid; IID: each client draws ``main_points`` anywhere; non-IID:
+        ``n_groups`` consecutive intervals, one per client group."""
+        x, f, y = make_function_1d_data(self, rng)
+        if self.partition == "iid":
+            point_groups = np.zeros(self.n_points, dtype=np.int64)
+            indices = partition_iid(self.n_points, self.n_clients, self.main_points, rng)
+            groups = np.zeros(self.n_clients, dtype=np.int64)
+        else:
+            point_groups = np.arange(self.n_points) * self.n_groups // self.n_points
+            indices, groups = partition_grouped(
+                point_groups, self.n_clients, self.main_points, self.other_points, rng
             )
+        return ExperimentData(
+            inputs=x.reshape(-1, 1),
+            truth=f,
+            observed=y,
+            point_groups=point_groups,
+            indices=indices,
+            groups=groups,
+        )
+
+    def evaluate(
+        self, data: ExperimentData, predictions: Mapping[str, Prediction]
+    ) -> dict[str, float]:
+        def score(p: Prediction) -> dict[str, float]:
+            return regression_metrics(p.mean, p.std, data.truth, data.observed, self.noise_sigma)
+
+        return _global_and_local(predictions, score)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Function2DConfig(ExperimentConfig):
+class Function2DConfig(RegressionConfig):
     """Sec. 5.2: the piecewise :func:`function_2d` on a grid of ``[-1, 1]^2``, 4 groups."""
 
     n_clients: int = 40  # 4 groups of 10
@@ -238,7 +351,6 @@ class Function2DConfig(ExperimentConfig):
     noise_sigma: float = 0.1
     main_points: int = 200  # per client, from its group's quadrant
     other_points: int = 30  # per client, from the other three quadrants together
-    local_client: int = 0
     slice_y: float = 0.5  # the fixed y of the first slice plot
     slice_x: float = -0.5  # the fixed x of the second slice plot
 
@@ -246,6 +358,37 @@ class Function2DConfig(ExperimentConfig):
         super().__post_init__()
         if not self.noise_sigma > 0:
             raise ValueError(f"noise_sigma must be > 0, got {self.noise_sigma}")
+
+    def make_data(self, rng: np.random.Generator) -> ExperimentData:
+        """The noisy grid; one client group per quadrant."""
+        inputs, f, y = make_function_2d_data(self, rng)
+        point_groups = quadrant(inputs[:, 0], inputs[:, 1])
+        indices, groups = partition_grouped(
+            point_groups, self.n_clients, self.main_points, self.other_points, rng
+        )
+        return ExperimentData(
+            inputs=inputs,
+            truth=f,
+            observed=y,
+            point_groups=point_groups,
+            indices=indices,
+            groups=groups,
+        )
+
+    def evaluate(
+        self, data: ExperimentData, predictions: Mapping[str, Prediction]
+    ) -> dict[str, float]:
+        """The 1-D metrics plus the MSE per quadrant and near / away from the jumps."""
+
+        def score(p: Prediction) -> dict[str, float]:
+            sigma = self.noise_sigma
+            return (
+                regression_metrics(p.mean, p.std, data.truth, data.observed, sigma)
+                | _quadrant_mse(p.mean, data)
+                | _jump_mse_over_sigma2(p.mean, data, sigma)
+            )
+
+        return _global_and_local(predictions, score)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,18 +419,58 @@ class ImageConfig(ExperimentConfig):
                 f"width {self.width} must be divisible by len(text) = {len(self.text)}"
             )
 
+    def make_data(self, rng: np.random.Generator) -> ExperimentData:
+        """The letter image (no noise); one client group per letter's section."""
+        position, colour, section = make_image_data(self)
+        indices, groups = partition_grouped(
+            section, self.n_clients, self.main_points, self.other_points, rng
+        )
+        return ExperimentData(
+            inputs=position,
+            truth=colour,
+            observed=colour,
+            point_groups=section,
+            indices=indices,
+            groups=groups,
+        )
 
-@dataclass
-class ExperimentResult:
-    """What a runner returns; the caller logs it (MLflow) and saves figures."""
+    def local_clients(self, data: ExperimentData) -> dict[str, int]:
+        """The first client of each group ("client 1, 11, and 21")."""
+        return {
+            f"group_{g}_{letter}": int(np.flatnonzero(data.groups == g)[0])
+            for g, letter in enumerate(self.text)
+        }
 
-    name: str
-    metrics: dict[str, float]
-    history: list[dict[str, Any]]
-    global_model: SNN
-    local_models: dict[str, SNN]
-    figures: dict[str, Figure]
-    config: ExperimentConfig
+    def round_tracker(self, data: ExperimentData, x: Tensor) -> RoundTracker | None:
+        """The global model's IoU after top-K on every pixel (32 paths)."""
+        if not self.track_rounds:
+            return None
+        n_white = int(data.truth.sum())
+        generator = torch.Generator(device=self.device).manual_seed(self.seed + 2)
+
+        def on_round(_: int, net: SNN) -> dict[str, float]:
+            mean, _s, _k = predict_chunked(net, x, n_paths=32, generator=generator)
+            binary = top_k_binary(mean[:, 0].cpu().numpy(), n_white)
+            return {"global_iou": segmentation_metrics(binary, data.truth)["iou"]}
+
+        return on_round
+
+    def evaluate(
+        self, data: ExperimentData, predictions: Mapping[str, Prediction]
+    ) -> dict[str, float]:
+        """Accuracy, IoU and mean σ̂ of each model after top-K (K: the true white pixels),
+        and the global model's IoU margin over the best local model."""
+        n_white = int(data.truth.sum())
+        metrics: dict[str, float] = {"white_pixels": float(n_white)}
+        for key, prediction in predictions.items():
+            binary = top_k_binary(prediction.mean, n_white)
+            for name, value in segmentation_metrics(binary, data.truth).items():
+                metrics[f"{key}_{name}"] = value
+            # torch's float32 mean: numpy's pairwise sum can differ in the last bit
+            metrics[f"{key}_sigma_pred"] = float(torch.from_numpy(prediction.std).mean())
+        best_local = max(metrics[f"{key}_iou"] for key in predictions if key != "global")
+        metrics["iou_margin_over_best_local"] = metrics["global_iou"] - best_local
+        return metrics
 
 
 # ---------------------------------------------------------------- data
@@ -499,28 +682,18 @@ def segmentation_metrics(predicted: np.ndarray, truth: np.ndarray) -> dict[str, 
     }
 
 
-# ---------------------------------------------------------------- runners
+# ---------------------------------------------------------------- regression metrics
 
 
-def _setup(
-    config: ExperimentConfig, in_dim: int
-) -> tuple[np.random.Generator, SNN, torch.Generator]:
-    """Data RNG, the common initial model, and the evaluation generator, all from ``seed``."""
-    rng = np.random.default_rng(np.random.SeedSequence([config.seed, 0xDA7A]))
-    init = torch.Generator().manual_seed(config.seed)
-    model = SNN(config.model_config(in_dim, 1), generator=init).to(config.device)
-    evaluation = torch.Generator(device=config.device).manual_seed(config.seed + 1)
-    return rng, model, evaluation
-
-
-def _tracker(
-    x: Tensor, truth: np.ndarray, sigma: float, config: ExperimentConfig
-) -> Callable[[int, SNN], dict[str, float]] | None:
-    """Per-round global metrics on a subsample (cheap: 32 paths, at most 2,000 points)."""
+def _regression_tracker(
+    config: Function1DConfig | Function2DConfig, data: ExperimentData, x: Tensor
+) -> RoundTracker | None:
+    """Per-round global MSE and mean σ̂ on a subsample (cheap: 32 paths, at most 2,000
+    points); None if ``config.track_rounds`` is off."""
     if not config.track_rounds:
         return None
     step = max(1, x.shape[0] // 2000)
-    xs, ts = x[::step], truth[::step]
+    xs, ts = x[::step], data.truth[::step]
     generator = torch.Generator(device=config.device).manual_seed(config.seed + 2)
 
     def on_round(_: int, model: SNN) -> dict[str, float]:
@@ -531,184 +704,88 @@ def _tracker(
     return on_round
 
 
-def run_function_1d(config: Function1DConfig) -> ExperimentResult:
-    """Sec. 5.1, IID or non-IID: FedStNN on the noisy 1-D function."""
-    rng, model, evaluation = _setup(config, in_dim=1)
-    x, f, y = make_function_1d_data(config, rng)
-    if config.partition == "iid":
-        indices = partition_iid(config.n_points, config.n_clients, config.main_points, rng)
-        groups = np.zeros(config.n_clients, dtype=np.int64)
-    else:
-        point_groups = np.arange(config.n_points) * config.n_groups // config.n_points
-        indices, groups = partition_grouped(
-            point_groups, config.n_clients, config.main_points, config.other_points, rng
-        )
-    clients = _clients(x, y, indices, groups, config.device)
-    x_all = torch.as_tensor(x, dtype=torch.float32, device=config.device).reshape(-1, 1)
-    federation = config.federation()
-
-    initial = SNN(model.config).to(config.device)
-    initial.load_state_dict(model.state_dict())
-    result = run_federation(
-        model,
-        clients,
-        federation,
-        seed=config.seed,
-        on_round=_tracker(x_all, f, config.noise_sigma, config),
-    )
-    local = train_standalone(
-        initial,
-        clients[config.local_client],
-        federation,
-        seed=config.seed,
-        client=config.local_client,
-    )
-
+def _global_and_local(
+    predictions: Mapping[str, Prediction], score: Callable[[Prediction], dict[str, float]]
+) -> dict[str, float]:
+    """``score`` of the global model, then of the (one) local model with its keys
+    prefixed ``local_``."""
     metrics: dict[str, float] = {}
-    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for prefix, net in (("", result.model), ("local_", local)):
-        mean, std, _ = predict_chunked(net, x_all, n_paths=config.eval_paths, generator=evaluation)
-        m, s = mean[:, 0].cpu().numpy(), std[:, 0].cpu().numpy()
-        predictions[prefix] = (m, s)
-        for key, value in regression_metrics(m, s, f, y, config.noise_sigma).items():
-            metrics[prefix + key] = value
-    name = (
-        "1d_iid"
-        if config.partition == "iid"
-        else f"1d_noniid_{config.main_points + config.other_points}"
-    )
-    figures = _figures_1d(config, x, f, y, indices, groups, predictions) if config.figures else {}
-    return ExperimentResult(
-        name=name,
-        metrics=metrics,
-        history=result.history,
-        global_model=result.model,
-        local_models={f"client_{config.local_client}": local},
-        figures=figures,
-        config=config,
-    )
+    for key, prediction in predictions.items():
+        prefix = "" if key == "global" else "local_"
+        metrics.update({prefix + name: value for name, value in score(prediction).items()})
+    return metrics
+
+
+def _quadrant_mse(mean: np.ndarray, data: ExperimentData) -> dict[str, float]:
+    """2-D: the MSE of ``mean (n,)`` to the truth in each quadrant (``data.point_groups``)."""
+    metrics: dict[str, float] = {}
+    for q in range(4):
+        inside = data.point_groups == q
+        metrics[f"mse_quadrant_{q + 1}"] = float(np.mean((mean[inside] - data.truth[inside]) ** 2))
+    return metrics
 
 
 JUMP_BAND = 0.1  # 2-D: points this close to an axis are "near the jumps" (10 % of a side)
 
 
-def run_function_2d(config: Function2DConfig) -> ExperimentResult:
-    """Sec. 5.2: FedStNN on the piecewise 2-D function, one client group per quadrant."""
-    rng, model, evaluation = _setup(config, in_dim=2)
-    inputs, f, y = make_function_2d_data(config, rng)
-    point_groups = quadrant(inputs[:, 0], inputs[:, 1])
-    indices, groups = partition_grouped(
-        point_groups, config.n_clients, config.main_points, config.other_points, rng
-    )
-    clients = _clients(inputs, y, indices, groups, config.device)
-    x_all = torch.as_tensor(inputs, dtype=torch.float32, device=config.device)
-    federation = config.federation()
-
-    initial = SNN(model.config).to(config.device)
-    initial.load_state_dict(model.state_dict())
-    result = run_federation(
-        model,
-        clients,
-        federation,
-        seed=config.seed,
-        on_round=_tracker(x_all, f, config.noise_sigma, config),
-    )
-    local = train_standalone(
-        initial,
-        clients[config.local_client],
-        federation,
-        seed=config.seed,
-        client=config.local_client,
-    )
-
+def _jump_mse_over_sigma2(mean: np.ndarray, data: ExperimentData, sigma: float) -> dict[str, float]:
+    """2-D: where the error is, MSE / σ² within :data:`JUMP_BAND` of an axis (the jumps)
+    and away from them."""
+    inputs, truth = data.inputs, data.truth
+    near = (np.abs(inputs[:, 0]) < JUMP_BAND) | (np.abs(inputs[:, 1]) < JUMP_BAND)
     metrics: dict[str, float] = {}
-    predictions: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for prefix, net in (("", result.model), ("local_", local)):
-        mean, std, samples = predict_chunked(
-            net, x_all, n_paths=config.eval_paths, generator=evaluation, keep_samples=1
-        )
-        m, s = mean[:, 0].cpu().numpy(), std[:, 0].cpu().numpy()
-        predictions[prefix] = (m, s, samples[0, :, 0].cpu().numpy())
-        for key, value in regression_metrics(m, s, f, y, config.noise_sigma).items():
-            metrics[prefix + key] = value
-        for q in range(4):
-            inside = point_groups == q
-            metrics[f"{prefix}mse_quadrant_{q + 1}"] = float(np.mean((m[inside] - f[inside]) ** 2))
-        # where the error is: within JUMP_BAND of an axis (the jumps) or away from them
-        near = (np.abs(inputs[:, 0]) < JUMP_BAND) | (np.abs(inputs[:, 1]) < JUMP_BAND)
-        for where, mask in (("near_jumps", near), ("away_from_jumps", ~near)):
-            mse = float(np.mean((m[mask] - f[mask]) ** 2))
-            metrics[f"{prefix}mse_over_sigma2_{where}"] = mse / config.noise_sigma**2
-    figures = _figures_2d(config, inputs, f, y, predictions) if config.figures else {}
-    return ExperimentResult(
-        name="2d",
-        metrics=metrics,
-        history=result.history,
-        global_model=result.model,
-        local_models={f"client_{config.local_client}": local},
-        figures=figures,
-        config=config,
+    for where, mask in (("near_jumps", near), ("away_from_jumps", ~near)):
+        mse = float(np.mean((mean[mask] - truth[mask]) ** 2))
+        metrics[f"mse_over_sigma2_{where}"] = mse / sigma**2
+    return metrics
+
+
+# ---------------------------------------------------------------- the runner
+
+
+def _predict(model: SNN, x: Tensor, *, n_paths: int, generator: torch.Generator) -> Prediction:
+    """``model``'s first output on ``x (n, in_dim)`` over ``n_paths`` paths, as arrays."""
+    mean, std, samples = predict_chunked(
+        model, x, n_paths=n_paths, generator=generator, keep_samples=1
+    )
+    return Prediction(
+        mean=mean[:, 0].cpu().numpy(),
+        std=std[:, 0].cpu().numpy(),
+        sample=samples[0, :, 0].cpu().numpy(),
     )
 
 
-def run_image(config: ImageConfig) -> ExperimentResult:
-    """Sec. 5.3: FedStNN on a binary letter image, one client group per letter; the
-    global model vs the first client of each group trained alone."""
-    rng, model, evaluation = _setup(config, in_dim=2)
-    position, colour, section = make_image_data(config)
-    indices, groups = partition_grouped(
-        section, config.n_clients, config.main_points, config.other_points, rng
-    )
-    clients = _clients(position, colour, indices, groups, config.device)
-    x_all = torch.as_tensor(position, dtype=torch.float32, device=config.device)
+def run_config(config: ExperimentConfig, *, name: str) -> ExperimentResult:
+    """Run one experiment: its data, FedStNN from a common initial model, the
+    ``local_clients`` trained alone from the same model, and every model's predictions
+    on all points and metrics (``config.evaluate``)."""
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, 0xDA7A]))
+    data = config.make_data(rng)
+    clients = _clients(data.inputs, data.observed, data.indices, data.groups, config.device)
+    x = torch.as_tensor(data.inputs, dtype=torch.float32, device=config.device)  # (n, in_dim)
+    init = torch.Generator().manual_seed(config.seed)
+    model = SNN(config.model_config(x.shape[1], 1), generator=init).to(config.device)
+    initial = copy.deepcopy(model)
     federation = config.federation()
-    n_white = int(colour.sum())
-
-    initial = SNN(model.config).to(config.device)
-    initial.load_state_dict(model.state_dict())
-    on_round = None
-    if config.track_rounds:
-        generator = torch.Generator(device=config.device).manual_seed(config.seed + 2)
-
-        def on_round(_: int, net: SNN) -> dict[str, float]:
-            mean, _s, _k = predict_chunked(net, x_all, n_paths=32, generator=generator)
-            binary = top_k_binary(mean[:, 0].cpu().numpy(), n_white)
-            return {"global_iou": segmentation_metrics(binary, colour)["iou"]}
-
+    on_round = config.round_tracker(data, x)
     result = run_federation(model, clients, federation, seed=config.seed, on_round=on_round)
-    first_of_group = [int(np.flatnonzero(groups == g)[0]) for g in range(len(config.text))]
-    locals_ = {
-        f"group_{g}_{config.text[g]}": train_standalone(
-            initial, clients[c], federation, seed=config.seed, client=c
-        )
-        for g, c in enumerate(first_of_group)
+    local_models = {
+        key: train_standalone(initial, clients[c], federation, seed=config.seed, client=c)
+        for key, c in config.local_clients(data).items()
     }
-
-    metrics: dict[str, float] = {"white_pixels": float(n_white)}
-    images: dict[str, np.ndarray] = {}
-    for key, net in {"global": result.model, **locals_}.items():
-        mean, std, _ = predict_chunked(net, x_all, n_paths=config.eval_paths, generator=evaluation)
-        binary = top_k_binary(mean[:, 0].cpu().numpy(), n_white)
-        images[key] = binary.reshape(config.height, config.width)
-        for name, value in segmentation_metrics(binary, colour).items():
-            metrics[f"{key}_{name}"] = value
-        metrics[f"{key}_sigma_pred"] = float(std.mean())
-    best_local = max(metrics[f"{k}_iou"] for k in locals_)
-    metrics["iou_margin_over_best_local"] = metrics["global_iou"] - best_local
-    figures = (
-        _figures_image(
-            config, colour.reshape(config.height, config.width), images, position, indices
-        )
-        if config.figures
-        else {}
-    )
+    evaluation = torch.Generator(device=config.device).manual_seed(config.seed + 1)
+    predictions = {
+        key: _predict(net, x, n_paths=config.eval_paths, generator=evaluation)
+        for key, net in {"global": result.model, **local_models}.items()
+    }
     return ExperimentResult(
-        name="image",
-        metrics=metrics,
+        name=name,
+        metrics=config.evaluate(data, predictions),
         history=result.history,
         global_model=result.model,
-        local_models=locals_,
-        figures=figures,
+        local_models=local_models,
+        data=data,
+        predictions=predictions,
         config=config,
     )
 
@@ -760,134 +837,4 @@ def experiment_config(name: str, **overrides: Any) -> ExperimentConfig:
 
 def run_experiment(name: str, **overrides: Any) -> ExperimentResult:
     """Run the preset ``name`` (a key of :data:`EXPERIMENTS`) with field ``overrides``."""
-    config = experiment_config(name, **overrides)
-    if isinstance(config, Function1DConfig):
-        result = run_function_1d(config)
-    elif isinstance(config, Function2DConfig):
-        result = run_function_2d(config)
-    else:
-        assert isinstance(config, ImageConfig)
-        result = run_image(config)
-    result.name = name
-    return result
-
-
-# ---------------------------------------------------------------- figures
-
-
-def _figures_1d(
-    config: Function1DConfig,
-    x: np.ndarray,
-    f: np.ndarray,
-    y: np.ndarray,
-    indices: list[np.ndarray],
-    groups: np.ndarray,
-    predictions: Mapping[str, tuple[np.ndarray, np.ndarray]],
-) -> dict[str, Figure]:
-    from matplotlib.figure import Figure
-
-    data = Figure(figsize=(10, 3.5), layout="constrained")
-    ax = data.subplots()
-    ax.scatter(x, y, s=1, color="0.6", alpha=0.3, label="observations")
-    ax.plot(x, f, color="tab:red", lw=1.5, label="true f")
-    shown = [0, config.n_clients // 4] if config.n_clients > 1 else [0]
-    for c in shown:
-        ax.scatter(x[indices[c]], y[indices[c]], s=8, label=f"client {c} (group {groups[c]})")
-    ax.set(xlabel="x", ylabel="y", title=f"data ({config.partition})")
-    ax.legend(loc="upper right", fontsize=8, markerscale=2)
-
-    fit = Figure(figsize=(12, 4), layout="constrained")
-    axes = fit.subplots(1, 2, sharey=True)
-    titles = {"": "global model", "local_": f"local model (client {config.local_client}, alone)"}
-    for ax, (prefix, (m, s)) in zip(axes, predictions.items(), strict=True):
-        ax.scatter(x, y, s=1, color="tab:purple", alpha=0.15, label="observations")
-        ax.plot(x, f, color="tab:red", lw=1.2, label="true f")
-        ax.plot(x, m, color="tab:blue", lw=1.2, label="predicted mean")
-        ax.fill_between(x, m - 2 * s, m + 2 * s, color="tab:blue", alpha=0.25, label="mean ± 2σ̂")
-        if prefix == "local_":
-            own = indices[config.local_client]
-            ax.scatter(x[own], y[own], s=6, color="black", label="its data")
-        ax.set(xlabel="x", title=titles[prefix])
-        ax.legend(loc="upper right", fontsize=8)
-    axes[0].set_ylabel("y")
-    return {"data": data, "fit": fit}
-
-
-def _figures_2d(
-    config: Function2DConfig,
-    inputs: np.ndarray,
-    f: np.ndarray,
-    y: np.ndarray,
-    predictions: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-) -> dict[str, Figure]:
-    from matplotlib.figure import Figure
-
-    g = config.grid
-    axis = np.linspace(-1.0, 1.0, g)
-    mean, std, sample = predictions[""]
-    surfaces = Figure(figsize=(14, 3.6), layout="constrained")
-    panels = {
-        "true f": f,
-        "observations": y,
-        "global mean": mean,
-        "|mean - f|": np.abs(mean - f),
-        "global σ̂": std,
-    }
-    for ax, (title, values) in zip(surfaces.subplots(1, len(panels)), panels.items(), strict=True):
-        image = ax.imshow(
-            values.reshape(g, g), origin="lower", extent=(-1, 1, -1, 1), cmap="viridis"
-        )
-        ax.set_title(title)
-        surfaces.colorbar(image, ax=ax, shrink=0.8)
-
-    slices = Figure(figsize=(12, 4), layout="constrained")
-    row = int(np.argmin(np.abs(axis - config.slice_y)))
-    col = int(np.argmin(np.abs(axis - config.slice_x)))
-    cuts = {
-        f"y = {axis[row]:.2f}": (np.arange(g) + row * g, inputs[:, 0], "x"),
-        f"x = {axis[col]:.2f}": (np.arange(g) * g + col, inputs[:, 1], "y"),
-    }
-    sigma = config.noise_sigma
-    for ax, (title, (idx, coord, label)) in zip(slices.subplots(1, 2), cuts.items(), strict=True):
-        t = coord[idx]
-        ax.plot(t, f[idx], color="tab:green", lw=1.5, label="true f")
-        ax.fill_between(
-            t, f[idx] - 2 * sigma, f[idx] + 2 * sigma, color="tab:green", alpha=0.2, label="f ± 2σ"
-        )
-        ax.scatter(t, y[idx], s=8, color="tab:red", label="observations")
-        ax.scatter(t, sample[idx], s=8, color="black", label="global model samples")
-        ax.plot(t, mean[idx], color="tab:blue", lw=1, label="global mean")
-        ax.set(xlabel=label, title=title)
-        ax.legend(fontsize=8)
-    return {"surfaces": surfaces, "slices": slices}
-
-
-def _figures_image(
-    config: ImageConfig,
-    truth: np.ndarray,
-    images: Mapping[str, np.ndarray],
-    position: np.ndarray,
-    indices: list[np.ndarray],
-) -> dict[str, Figure]:
-    from matplotlib.figure import Figure
-
-    panels = {"true image": truth, **images}
-    recon = Figure(figsize=(3.2 * len(panels), 2.0), layout="constrained")
-    for ax, (title, image) in zip(recon.subplots(1, len(panels)), panels.items(), strict=True):
-        ax.imshow(image, cmap="gray", vmin=0, vmax=1)
-        ax.set_title(title, fontsize=9)
-        ax.set_axis_off()
-
-    data = Figure(figsize=(8, 3), layout="constrained")
-    ax = data.subplots()
-    ax.imshow(truth, cmap="gray", vmin=0, vmax=1, alpha=0.4)
-    per_group = config.n_clients // len(config.text)
-    for g in range(len(config.text)):
-        own = indices[g * per_group]
-        cols = (position[own, 0] + 1) / 2 * (config.width - 1)
-        rows = (position[own, 1] + 1) / 2 * (config.height - 1)
-        ax.scatter(cols, rows, s=4, label=f"client {g * per_group} ({config.text[g]})")
-    ax.set_title("pixels held by the first client of each group")
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_axis_off()
-    return {"reconstruction": recon, "data": data}
+    return run_config(experiment_config(name, **overrides), name=name)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from federated.registry import Registry
+from registry import Registry
 
 __all__ = [
     "LOSSES",

@@ -18,7 +18,7 @@ from hypothesis.extra.numpy import arrays
 from torch import Tensor
 
 from aggregation import build_aggregator, drop_non_finite, list_aggregators
-from federated.registry import RegistryError
+from registry import RegistryError
 
 N, D, F = 11, 16, 2
 PARAMS: dict[str, dict[str, Any]] = {

@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from aggregation import build_aggregator
-from federated.registry import RegistryError
+from registry import RegistryError
 
 
 def test_docstring_example() -> None:

@@ -13,7 +13,7 @@ from federated.client import ClientData, LocalTraining
 from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
 from federated.seeding import seeded_init
-from federated.server import Federation, FederationConfig
+from federated.server import Defence, EvaluationSets, Federation, FederationConfig, ThreatModel
 from models import build_model
 
 
@@ -139,12 +139,11 @@ def test_end_to_end_one_backdoored_client_of_five_plants_the_backdoor(
             0, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=8, hidden=32)
         ),
         clients=clients,
-        test=(test_images, test_targets),
-        rule=build_aggregator("fedavg"),
         local=LocalTraining(lr=0.05, batch_size=16, epochs=2),
         config=FederationConfig(rounds=10, seed=0),
-        malicious=frozenset({0}),
-        model_attack=attack,
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=(test_images, test_targets)),
+        threat=ThreatModel(malicious=frozenset({0}), model_attack=attack),
     )
     state = federation.initial_state()
     for _ in range(10):

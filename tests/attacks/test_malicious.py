@@ -14,7 +14,7 @@ from federated.attacks import (
     list_attacks,
     malicious_mask,
 )
-from federated.registry import RegistryError
+from registry import RegistryError
 
 
 @pytest.mark.parametrize(("n", "fraction", "size"), [(20, 0.2, 4), (10, 0.25, 3), (7, 0.0, 0)])

@@ -27,7 +27,7 @@ from federated.data import load_medmnist, to_tensors
 from federated.metrics import loss_function
 from federated.partition import build_partitioner
 from federated.seeding import seeded_init
-from federated.server import Federation, FederationConfig
+from federated.server import Defence, EvaluationSets, Execution, Federation, FederationConfig
 from federated.vectors import layout_of, model_to_vector
 from models import build_model
 
@@ -208,12 +208,11 @@ def federation(medmnist_root, backend: str, *, broken_client=None) -> Federation
     return Federation(
         model=model,
         clients=clients,
-        test=to_tensors(data.test, data.info),
-        rule=build_aggregator("fedavg"),
         local=LocalTraining(lr=0.05, momentum=0.9, batch_size=32, prox_mu=0.01),
         config=FederationConfig(rounds=2, seed=0),
-        backend=backend,  # type: ignore[arg-type]
-        max_parallel=2,
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
+        execution=Execution(backend=backend, max_parallel=2),  # type: ignore[arg-type]
     )
 
 
@@ -253,17 +252,17 @@ def test_backend_choice_is_validated_and_auto_falls_back_for_unsupported_models(
     settings = {
         "model": nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(4, 2)),
         "clients": [ClientData(0, images, targets)],
-        "test": (images, targets),
-        "rule": build_aggregator("fedavg"),
         "local": LocalTraining(),
         "config": FederationConfig(rounds=1),
+        "defence": Defence(rule=build_aggregator("fedavg")),
+        "evaluation": EvaluationSets(test=(images, targets)),
     }
 
-    assert not Federation(**settings, backend="auto").batched
+    assert not Federation(**settings, execution=Execution(backend="auto")).batched
     with pytest.raises(ValueError, match="cannot train this model: 1 is a dropout layer"):
-        Federation(**settings, backend="batched")
+        Federation(**settings, execution=Execution(backend="batched"))
     with pytest.raises(ValueError, match="backend must be one of"):
-        Federation(**settings, backend="vectorised")  # type: ignore[arg-type]
+        Execution(backend="vectorised")  # type: ignore[arg-type]
 
 
 def test_cpu_federation_trains_channels_last_weights_and_reads_them_in_logical_order(

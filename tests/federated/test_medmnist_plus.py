@@ -6,9 +6,9 @@ and registered under a test-only md5 table (the ``breastmnist_64`` fixture, conf
 import pytest
 import torch
 
+from config.params import ConfigError, eval_batch_size, validate_params
 from federated.batched import auto_max_parallel
 from federated.data import DataError, dataset_info, ensure_medmnist, file_md5, load_medmnist
-from fedsieve.config import ConfigError, eval_batch_size, validate_params
 from models import build_model
 from tasks.data import data_root, ensure_dataset
 

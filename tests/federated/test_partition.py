@@ -8,7 +8,7 @@ from federated.partition import (
     list_partitioners,
     partition_report,
 )
-from federated.registry import RegistryError
+from registry import RegistryError
 
 LABELS = np.random.default_rng(0).integers(0, 5, size=2000)
 SCHEMES = {

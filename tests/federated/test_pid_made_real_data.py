@@ -3,8 +3,9 @@ fifth of them flipping every label, 10 rounds) on scikit-learn's handwritten dig
 
 from __future__ import annotations
 
+from config.params import Params
 from federated.data import load_digits
-from fedsieve.config import Params
+from federated.loop import train
 from tasks.partition import split_partition
 from tasks.training import federation_from_params
 
@@ -24,16 +25,14 @@ def test_the_defaults_ban_every_label_flipper_early_and_no_honest_client() -> No
     data = load_digits()
     parts, root, _ = split_partition(data.train.targets, "iid", 20, params.seed, {}, 0)
     federation = federation_from_params(params, data, parts, root, validation_every_round=False)
-    state = federation.initial_state()
-    while state.round < params.train.rounds:
-        state, _ = federation.run_round(state)
+    state = train(federation, federation.initial_state(), params.train.rounds)
 
     banned_in = {
         row["client"]: row["round"]
         for row in reversed(state.trail)
         if row["excluded"] and row["reason"] == "pid_made"
     }
-    assert set(banned_in) == set(federation.malicious) and len(banned_in) == 4
+    assert set(banned_in) == set(federation.threat.malicious) and len(banned_in) == 4
     assert max(banned_in.values()) <= 3
     pid_notes = {row["message"] for row in state.trail if row["reason"] == "pid_made"}
     assert any(note.startswith("robust threshold median") for note in pid_notes)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
+from config.params import ConfigError, params_warnings, validate_params
 from federated.privacy import ClientPrivacy
-from fedsieve.config import ConfigError, params_warnings, validate_params
 
 
 def _privacy(clients=4, per_round=4, **settings):

@@ -1,4 +1,5 @@
 import io
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,29 +11,49 @@ from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
 from federated.privacy import ClientPrivacy
 from federated.seeding import seeded_init
-from federated.server import Federation, FederationConfig, ServerState
+from federated.server import (
+    Defence,
+    EvaluationSets,
+    Federation,
+    FederationConfig,
+    ServerState,
+    ThreatModel,
+)
 from federated.vectors import model_to_vector
 from models import build_model
 
 
-def make_federation(medmnist_root, *, rounds=2, num_clients=4, seed=0, **overrides):
+def make_federation(
+    medmnist_root, *, rounds=2, num_clients=4, seed=0, edit_clients=None, **overrides
+):
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("iid")(data.train.targets, num_clients, seed=seed)
     clients = [ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)]
+    if edit_clients is not None:  # e.g. a broken client in place of a good one
+        edit_clients(clients)
     model = seeded_init(
         seed, lambda: build_model("small_cnn", in_channels=1, num_classes=2, width=8, hidden=16)
     )
-    settings = {
-        "model": model,
-        "clients": clients,
-        "test": to_tensors(data.test, data.info),
-        "rule": build_aggregator("fedavg"),
-        "local": LocalTraining(lr=0.05, batch_size=64),
-        "config": FederationConfig(rounds=rounds, seed=seed),
-    }
-    settings.update(overrides)
-    return Federation(**settings)
+    defence = {"rule": build_aggregator("fedavg")}
+    evaluation = {"test": to_tensors(data.test, data.info)}
+    threat = {}
+    for key, value in overrides.items():  # each override goes to the part that holds it
+        if key in ("rule", "filters", "preaggregators", "noniid", "privacy", "root"):
+            defence[key] = value
+        elif key in ("val", "sites"):
+            evaluation[key] = value
+        elif key in ("malicious", "model_attack", "backdoor_test"):
+            threat[key] = value
+    return Federation(
+        model=model,
+        clients=clients,
+        local=LocalTraining(lr=0.05, batch_size=64),
+        config=overrides.get("config", FederationConfig(rounds=rounds, seed=seed)),
+        defence=Defence(**defence),
+        evaluation=EvaluationSets(**evaluation),
+        threat=ThreatModel(**threat),
+    )
 
 
 def run(federation, rounds):
@@ -86,8 +107,10 @@ def test_client_sampling_is_seeded_and_takes_the_fraction(medmnist_root):
 
 
 def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root, broken_client):
-    federation = make_federation(medmnist_root)
-    federation.clients[1] = broken_client(1, federation.clients[0])
+    def break_client_1(clients):
+        clients[1] = broken_client(1, clients[0])
+
+    federation = make_federation(medmnist_root, edit_clients=break_client_1)
 
     state, report = federation.run_round(federation.initial_state())
 
@@ -169,8 +192,17 @@ def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
     client = federation.clients[3]
     with torch.no_grad():
         predicted = federation.global_model(state)(client.images).argmax(dim=1)
-    federation.clients[3] = ClientData(3, client.images, 1 - predicted)
-    federation.noniid = NonIIDCheck(every=1, threshold=0.25, exclude=True, z=1.5)
+    clients = [*federation.clients[:3], ClientData(3, client.images, 1 - predicted)]
+    federation = Federation(
+        model=federation.model,
+        clients=clients + federation.clients[4:],
+        local=federation.local,
+        config=federation.config,
+        defence=replace(
+            federation.defence, noniid=NonIIDCheck(every=1, threshold=0.25, exclude=True, z=1.5)
+        ),
+        evaluation=federation.evaluation,
+    )
 
     state, report = federation.run_round(state)
 
@@ -203,8 +235,10 @@ def test_the_trained_model_check_scores_every_client_as_the_paper_does(medmnist_
 
 
 def test_on_client_is_called_once_for_every_sampled_client(medmnist_root, broken_client):
-    federation = make_federation(medmnist_root, num_clients=4)
-    federation.clients[2] = broken_client(2, federation.clients[0])
+    def break_client_2(clients):
+        clients[2] = broken_client(2, clients[0])
+
+    federation = make_federation(medmnist_root, num_clients=4, edit_clients=break_client_2)
     seen = []
 
     _, report = federation.run_round(federation.initial_state(), on_client=seen.append)
@@ -381,7 +415,7 @@ def test_every_site_is_scored_every_site_every_rounds_and_in_the_last(medmnist_r
     last = [row for row in state.sites if row["round"] == 3]
     model = federation.global_model(state)
     for row in last:  # each row is the model's own score on that site's split
-        images, targets = federation.sites[row["site"]]
+        images, targets = federation.evaluation.sites[row["site"]]
         assert row["n"] == len(targets)
         assert row["acc"] == pytest.approx(
             (model(images).argmax(1) == targets).float().mean().item()
@@ -399,7 +433,7 @@ def test_every_site_is_scored_every_site_every_rounds_and_in_the_last(medmnist_r
 def test_sites_must_match_the_clients(medmnist_root):
     federation = make_federation(medmnist_root)
     with pytest.raises(ValueError, match="one local test split per client"):
-        make_federation(medmnist_root, sites=[federation.test])
+        make_federation(medmnist_root, sites=[federation.evaluation.test])
 
 
 def _privacy(clients=4, per_round=4, **settings):

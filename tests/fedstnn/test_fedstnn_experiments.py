@@ -1,19 +1,23 @@
-"""Experiment data generators, metrics and tiny end-to-end runs of each runner."""
+"""Experiment data generators, metrics and tiny end-to-end runs of each experiment."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-from matplotlib.figure import Figure
 
 from federated.fedstnn.experiments import (
     EXPERIMENTS,
     ImageConfig,
+    experiment_config,
     function_2d,
     partition_grouped,
     partition_iid,
     regression_metrics,
     render_letters,
+    run_config,
     run_experiment,
     segmentation_metrics,
     top_k_binary,
@@ -84,32 +88,51 @@ def test_presets_cover_the_issue():
     assert set(EXPERIMENTS) == {"1d_iid", "1d_noniid_110", "1d_noniid_60", "2d", "image"}
 
 
-def test_run_1d_noniid_tiny_with_figures():
-    result = run_experiment(
-        "1d_noniid_60",
-        n_points=500,
-        n_clients=10,
-        n_groups=5,
-        main_points=20,
-        other_points=5,
-        **FAST,
-    )
+TINY_1D = {"n_points": 500, "n_clients": 10, "n_groups": 5, "main_points": 20, "other_points": 5}
+
+
+def test_run_1d_noniid_tiny_returns_plain_arrays():
+    result = run_experiment("1d_noniid_60", **TINY_1D, **FAST)
 
     assert result.name == "1d_noniid_60"
     assert {"mse", "sigma_rel_error", "coverage_2sigma", "local_mse"} <= result.metrics.keys()
     assert all(np.isfinite(v) for v in result.metrics.values())
-    assert set(result.figures) == {"data", "fit"}
-    assert all(isinstance(f, Figure) for f in result.figures.values())
+    assert result.data.inputs.shape == (500, 1) and result.data.truth.shape == (500,)
+    assert [idx.size for idx in result.data.indices] == [25] * 10
+    assert list(result.predictions) == ["global", "client_0"]
+    for prediction in result.predictions.values():
+        assert isinstance(prediction.mean, np.ndarray) and prediction.mean.shape == (500,)
+        assert prediction.std.shape == prediction.sample.shape == (500,)
     assert len(result.history) == 1 and "global_mse" in result.history[0]
 
 
-def test_run_2d_tiny():
-    result = run_experiment(
-        "2d", grid=20, n_clients=4, main_points=20, other_points=6, figures=False, **FAST
+def test_the_same_seed_gives_the_same_numbers():
+    config = experiment_config("1d_noniid_60", **TINY_1D, **FAST)
+
+    first, second = run_config(config, name="a"), run_config(config, name="b")
+
+    assert first.metrics == second.metrics
+    assert np.array_equal(first.predictions["global"].sample, second.predictions["global"].sample)
+
+
+def test_the_engine_draws_no_figures():
+    code = (
+        "import sys; from federated.fedstnn.experiments import run_experiment; "
+        "run_experiment('2d', grid=10, n_clients=4, main_points=5, other_points=2, rounds=0); "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'"
     )
 
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_run_2d_tiny():
+    result = run_experiment("2d", grid=20, n_clients=4, main_points=20, other_points=6, **FAST)
+
     assert {"mse", "mse_quadrant_1", "local_mse_quadrant_4"} <= result.metrics.keys()
-    assert result.figures == {}
+    assert result.data.inputs.shape == (400, 2)
+    assert set(result.data.point_groups.tolist()) == {0, 1, 2, 3}  # the quadrants
     m = result.metrics
     near, away = m["mse_over_sigma2_near_jumps"], m["mse_over_sigma2_away_from_jumps"]
     share = 1 - 0.8**2  # the grid's share within 0.1 of an axis: 36 %
@@ -131,7 +154,8 @@ def test_run_image_tiny():
 
     assert {"global_iou", "group_0_F_iou", "group_2_U_accuracy"} <= result.metrics.keys()
     assert set(result.local_models) == {"group_0_F", "group_1_S", "group_2_U"}
-    assert set(result.figures) == {"reconstruction", "data"}
+    assert list(result.predictions) == ["global", "group_0_F", "group_1_S", "group_2_U"]
+    assert result.data.truth.shape == (16 * 48,)
 
 
 def test_image_config_validates_sections():
@@ -143,7 +167,6 @@ def test_image_config_validates_sections():
 def test_each_trainer_reduces_the_loss_and_keeps_the_diffusion_positive(trainer):
     import torch
 
-    from federated.fedstnn.experiments import experiment_config
     from federated.fedstnn.losses import build_loss
     from federated.fedstnn.train import ClientData, train_local
     from models.snn import SNN
@@ -166,8 +189,6 @@ def test_each_trainer_reduces_the_loss_and_keeps_the_diffusion_positive(trainer)
 
 
 def test_the_smp_trainer_is_the_papers_recipe_and_overrides_win():
-    from federated.fedstnn.experiments import experiment_config
-
     smp = experiment_config("2d", trainer="smp")
     tuned = experiment_config("2d", trainer="smp", lr=0.01)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from federated.fedstnn.losses import build_loss, list_losses
-from federated.registry import RegistryError
+from registry import RegistryError
 
 
 def _gaussian_samples(scale: float, k: int = 32, b: int = 4000) -> torch.Tensor:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from fedsieve.config import load_params
+from config.params import load_params
 from flows.compare import compare_flow
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from fedsieve.errors import ConfigError
+from config.errors import ConfigError
 from flows.deployment import pipeline_from_file
 
 pytestmark = pytest.mark.e2e

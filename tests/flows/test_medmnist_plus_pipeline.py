@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from fedsieve.config import load_params
+from config.params import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow

@@ -21,8 +21,8 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
+from config.params import load_params
 from federated.data import dataset_info, load_medmnist, to_tensors
-from fedsieve.config import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
@@ -87,7 +87,14 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert 0 <= metrics["test_ece"] <= 1 and 0 <= metrics["test_brier"] <= 1  # calibration
     trained = noniid["trained_model"]  # the paper's check: the trained model, every client
     assert trained["verdict"] in ("iid", "non_iid") and len(trained["client_losses"]) == 3
+    run = assert_the_run_is_tracked(project, metrics, trained)
+    assert_every_site_is_scored(project, metrics, run)
+    assert_the_registered_model_is_the_saved_one(params, metrics, saved, run)
 
+
+def assert_the_run_is_tracked(project, metrics, trained):
+    """The MLflow run of a 2-round pipeline: params, tags, metrics by round, reports,
+    dataset inputs."""
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
     assert run.info.run_name == "breastmnist-fedavg" and run.info.status == "FINISHED"
@@ -113,7 +120,14 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert inputs[("breastmnist", "train")] == dataset_info("breastmnist").md5
     partition = project / "artifacts" / "partition" / "clients.npz"
     assert inputs[("partition", "partition")] == hashlib.md5(partition.read_bytes()).hexdigest()
-    # per-site evaluation: every site's local test split, every round, and the final model
+    return run
+
+
+def assert_every_site_is_scored(project, metrics, run):
+    """Per-site evaluation: every site's local test split, every round, and the final
+    model, in reports/ and in the MLflow run."""
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "reports")}
     sites = json.loads((project / "reports" / "sites.json").read_text())
     partition_report = json.loads((project / "reports" / "partition.json").read_text())
     held = [c["local_test"] for c in partition_report["clients"]]
@@ -129,9 +143,12 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     assert "site_acc_worst" in run.data.metrics and "final_site_acc_worst" in run.data.metrics
     assert {"reports/sites.csv", "reports/sites.png", "reports/sites.json"} <= artifacts
     assert "sites.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def assert_the_registered_model_is_the_saved_one(params, metrics, saved, run):
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     [version] = client.search_model_versions("name='fedsieve-breastmnist'")
     assert version.run_id == run.info.run_id
-
     # what a user does next: load the registered model and predict with it (the safe pt2
     # format: MLflow refuses to load pickled models unless told to); it is the saved model
     data = load_medmnist(params.data.dataset, Path(os.environ["MEDMNIST_ROOT"]))
@@ -250,7 +267,10 @@ def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, d
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, repo / name)
-    for folder in ("federated", "aggregation", "models", "tasks", "flows", "fedsieve", ".dvc"):
+    for folder in (
+        "federated", "aggregation", "models", "registry", "tasks", "flows", "config", "fedsieve",
+        ".dvc",
+    ):  # fmt: skip
         shutil.copytree(
             REPO / folder,
             repo / folder,

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from federated.registry import RegistryError
 from federated.seeding import seeded_init
 from federated.vectors import layout_of, model_to_vector, vector_to_model_
 from models import build_model, list_models
+from registry import RegistryError
 
 IMAGE_MODELS = ["logreg", "resnet18", "resnet34", "resnet50", "small_cnn"]
 

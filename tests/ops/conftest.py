@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from fedsieve.env import TELEMETRY_OFF
+from config.environment import TELEMETRY_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

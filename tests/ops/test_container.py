@@ -206,7 +206,7 @@ def test_both_servers_store_their_state_in_one_postgresql_with_a_database_each(c
 
 
 def test_the_stack_fails_fast_as_the_cli_does_when_tracking_is_away(compose):
-    from fedsieve.env import MLFLOW_HTTP_FAIL_FAST
+    from config.environment import MLFLOW_HTTP_FAIL_FAST
 
     worker = compose["services"]["worker"]["environment"]
     for key, value in MLFLOW_HTTP_FAIL_FAST.items():

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from mlflow import MlflowClient
 
+from config.params import load_params
 from fedsieve import ops as fedsieve_ops
 from fedsieve.cli import main
-from fedsieve.config import load_params
 
 TINY = [
     "partition.num_clients=3",
@@ -241,19 +241,14 @@ def cancel_a_dispatched_grid(
     return poll("the cancelled cells' runs to stop", final_states, timeout=120)
 
 
-@pytest.mark.e2e
-def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
-    project, prefect_api, processes, ops
-):
+def create_process_work_pool(env: dict[str, str]) -> None:
+    """= `prefect work-pool create fedsieve --type process` (in-process: no CLI start-up)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.workers.process import ProcessWorker
 
-    env = dict(prefect_api)
     connected = temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]})
-    # = `prefect work-pool create fedsieve --type process` (in-process: no CLI start-up)
     with connected, get_client(sync_client=True) as client:
         client.create_work_pool(
             WorkPoolCreate(
@@ -263,6 +258,17 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
             ),
             overwrite=True,
         )
+
+
+@pytest.mark.e2e
+def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
+    project, prefect_api, processes, ops
+):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    env = dict(prefect_api)
+    create_process_work_pool(env)
     tracking = f"sqlite:///{project / 'mlflow.db'}"
     worker = processes.start(  # starts up while the deployment is made
         [str(ops.bin / "prefect"), "worker", "start", "--pool", "fedsieve", "--limit", "2"],

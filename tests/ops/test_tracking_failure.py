@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from fedsieve.config import load_params
-from fedsieve.env import MLFLOW_HTTP_FAIL_FAST
+from config.environment import MLFLOW_HTTP_FAIL_FAST
+from config.params import load_params
 from flows.pipeline import pipeline_flow
 
 pytestmark = pytest.mark.e2e

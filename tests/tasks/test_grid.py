@@ -10,8 +10,8 @@ import os
 import pytest
 from mlflow import MlflowClient
 
+from config.params import load_params
 from federated.data import load_medmnist
-from fedsieve.config import load_params
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow

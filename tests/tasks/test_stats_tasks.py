@@ -9,7 +9,7 @@ from federated.data import load_medmnist, to_tensors
 from federated.metrics import loss_function
 from federated.partition import build_partitioner
 from federated.seeding import seeded_init
-from federated.server import Federation, FederationConfig
+from federated.server import Defence, EvaluationSets, Federation, FederationConfig
 from federated.vectors import layout_of, model_to_vector
 from models import build_model
 from tasks.stats import collect_client_updates, test_normality
@@ -25,10 +25,10 @@ def small_federation(medmnist_root, clients=5):
     return Federation(
         model=model,
         clients=[ClientData(i, images[p], targets[p]) for i, p in enumerate(parts)],
-        test=to_tensors(data.test, data.info),
-        rule=build_aggregator("fedavg"),
         local=LocalTraining(lr=0.05),
         config=FederationConfig(rounds=1),
+        defence=Defence(rule=build_aggregator("fedavg")),
+        evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
     )
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsieve.config import ConfigError, load_params, params_hash
+from config.params import ConfigError, load_params, params_hash
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = REPO / "params.yaml"
@@ -19,8 +19,10 @@ def test_the_default_params_are_valid_and_hash_stably():
 
 def test_overrides_are_parsed_as_yaml_and_validated():
     params = load_params(
-        PARAMS, ["train.rounds=3", "aggregate={name: fedavg}", "partition.alpha=0.1"]
-    )
+        PARAMS,
+        ["train.rounds=3", "aggregate={name: fedavg}", "partition.scheme=dirichlet",
+         "partition.alpha=0.1"],
+    )  # fmt: skip
 
     assert params.train.rounds == 3 and params.partition.alpha == 0.1
 
@@ -36,7 +38,7 @@ BAD = [
     ("train.rounds=2.5", "train.rounds", "integer"),
     ("train.client_fraction=0", "train.client_fraction", "greater than 0"),
     ("train.client_fraction=1.5", "train.client_fraction", "less than or equal to 1"),
-    ("partition.alpha=0", "partition.alpha", "greater than 0"),
+    ("partition.sigma=0", "partition.sigma", "greater than 0"),
     ("partition.num_clients=0", "partition.num_clients", "greater than or equal to 1"),
     ("train.lr=fast", "train.lr", "valid number"),
     ("train.device=tpu", "train.device", "'auto', 'cpu' or 'cuda'"),
@@ -69,3 +71,38 @@ def test_unreadable_params_files_are_clear(tmp_path):
         load_params(tmp_path / "list.yaml")
     with pytest.raises(ConfigError, match="file not found"):
         load_params(tmp_path / "missing.yaml")
+
+
+IGNORED = [
+    (["privacy.noise_multiplier=1.0"], "privacy.noise_multiplier", "privacy.mode is off"),
+    (["privacy.target_epsilon=5"], "privacy.target_epsilon", "privacy.mode is off"),
+    (["partition.alpha=0.1"], "partition.alpha", "partition.scheme iid does not take it"),
+    (["partition.scheme=shards", "partition.sigma=2"], "partition.sigma", "shards"),
+    (["attack.fraction=0.3"], "attack.fraction", "attack.name is none"),
+    (["attack.name=label_flip", "attack.ids=[1]", "attack.fraction=0.3"], "attack.fraction",
+     "attack.ids names"),
+    (["noniid.z=3"], "noniid.z", "noniid.exclude is false"),
+    (["train.backend=sequential", "train.max_parallel=4"], "train.max_parallel", "sequential"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "key", "why"), IGNORED)
+def test_a_setting_nothing_would_read_is_refused_in_one_line(overrides, key, why):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, overrides)
+
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"{key} is set but" in message and why in message and "ignored" in message
+
+
+def test_the_same_settings_are_taken_where_they_are_read():
+    params = load_params(
+        PARAMS,
+        ["privacy.mode=central", "privacy.noise_multiplier=1.5", "partition.scheme=dirichlet",
+         "partition.alpha=0.1", "attack.name=label_flip", "attack.fraction=0.3",
+         "privacy.unaccounted=warn", "noniid.exclude=true", "noniid.z=3"],
+    )  # fmt: skip
+
+    assert params.privacy.noise_multiplier == 1.5 and params.partition.alpha == 0.1
+    assert params.attack.fraction == 0.3 and params.noniid.z == 3

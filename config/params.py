@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,15 +25,17 @@ from pydantic import (
 
 import aggregation  # noqa: F401  (fills the registries)
 from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
+from config.errors import ConfigError
 from federated.attacks import ATTACKS
 from federated.privacy import ClientPrivacy
-from federated.registry import Registry, RegistryError
-from fedsieve.errors import ConfigError
+from federated.seeding import clients_per_round
+from registry import Registry, RegistryError
 
 __all__ = [
     "ConfigError",
     "Params",
     "eval_batch_size",
+    "ignored_settings",
     "load_params",
     "params_hash",
     "params_warnings",
@@ -322,6 +323,14 @@ class Params(_Section):
     compare: CompareParams = CompareParams()
 
     @model_validator(mode="after")
+    def _nothing_ignored(self) -> Params:
+        """A setting the run would not read is refused, not dropped: a user who set
+        ``privacy.noise_multiplier`` with privacy off believes the model is private."""
+        for key, reason in ignored_settings(self):
+            raise ValueError(f"{key} is set but {reason}, so it would be ignored")
+        return self
+
+    @model_validator(mode="after")
     def _privacy_accounted(self) -> Params:
         privacy = self.privacy
         if privacy.mode == "off":
@@ -343,6 +352,45 @@ class Params(_Section):
         return self
 
 
+def ignored_settings(params: Params) -> list[tuple[str, str]]:
+    """Settings given explicitly (in the file, by ``--set`` or a deployment) that nothing
+    reads under the rest of ``params``: each as (dotted key, why it is not read)."""
+    from federated.partition import PARTITIONERS
+
+    def given(section: BaseModel, name: str) -> list[str]:
+        return [f"{name}.{key}" for key in sorted(section.model_fields_set)]
+
+    ignored: list[tuple[str, str]] = []
+    if params.privacy.mode == "off":
+        ignored += [
+            (key, "privacy.mode is off (the run would not be private: choose central or local)")
+            for key in given(params.privacy, "privacy")
+            if key != "privacy.mode"
+        ]
+    partition, takes = params.partition, PARTITIONERS.parameters(params.partition.scheme)
+    ignored += [
+        (f"partition.{key}", f"partition.scheme {partition.scheme} does not take it")
+        for key in sorted(partition.model_fields_set & set(SCHEME_KEYS) - set(takes))
+    ]
+    attack = params.attack
+    if attack.name == "none":
+        ignored += [
+            (key, "attack.name is none (no client attacks)")
+            for key in given(attack, "attack")
+            if key != "attack.name"
+        ]
+    elif attack.ids is not None and "fraction" in attack.model_fields_set:
+        ignored.append(("attack.fraction", "attack.ids names the malicious clients"))
+    if not params.noniid.exclude and "z" in params.noniid.model_fields_set:
+        ignored.append(("noniid.z", "noniid.exclude is false (no client is left out)"))
+    if params.train.backend == "sequential" and params.train.max_parallel is not None:
+        ignored.append(("train.max_parallel", "train.backend is sequential"))
+    return ignored
+
+
+SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one partition scheme
+
+
 def eval_batch_size(params: Params) -> int:
     """Images per scoring pass: ``eval.batch_size``, or 512 at 28 px scaled by the pixel
     count (98 at 64 px, 24 at 128 px, 8 at 224 px), so a pass needs about the same memory
@@ -359,7 +407,7 @@ def privacy_budget(params: Params) -> ClientPrivacy:
         clip=privacy.clip,
         noise_multiplier=privacy.noise_multiplier,
         population=clients,
-        per_round=max(1, math.ceil(params.train.client_fraction * clients - 1e-9)),
+        per_round=clients_per_round(params.train.client_fraction, clients),
         mode=privacy.mode,
         delta=privacy.delta,
         target_epsilon=privacy.target_epsilon,

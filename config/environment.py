@@ -1,0 +1,114 @@
+"""Process environment the project sets before Prefect/MLflow/DVC are imported, and the
+tracking store it uses.
+
+Telemetry off (each tool otherwise makes a network attempt), MLflow's HTTP client failing
+within seconds rather than minutes, and PREFECT_HOME inside the project, unless the user
+has set them. And portable CPU numerics (:data:`PORTABLE_NUMERICS`): the same params give
+the same bits on any x86-64 machine with AVX2, unless ``FEDSIEVE_PORTABLE_NUMERICS=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "PORTABLE_NUMERICS",
+    "PORTABLE_NUMERICS_SWITCH",
+    "configure_environment",
+    "configure_numerics",
+    "has_avx2_and_fma",
+    "portable_numerics_enabled",
+    "tracking_uri",
+]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+TELEMETRY_OFF = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",  # MLflow honours "true", not "1"
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+}
+
+# MLflow's HTTP client retries 7 times with a backoff factor of 2 (minutes before a call to
+# an unreachable tracking server gives up). The Tracker goes quiet after the first failure
+# and reports/ keep everything, so fail within seconds instead: ~6 s for a closed port.
+MLFLOW_HTTP_FAIL_FAST = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+# Portable CPU numerics. Each library picks its kernels by the CPU it finds (AVX-512 where
+# there is one), and a float sum's bits depend on the kernel and on how the work is split
+# among threads: on one AVX2 machine, a lower ISA for ATen, oneDNN or MKL, or another
+# thread count, each alone changed a short training run's bits (docs/configuration.md,
+# "Portable numerics"). Each library reads its variable once, at first use (the OpenMP
+# runtime when torch loads): they must be set before torch is imported.
+PORTABLE_NUMERICS = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's own kernels: AVX2 also where AVX-512 is
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (the convolutions)
+    # MKL (matrix products): on non-Intel CPUs MKL honours only AUTO and COMPATIBLE, so an
+    # AVX2 branch would be AMD's AUTO; COMPATIBLE is the one code path on Intel and AMD alike
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_DYNAMIC": "FALSE",  # MKL's conditions for reproducibility: a fixed thread count
+    "OMP_NUM_THREADS": "2",  # reductions split by thread count: the same count everywhere
+}
+# ATen takes "avx2" without checking the CPU (one without AVX2 would fault; oneDNN's and
+# MKL's settings are limits, safe anywhere): pinned only where AVX2 and FMA are present
+UNCHECKED_PIN = "ATEN_CPU_CAPABILITY"
+PORTABLE_NUMERICS_SWITCH = "FEDSIEVE_PORTABLE_NUMERICS"
+
+
+def configure_environment(project: Path | None = None) -> None:
+    for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST).items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
+    # A flow's temporary server may take a while on a cold, busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    configure_numerics()
+
+
+def portable_numerics_enabled() -> bool:
+    """On unless ``FEDSIEVE_PORTABLE_NUMERICS`` is 0 (or false, no, off)."""
+    value = os.environ.get(PORTABLE_NUMERICS_SWITCH, "1")
+    return value.strip().lower() not in {"0", "false", "no", "off"}
+
+
+def configure_numerics() -> None:
+    """:data:`PORTABLE_NUMERICS` set, over whatever the environment held (a site's
+    ``OMP_NUM_THREADS`` would change the bits as surely as its CPU). Switched off, the
+    values still equal to the pinned ones (from the image's ENV, a deployment's job
+    variables) are cleared, and values of the user's own are kept."""
+    pins = {
+        key: value
+        for key, value in PORTABLE_NUMERICS.items()
+        if key != UNCHECKED_PIN or has_avx2_and_fma()
+    }
+    for key, value in pins.items():
+        if portable_numerics_enabled():
+            os.environ[key] = value
+        elif os.environ.get(key) == value:
+            del os.environ[key]
+
+
+def has_avx2_and_fma() -> bool:
+    """An x86-64 CPU whose flags (/proc/cpuinfo) include AVX2 and FMA."""
+    if platform.machine().lower() not in {"x86_64", "amd64"}:
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return {"avx2", "fma"} <= set(flags.split())
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
+    SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI

@@ -1,0 +1,144 @@
+"""Client execution: the seam between the round loop and wherever clients train.
+
+The round loop hands an executor the round's global vector and the ids of the clients it
+sampled (after its own screens); the executor answers one :class:`ClientResult` per id,
+in that order: an update, or the reason there is none (``error``, ``timeout``,
+``unavailable``). It decides nothing about exclusions: the loop checks every update
+(shape, finiteness, registered sample counts) and records every outcome in the trail.
+Clients may live elsewhere: a remote executor answers the same call with what arrived.
+
+Two executors train in this process: :class:`SequentialExecutor` (one
+:func:`~federated.client.train_client` call per client) and :class:`BatchedExecutor` (all
+in one :func:`~federated.batched.train_clients_batched` call, the same updates up to
+rounding, falling back to one client at a time if the batched call raises, so a broken
+client fails alone).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from torch import Tensor, nn
+
+from federated.batched import train_clients_batched
+from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+
+__all__ = [
+    "BatchedExecutor",
+    "ClientExecutor",
+    "ClientResult",
+    "OnResult",
+    "Outcome",
+    "SequentialExecutor",
+]
+
+Outcome = Literal["ok", "error", "timeout", "unavailable"]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What came back from one client: its update (``outcome == "ok"``) or why none did."""
+
+    client_id: int
+    outcome: Outcome
+    update: ClientUpdate | None = None
+    message: str = ""  # the error, in one line, when there is no update
+
+    @classmethod
+    def failed(cls, client_id: int, error: Exception) -> ClientResult:
+        return cls(client_id, "error", message=f"{type(error).__name__}: {error}")
+
+
+OnResult = Callable[[ClientResult], None]  # told of each result as it comes (progress)
+
+
+class ClientExecutor(Protocol):
+    """Trains the sampled clients of a round from the global vector."""
+
+    def train(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """One result per id, in the order given."""
+        ...
+
+
+SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle seed
+
+
+def _told(results: list[ClientResult], on_result: OnResult | None) -> list[ClientResult]:
+    for result in results if on_result is not None else ():
+        on_result(result)
+    return results
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequentialExecutor:
+    """Each client trained alone on the shared workspace ``model``, one after another."""
+
+    model: nn.Module  # the workspace: loaded with the global vector for each client
+    clients: dict[int, ClientData]  # by client id
+    local: LocalTraining
+    loss_fn: nn.Module
+    seed_of: SeedOf
+
+    def train(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        results = []
+        for client_id in client_ids:
+            results.append(self.train_one(global_vector, round_number, client_id))
+            _told(results[-1:], on_result)
+        return results
+
+    def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
+        try:
+            update = train_client(
+                self.model, global_vector, self.clients[client_id], self.local, self.loss_fn,
+                seed=self.seed_of(round_number, client_id),
+            )  # fmt: skip
+        except Exception as error:  # a broken client must not stop the federation
+            return ClientResult.failed(client_id, error)
+        return ClientResult(client_id, "ok", update)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchedExecutor:
+    """All clients in one batched call; client by client (``sequential``) if it raises."""
+
+    sequential: SequentialExecutor
+    max_parallel: int | None = None  # clients trained at once (None: sized to memory)
+
+    def train(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        one = self.sequential
+        try:
+            updates = train_clients_batched(
+                one.model, global_vector, [one.clients[i] for i in client_ids], one.local,
+                one.loss_fn, seeds=[one.seed_of(round_number, i) for i in client_ids],
+                max_parallel=self.max_parallel,
+            )  # fmt: skip
+        except Exception as error:  # retried client by client: a broken one fails alone
+            log.warning(
+                "round %d: batched training failed (%s: %s); training clients one by one",
+                round_number, type(error).__name__, error,
+            )  # fmt: skip
+            return one.train(global_vector, round_number, client_ids, on_result)
+        by_id = {u.client_id: u for u in updates}
+        return _told([ClientResult(i, "ok", by_id[i]) for i in client_ids], on_result)
