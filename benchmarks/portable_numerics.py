@@ -1,6 +1,6 @@
 """Benchmark: what portable numerics cost in speed (not a test).
 
-    python -m benchmarks.portable_numerics [--rounds 3] [--repeats 3]
+    python -m benchmarks.portable_numerics [--rounds 5] [--repeats 5]
 
 The default pipeline's training (params.yaml: BreastMNIST, 10 clients, small CNN, two
 local epochs, FedAvg, every round scored), ``--rounds`` rounds after one warm-up round,
@@ -107,8 +107,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per process")
-    parser.add_argument("--repeats", type=int, default=3, help="processes per setting")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per process")
+    parser.add_argument("--repeats", type=int, default=5, help="processes per setting")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
