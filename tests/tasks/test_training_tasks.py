@@ -19,9 +19,9 @@ PARAMS = ["partition.num_clients=3", "model.name=small_cnn"]
 def test_train_backend_picks_how_clients_are_trained_auto_is_sequential_on_cpu(
     medmnist_root, tmp_path, backend, batched
 ):
+    parallel = [] if backend == "sequential" else ["train.max_parallel=2"]  # else ignored
     params = load_params(
-        REPO_PARAMS,
-        overrides=[*PARAMS, f"train.backend={backend}", "train.max_parallel=2", "train.device=cpu"],
+        REPO_PARAMS, overrides=[*PARAMS, f"train.backend={backend}", *parallel, "train.device=cpu"]
     )
     data = load_medmnist("breastmnist", medmnist_root)
     parts = build_partitioner("iid")(data.train.targets, 3, seed=0)
