@@ -75,9 +75,12 @@ def detection_totals(rounds: Sequence[Mapping[str, Any]]) -> dict[str, float | N
 
 @task(name="reopen-training-run", cache_policy=NO_CACHE)
 def reopen_training_run(params: Params, paths: ProjectPaths) -> tuple[Tracker, dict[str, Any]]:
-    """The train stage's MLflow run (from ``artifacts/model/run.json``), reopened. Tracking
-    that failed during training was stated then: it is not tried (and warned about) again."""
-    run_info = json.loads(paths.run_info.read_text())
+    """The train stage's MLflow run (from ``artifacts/model/tracking.json``), reopened, and
+    what the stage wrote of the run (``run.json``). Tracking that failed during training
+    was stated then: it is not tried (and warned about) again."""
+    run_info = json.loads(paths.run_info.read_text()) | json.loads(
+        paths.tracking_info.read_text()
+    )
     tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
     tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
     return tracker, run_info

@@ -62,6 +62,11 @@ class ProjectPaths:
         return self.artifacts / "model" / "run.json"
 
     @property
+    def tracking_info(self) -> Path:
+        """Which MLflow run the training is (no DVC output: its id differs every run)."""
+        return self.artifacts / "model" / "tracking.json"
+
+    @property
     def rounds(self) -> Path:
         return self.reports / "rounds.csv"
 

@@ -490,17 +490,15 @@ write_training_reports = task(name="write-training-reports", cache_policy=NO_CAC
 def write_run_info(
     paths: ProjectPaths, tracker: Tracker, state: ServerState, digest: str
 ) -> dict[str, Any]:
-    """``artifacts/model/run.json``: what the evaluate stage needs of this run (its MLflow
-    run, tags, rounds, the selected round, whether tracking failed)."""
-    info = {
-        "run_id": tracker.run_id,
-        "params_hash": digest,
-        "rounds": state.round,
-        "selected_round": state.selected_round,
-        "tags": tracker.tags,
-        "tracking_failed": tracker.failed,
-    }
+    """What the evaluate stage needs of this run: ``artifacts/model/run.json`` (the params
+    hash, rounds, the selected round: the same bits whenever the same params are trained,
+    so DVC's lock holds) and ``artifacts/model/tracking.json`` (its MLflow run, tags,
+    whether tracking failed: new every run, so no DVC output). Both, merged."""
+    info = {"params_hash": digest, "rounds": state.round, "selected_round": state.selected_round}
+    tracking = {"run_id": tracker.run_id, "tags": tracker.tags, "tracking_failed": tracker.failed}
     write_json(paths.run_info, info)
+    write_json(paths.tracking_info, tracking)
+    info |= tracking
     if tracker.failed:  # already stated as a warning when it happened
         get_run_logger().info(
             "tracking was off for this run (%s); reports/ holds everything", tracker.failed

@@ -52,7 +52,7 @@ def test_scaled_attackers_are_excluded_on_the_record(project, prefect_server):
     assert metrics["total_false_negatives"] == 0 and metrics["detection_recall"] == 1.0
     assert (project / "reports" / "exclusions.png").stat().st_size > 0
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    run_id = json.loads((project / "artifacts/model/run.json").read_text())["run_id"]
+    run_id = json.loads((project / "artifacts/model/tracking.json").read_text())["run_id"]
     run = client.get_run(run_id)
     assert run.data.tags["attack"] == "scaling"
     assert "exclusions.json" in {a.path for a in client.list_artifacts(run_id)}
@@ -124,7 +124,7 @@ def test_a_backdoor_run_reports_its_success_rate_every_round_and_at_the_end(
     assert len(asr) == 2 and all(0.0 <= a <= 1.0 for a in asr)
     assert 0.0 <= metrics["backdoor_asr"] <= 1.0
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    run_id = json.loads((project / "artifacts/model/run.json").read_text())["run_id"]
+    run_id = json.loads((project / "artifacts/model/tracking.json").read_text())["run_id"]
     assert len(client.get_metric_history(run_id, "backdoor_asr")) == 2
     assert client.get_run(run_id).data.metrics["final_backdoor_asr"] == metrics["backdoor_asr"]
 

@@ -242,7 +242,7 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(
         )
     )
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    run_id = json.loads((killed / "artifacts/model/run.json").read_text())["run_id"]
+    run_id = json.loads((killed / "artifacts/model/tracking.json").read_text())["run_id"]
     assert sorted({m.step for m in client.get_metric_history(run_id, "test_acc")}) == list(
         range(1, 9)
     )
@@ -360,6 +360,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     tracked = _git_output(repo, "diff", "--cached", "--name-only").split()
     assert {"dvc.lock", "reports/metrics.json", "reports/rounds.csv"} <= set(tracked)
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "baseline")
+    assert_a_fresh_clone_reproduces_the_committed_baseline(repo, shared_server_env)
     exp = subprocess.run(
         [*dvc, "exp", "run", "-S", "train.rounds=3"],
         cwd=repo,
@@ -387,6 +388,24 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     experiments = [group["revs"][0] for group in baseline["experiments"] or []]
     # the committed baseline, and the experiment beside it
     assert [rounds_of(baseline), *map(rounds_of, experiments)] == [2, 3], show.stdout[-3000:]
+
+
+def assert_a_fresh_clone_reproduces_the_committed_baseline(repo: Path, env: dict) -> None:
+    """`make run` in a fresh clone (no artifacts, no DVC cache, its own MLflow store) writes
+    the committed dvc.lock and reports bit for bit: `git status` stays clean."""
+    clone = repo.parent / "clone"
+    _git(repo.parent, "clone", "-q", str(repo), str(clone))
+    repro = subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
+        cwd=clone,
+        env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert repro.returncode == 0, (repro.stdout + repro.stderr)[-6000:]
+    status = _git_output(clone, "status", "--porcelain", "--untracked-files=no")
+    assert status == "", status
 
 
 def test_the_baseline_dvc_compares_against_is_committed():
