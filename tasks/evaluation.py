@@ -78,9 +78,7 @@ def reopen_training_run(params: Params, paths: ProjectPaths) -> tuple[Tracker, d
     """The train stage's MLflow run (from ``artifacts/model/tracking.json``), reopened, and
     what the stage wrote of the run (``run.json``). Tracking that failed during training
     was stated then: it is not tried (and warned about) again."""
-    run_info = json.loads(paths.run_info.read_text()) | json.loads(
-        paths.tracking_info.read_text()
-    )
+    run_info = json.loads(paths.run_info.read_text()) | json.loads(paths.tracking_info.read_text())
     tracker = Tracker(params.tracking.experiment, known_failure=run_info.get("tracking_failed"))
     tracker.start(run_id=run_info["run_id"], run_name="", tags=run_info["tags"])
     return tracker, run_info
