@@ -72,8 +72,7 @@ def run_cell(model: str, noise: float | None, seed: int) -> dict[str, Any]:
         params, data, parts.clients, parts.root, parts.local_tests, validation_every_round=False
     )
     state = train(federation, federation.initial_state(), params.train.rounds)
-    local_tests = parts.local_tests if any(len(t) for t in parts.local_tests) else None
-    metrics = trained_results(federation, state, params, data, local_tests)
+    metrics = trained_results(federation, state, params, data, parts.held_local_tests)
     return {
         "model": model, "noise_multiplier": noise, "seed": seed,
         "metrics": {key: metrics.get(key) for key in METRICS},

@@ -73,12 +73,6 @@ class ClientExecutor(Protocol):
 SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle seed
 
 
-def _told(results: list[ClientResult], on_result: OnResult | None) -> list[ClientResult]:
-    for result in results if on_result is not None else ():
-        on_result(result)
-    return results
-
-
 @dataclass(frozen=True, kw_only=True)
 class SequentialExecutor:
     """Each client trained alone on the shared workspace ``model``, one after another."""
@@ -97,9 +91,10 @@ class SequentialExecutor:
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
         results = []
-        for client_id in client_ids:
-            results.append(self.train_one(global_vector, round_number, client_id))
-            _told(results[-1:], on_result)
+        for client_id in client_ids:  # each told as it is done: a progress bar moves
+            results.append(result := self.train_one(global_vector, round_number, client_id))
+            if on_result is not None:
+                on_result(result)
         return results
 
     def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
@@ -141,4 +136,7 @@ class BatchedExecutor:
             )  # fmt: skip
             return one.train(global_vector, round_number, client_ids, on_result)
         by_id = {u.client_id: u for u in updates}
-        return _told([ClientResult(i, "ok", by_id[i]) for i in client_ids], on_result)
+        results = [ClientResult(i, "ok", by_id[i]) for i in client_ids]
+        for result in results if on_result is not None else ():
+            on_result(result)
+        return results

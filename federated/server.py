@@ -42,7 +42,6 @@ say so: on a CUDA device, and on a CPU for models without convolutions); its
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +96,6 @@ __all__ = [
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,7 +350,7 @@ class Federation:
             clients={c.client_id: c for c in self.clients},
             local=self.local,
             loss_fn=self.loss_fn,
-            seed_of=lambda round_number, client_id: self._shuffle_seed(round_number, client_id),
+            seed_of=self._shuffle_seed,
         )
         unsupported = (
             None if execution.backend == "sequential" else batched_unsupported_reason(self.model)
@@ -555,13 +553,12 @@ class Federation:
         bound = self.config.max_excluded
         if bound is None:
             return None
-        judged = [r for r in rows.values() if not failed_to_answer(r)]
-        left_out = sum(map(is_left_out, judged))
+        excluded = left_out(list(rows.values()))
         allowed = bound if isinstance(bound, int) else math.floor(bound * len(rows))
-        if left_out <= allowed:
+        if excluded <= allowed:
             return None
         return (
-            f"round {round_number}: {left_out} of {len(rows)} clients left out, more than "
+            f"round {round_number}: {excluded} of {len(rows)} clients left out, more than "
             f"train.max_excluded = {bound!r} allows ({allowed}); the round was not aggregated"
         )
 

@@ -181,11 +181,11 @@ def run_grid_cell(
         model = federation.selected_model(state)
         trained_noniid = trained_model_noniid(federation, model, params)
         write_reports(paths, model, state, params, tracker, trained_noniid, CELL_OUTPUTS)
-        local_tests = parts.local_tests if any(len(t) for t in parts.local_tests) else None
         run_info = {"rounds": state.round, "selected_round": state.selected_round}
         results = final_results(
-            model, params, data, paths, local_tests, state.history, run_info, figures=False
-        )
+            model, params, data, paths, parts.held_local_tests, state.history, run_info,
+            figures=False,
+        )  # fmt: skip
         tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
         if state.halted is not None:  # fail closed: the cell, and so the grid, stops here
             raise RunHalted(f"{cell.name}: {state.halted}")

@@ -30,6 +30,12 @@ class Partition(NamedTuple):
     root: np.ndarray
     local_tests: list[np.ndarray]
 
+    @property
+    def held_local_tests(self) -> list[np.ndarray] | None:
+        """The local test splits, or None when no client holds one (``local_test`` 0),
+        as ``tasks.reports.read_local_tests`` reads them from the partition file."""
+        return self.local_tests if any(len(t) for t in self.local_tests) else None
+
 
 @task(name="partition-clients", cache_policy=NO_CACHE)
 def partition_clients(
