@@ -19,7 +19,7 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+.PHONY: setup setup-flower deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
 	bench-flower bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
@@ -27,8 +27,8 @@ endif
 # torchvision dependency, then the project itself with the dev tools. The image runs the
 # same steps: `deps` before the source is copied (a layer source edits keep), `project`
 # after it (no dev tools in the image).
-setup: deps
-	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[dev]"
+setup: deps setup-flower
+	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[hub,dev]"
 	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
 	@# only where apt-get runs as root, and the test says so when the browser is missing.
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -39,12 +39,23 @@ setup: deps
 deps:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' > $(VENV)/requirements.txt
+	$(BIN)/python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print(*project["dependencies"], *project["optional-dependencies"]["hub"], sep="\n")' > $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
 
 project:
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps --config-settings editable_mode=compat -e .
+
+# Flower's own environment (its pins conflict with Prefect's): the engine, torch and Flower,
+# what a site runs and what the hub's SuperLink runs its ServerApp in (docs/federation.md).
+FLOWER_VENV := .venv-flower
+setup-flower:
+	test -x $(FLOWER_VENV)/bin/python || $(PYTHON) -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q torch==2.13.0
+	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[flower]"
+	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
+	$(FLOWER_VENV)/bin/python -c "import flwr, torch, flowerapp.client_app; print('Flower environment ready: flwr', flwr.__version__, '| torch', torch.__version__)"
 
 run:
 	$(BIN)/fedsieve dvc repro

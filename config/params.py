@@ -305,6 +305,33 @@ class TrackingParams(_Section):
     register_model: bool = True
 
 
+class SiteParams(_Section):
+    """A site of a Flower federation: the trail's client id is its place in the list."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    node_id: int = Field(ge=1)  # what `flwr supernode register <its key>` printed
+    samples: int = Field(ge=1)  # its training samples as registered: its weight in the mean
+
+
+class FederationParams(_Section):
+    """Where the clients train: simulated in this process, or at real sites (Flower
+    SuperNodes behind a SuperLink; docs/federation.md)."""
+
+    runtime: Literal["simulation", "flower"] = "simulation"
+    superlink: str = "hub"  # the Flower CLI's SuperLink connection (FLWR_HOME/config.toml)
+    sites: list[SiteParams] = []
+    round_timeout: float = Field(300.0, gt=0)  # seconds a round waits for the sites' replies
+
+    @field_validator("sites")
+    @classmethod
+    def _distinct(cls, sites: list[SiteParams]) -> list[SiteParams]:
+        for key in ("name", "node_id"):
+            values = [getattr(site, key) for site in sites]
+            if len(set(values)) != len(values):
+                raise ValueError(f"two sites share a {key}; each site has its own")
+        return sites
+
+
 class Params(_Section):
     seed: Seed = 0
     data: DataParams = DataParams()
@@ -321,6 +348,17 @@ class Params(_Section):
     privacy: PrivacyParams = PrivacyParams()
     tracking: TrackingParams = TrackingParams()
     compare: CompareParams = CompareParams()
+    federation: FederationParams = FederationParams()
+
+    @model_validator(mode="after")
+    def _sites_run_it(self) -> Params:
+        """At real sites the sites hold the data: what only a simulation can do is
+        refused in one line."""
+        if self.federation.runtime == "simulation":
+            return self
+        for key, reason in remote_unsupported(self):
+            raise ValueError(f"federation.runtime = flower: {key} {reason}")
+        return self
 
     @model_validator(mode="after")
     def _nothing_ignored(self) -> Params:
@@ -383,9 +421,39 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
         ignored.append(("attack.fraction", "attack.ids names the malicious clients"))
     if not params.noniid.exclude and "z" in params.noniid.model_fields_set:
         ignored.append(("noniid.z", "noniid.exclude is false (no client is left out)"))
+    if params.federation.runtime == "simulation":
+        ignored += [
+            (key, "federation.runtime is simulation (no sites: the clients train here)")
+            for key in given(params.federation, "federation")
+            if key != "federation.runtime"
+        ]
     if params.train.backend == "sequential" and params.train.max_parallel is not None:
         ignored.append(("train.max_parallel", "train.backend is sequential"))
     return ignored
+
+
+def remote_unsupported(params: Params) -> list[tuple[str, str]]:
+    """What a federation of real sites cannot run, each as (setting, why)."""
+    refused = []
+    if not params.federation.sites:
+        refused.append(("federation.sites", "is empty: name each site (name, node_id, samples)"))
+    if params.attack.name != "none":
+        refused.append(
+            ("attack.name", "must be none: a site's data is its own, attacks are simulated")
+        )
+    noniid = params.noniid
+    if noniid.every or noniid.exclude or noniid.final:
+        refused.append(
+            (
+                "noniid",
+                "must be off (every 0, exclude and final false): it scores each client's data at the server",
+            )
+        )
+    if params.privacy.mode == "local":
+        refused.append(("privacy.mode", "local is simulated at the server; use central"))
+    if params.partition.root_size:
+        refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
+    return refused
 
 
 SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one partition scheme
@@ -552,4 +620,6 @@ def validate_params(raw: dict[str, Any], source: str) -> Params:
 def params_hash(params: Params) -> str:
     """A short stable hash of everything that changes results (tracking settings excluded)."""
     payload = params.model_dump(mode="json", exclude={"tracking", "compare"})
+    if params.federation.runtime == "simulation":  # the simulated runs' hashes stay as they were
+        payload.pop("federation")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -24,6 +24,7 @@ __all__ = [
     "ClientData",
     "ClientUpdate",
     "LocalTraining",
+    "RegisteredClient",
     "client_gradient",
     "sgd_step_",
     "train_client",
@@ -58,6 +59,20 @@ class ClientData:
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
+
+
+@dataclass(frozen=True)
+class RegisteredClient:
+    """A client whose data lives elsewhere (a site): its id and the training-sample count
+    registered for it at the server, the count its update is weighted by (a site's own
+    report is not trusted where it could tip a weighted mean)."""
+
+    client_id: int
+    num_samples: int
+    name: str = ""  # the site's name (its Flower node is the executor's business)
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 @dataclass(frozen=True)

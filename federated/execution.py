@@ -33,6 +33,7 @@ __all__ = [
     "OnResult",
     "Outcome",
     "SequentialExecutor",
+    "SiteScorer",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -67,6 +68,15 @@ class ClientExecutor(Protocol):
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
         """One result per id, in the order given."""
+        ...
+
+
+class SiteScorer(Protocol):
+    """Scores the global model on sites' own held-out splits, where those splits live."""
+
+    def score(self, global_vector: Tensor, client_ids: Sequence[int]) -> list[dict[str, float]]:
+        """One row per site that answered: ``site`` (its client id), ``n``, then scores
+        (``loss``, ``acc``, ``auc``, ...), as :func:`federated.metrics.site_scores` gives."""
         ...
 
 

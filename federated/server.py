@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -57,8 +57,20 @@ from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
 from federated.batched import batched_pays, batched_unsupported_reason
-from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
-from federated.execution import BatchedExecutor, ClientExecutor, ClientResult, SequentialExecutor
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    LocalTraining,
+    RegisteredClient,
+    train_client,
+)
+from federated.execution import (
+    BatchedExecutor,
+    ClientExecutor,
+    ClientResult,
+    SequentialExecutor,
+    SiteScorer,
+)
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function, site_scores, site_summary
 from federated.privacy import ClientPrivacy
@@ -280,12 +292,14 @@ class ThreatModel:
 class EvaluationSets:
     """Where the global model is scored: the test split every round, the validation
     split (when given; ``select="best_val"`` picks the final model by it) and each site's
-    local test split (one per client, in client order)."""
+    local test split (one per client, in client order), or ``site_scorer``: sites that
+    score the model on splits of their own, elsewhere."""
 
     test: tuple[Tensor, Tensor]
     val: tuple[Tensor, Tensor] | None = None
     sites: tuple[tuple[Tensor, Tensor], ...] = ()
     multi_label: bool = False
+    site_scorer: SiteScorer | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,7 +327,7 @@ class Federation:
         self,
         *,
         model: nn.Module,
-        clients: Sequence[ClientData],
+        clients: Sequence[ClientData | RegisteredClient],
         local: LocalTraining,
         config: FederationConfig,
         defence: Defence,
@@ -330,6 +344,12 @@ class Federation:
             )
         if config.select == "best_val" and evaluation.val is None:
             raise ValueError("select='best_val' needs a validation split (val=)")
+        remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
+        if remote and (execution.executor is None or defence.noniid is not None):
+            raise ValueError(
+                f"clients {remote[:5]} hold no data here: they need an executor of their "
+                "own (execution.executor=) and no non-IID check (it scores their data)"
+            )
         self.model = use_fast_layout_(model, evaluation.test[0].device)  # the workspace
         self.clients = list(clients)
         self.local = local
@@ -347,7 +367,7 @@ class Federation:
         """The sequential executor, or the batched one where ``backend`` asks for it."""
         sequential = SequentialExecutor(
             model=self.model,
-            clients={c.client_id: c for c in self.clients},
+            clients={c.client_id: c for c in self.clients if isinstance(c, ClientData)},
             local=self.local,
             loss_fn=self.loss_fn,
             seed_of=self._shuffle_seed,
@@ -437,6 +457,14 @@ class Federation:
             batch_size=self.config.eval_batch_size,
         )
 
+    def _site_rows(self, state: ServerState) -> list[dict[str, float]]:
+        """Every site's scores of the state's global model: on the local test splits held
+        here, or as the sites scored it on their own (those that answered)."""
+        scorer = self.evaluation.site_scorer
+        if scorer is None:
+            return self.site_scores(self.global_model(state))
+        return scorer.score(state.global_vector, [c.client_id for c in self.clients])
+
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past
         ``privacy.target_epsilon``), in one line; None while the budget admits it."""
@@ -451,7 +479,8 @@ class Federation:
 
     def _sites_due(self, round_number: int) -> bool:
         every = self.config.site_every
-        return bool(self.evaluation.sites) and (
+        scored = bool(self.evaluation.sites) or self.evaluation.site_scorer is not None
+        return scored and (
             round_number % every == 0 or round_number == self.config.rounds
         )
 
@@ -531,11 +560,9 @@ class Federation:
         metrics = self._round_metrics(new_state, round_number, rows, updates, screen, outcome)
         sites = []
         if self._sites_due(round_number):
-            sites = [
-                {"round": round_number, **row}
-                for row in self.site_scores(self.global_model(new_state))
-            ]
-            metrics |= site_summary(sites, self.config.target_acc)
+            sites = [{"round": round_number, **row} for row in self._site_rows(new_state)]
+            if sites:  # remote sites that all failed to answer leave none
+                metrics |= site_summary(sites, self.config.target_acc)
             new_state.sites.extend(sites)
         if self.defence.privacy is not None:  # spent after this round (a skipped round spends too)
             metrics["privacy_epsilon"] = self.defence.privacy.epsilon(round_number)
@@ -611,9 +638,18 @@ class Federation:
             )  # fmt: skip
             return None
         row["train_loss"] = update.train_loss
+        if update.num_samples != row["num_samples"]:  # weighted by the registered count
+            row["reported_samples"] = update.num_samples
+            row["message"] = (
+                f"reported {update.num_samples} training samples, {row['num_samples']} "
+                "registered: weighted by the registered count"
+            )
+            update = replace(update, num_samples=row["num_samples"])
         return update
 
-    def _trail_row(self, round_number: int, client: ClientData) -> dict[str, Any]:
+    def _trail_row(
+        self, round_number: int, client: ClientData | RegisteredClient
+    ) -> dict[str, Any]:
         return {
             "round": round_number,
             "client": client.client_id,

@@ -164,6 +164,40 @@ def _stop_process_group(leader: subprocess.Popen[bytes], signum: int) -> None:
     leader.wait()
 
 
+def _add_sites(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument(
+        "--out", default="artifacts/sites", help="folder for <site>.npz and sites.json"
+    )
+
+
+def _sites(args: argparse.Namespace, workdir: Path) -> int:
+    """The params' partition (the simulated clients' data, local test splits included) as
+    one data file per site, for a loopback or pilot federation (docs/federation.md)."""
+    from federated.data import ensure_medmnist, load_medmnist
+    from flowerapp.site_data import write_site_files
+    from tasks.data import data_root
+    from tasks.partition import split_partition
+
+    params = checked_params(args, workdir)
+    if params.partition.root_size:
+        raise UsageError("fedsieve sites: partition.root_size must be 0 (sites hold all data)")
+    root = data_root(params.data.root, workdir)
+    ensure_medmnist(params.data.dataset, root, size=params.data.size, download=params.data.download)
+    data = load_medmnist(params.data.dataset, root, params.data.size)
+    partition = params.partition
+    split = split_partition(
+        data.train.targets, partition.scheme, partition.num_clients, params.seed,
+        partition.partitioner_params(), 0, partition.local_test,
+    )  # fmt: skip
+    names = [f"site-{k}" for k in range(partition.num_clients)]
+    out = workdir / args.out
+    for site in write_site_files(data, split.clients, split.local_tests, names, out):
+        print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out images")
+    print(f"{out / 'sites.json'}: each site's registered sample count and file hash")
+    return 0
+
+
 def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters, list_preaggregators
     from federated.attacks import list_attacks
@@ -220,6 +254,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         "run a dvc command (repro, exp run) with one Prefect server shared by its stages",
         _add_dvc,
         _dvc,
+    ),
+    "sites": (
+        "write the partition as one data file per site (a loopback or pilot federation)",
+        _add_sites,
+        _sites,
     ),
     "list": (
         "list datasets, models, partition schemes, rules, pre-aggregators, filters, attacks",

@@ -31,7 +31,8 @@ def pipeline_flow(
     the MLflow run a named child (a cell of a comparison grid)."""
     preflight(params, workdir)
     with subflows_without_heartbeats():
-        partition_flow(params, workdir)
-        pretest_flow(params, workdir)
+        if params.federation.runtime == "simulation":  # at real sites the data is theirs
+            partition_flow(params, workdir)
+            pretest_flow(params, workdir)
         train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
         return evaluate_flow(params, workdir)

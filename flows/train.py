@@ -13,8 +13,9 @@ from typing import Any
 from prefect import flow
 
 from config.params import Params, params_hash
-from tasks.data import load_verified_dataset
+from tasks.data import data_root, load_verified_dataset
 from tasks.reports import ProjectPaths, read_local_tests, read_partition, read_root
+from tasks.sites import selected_model, train_at_sites
 from tasks.tracking import open_training_run
 from tasks.training import (
     RunOutputs,
@@ -52,6 +53,15 @@ def train_flow(
     )
     with tracker.ended_on_failure():
         data = load_verified_dataset(params.data, workdir)
+        if params.federation.runtime == "flower":  # the sites train; the hub aggregates
+            state = train_at_sites(
+                params, paths, tracker, digest, data_root=data_root(params.data.root, workdir),
+                resume=checkpoint is not None,
+            )  # fmt: skip
+            model = selected_model(params, data.info, state)
+            write_training_reports(paths, model, state, params, tracker)
+            halt_if_bound_exceeded(state)
+            return write_run_info(paths, tracker, state, digest)
         split = paths.partition
         federation = build_federation(
             params, data, read_partition(split), read_root(split), read_local_tests(split)

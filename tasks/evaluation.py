@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from config.assembly import build_global_model, resolve_device
 from config.params import Params, eval_batch_size
 from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
@@ -32,7 +35,7 @@ from federated.server import Federation, ServerState
 from tasks.plots import plot_reliability
 from tasks.reports import ProjectPaths, read_local_tests, write_json
 from tasks.tracking import Tracker
-from tasks.training import build_global_model, resolve_device, run_attack
+from tasks.training import run_attack
 
 __all__ = [
     "detection_totals",
@@ -96,9 +99,16 @@ def score_final_model(
     use_fast_layout_(model.to(device), device)  # as the train stage evaluated it
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
-    results = final_results(
-        model, params, data, paths, read_local_tests(paths.partition), rounds, run_info
-    )
+    if params.federation.runtime == "flower":  # the sites scored it on their own splits
+        selected = run_info.get("selected_round", run_info["rounds"])
+        results = final_results(
+            model, params, data, paths, ReportedSites(sites_scored_at(paths.sites, selected)),
+            rounds, run_info,
+        )  # fmt: skip
+    else:
+        results = final_results(
+            model, params, data, paths, read_local_tests(paths.partition), rounds, run_info
+        )
     get_run_logger().info(
         "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
         *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
@@ -111,7 +121,7 @@ def final_results(
     params: Params,
     data: MedMNISTData,
     paths: ProjectPaths,
-    local_tests: list[np.ndarray] | None,
+    local_tests: list[np.ndarray] | ReportedSites | None,
     rounds: Sequence[Mapping[str, Any]],
     run_info: dict[str, Any],
     *,
@@ -119,7 +129,9 @@ def final_results(
 ) -> dict[str, Any]:
     """:func:`final_scores`, written to ``reports/metrics.json`` and the final per-site
     table to ``reports/sites.json``; the calibration figure when ``figures``. The
-    pipeline's evaluate stage and a comparison cell score their final models here alike."""
+    pipeline's evaluate stage and a comparison cell score their final models here alike.
+    ``local_tests``: each site's split to score here, or the scores real sites reported
+    (:class:`ReportedSites`)."""
     calibration = paths.calibration if figures else None
     results, sites = final_scores(
         model, params, data, local_tests, rounds, run_info, calibration=calibration
@@ -129,18 +141,50 @@ def final_results(
     write_json(
         paths.sites_final,
         {"round": selected, "target_acc": params.eval.target_acc, **summary, "sites": sites}
-        if local_tests is not None
-        else {"sites": [], "note": "partition.local_test = 0"},
+        if local_tests is not None and (not isinstance(local_tests, ReportedSites) or sites)
+        else {"sites": [], "note": _no_sites_note(params)},
     )
     write_json(paths.metrics, results)
     return results
+
+
+@dataclass(frozen=True)
+class ReportedSites:
+    """Per-site scores the sites computed on their own splits (a federation of real
+    sites): taken as they are, nothing is scored here."""
+
+    rows: list[dict[str, float]]
+
+
+def sites_scored_at(path: Path, round_number: int) -> list[dict[str, float]]:
+    """The per-site rows of ``reports/sites.csv`` for one round (the sites' own scores of
+    that round's model, in a federation of real sites)."""
+    if not path.exists():
+        return []
+    with path.open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("round") == str(round_number)]
+    return [
+        {key: _cell(key, value) for key, value in row.items() if key != "round"} for row in rows
+    ]
+
+
+def _cell(key: str, value: str | None) -> float:
+    if key in ("site", "n"):
+        return int(float(value or 0))
+    return float(value) if value not in ("", None) else math.nan
+
+
+def _no_sites_note(params: Params) -> str:
+    if params.federation.runtime == "flower":
+        return "no site scored the selected round's model (eval.every; select best_val)"
+    return "partition.local_test = 0"
 
 
 def final_scores(
     model: torch.nn.Module,
     params: Params,
     data: MedMNISTData,
-    local_tests: list[np.ndarray] | None,
+    local_tests: list[np.ndarray] | ReportedSites | None,
     rounds: Sequence[Mapping[str, Any]],
     run_info: dict[str, Any],
     *,
@@ -150,7 +194,10 @@ def final_scores(
     sites, with the run's summary numbers (``rounds``: the per-round table); and the
     per-site rows. Writes nothing but the reliability diagram at ``calibration``."""
     results = split_scores(model, params, data, calibration)
-    sites = score_sites(model, params, data, local_tests)
+    if isinstance(local_tests, ReportedSites):
+        sites = local_tests.rows
+    else:
+        sites = score_sites(model, params, data, local_tests)
     if sites:
         results |= site_summary(sites, params.eval.target_acc)
     results |= {

@@ -395,6 +395,7 @@ def open_training_run(
     if tracker.run_id != resume_run_id:
         info = dataset_info(params.data.dataset, params.data.size)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
-        digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
-        tracker.log_dataset("partition", digest, str(paths.partition), "partition")
+        if paths.partition.exists():  # real sites hold their own (federation.sites)
+            digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
+            tracker.log_dataset("partition", digest, str(paths.partition), "partition")
     return tracker

@@ -14,9 +14,15 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
-from aggregation import build_aggregator, build_filter, build_preaggregator
+from config.assembly import (
+    build_defence,
+    build_global_model,
+    federation_config,
+    local_training,
+    resolve_device,
+)
 from config.errors import RunHalted
-from config.params import Params, eval_batch_size, privacy_budget
+from config.params import Params
 from federated.attacks import (
     Attack,
     Backdoor,
@@ -27,22 +33,19 @@ from federated.attacks import (
     client_seed,
 )
 from federated.backdoor_eval import triggered_test_set
-from federated.client import ClientData, LocalTraining
+from federated.checkpoint import save_checkpoint
+from federated.client import ClientData
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.loop import train
-from federated.seeding import seeded_init
 from federated.server import (
-    Defence,
     EvaluationSets,
     Execution,
     Federation,
-    FederationConfig,
     NonIIDCheck,
     RoundReport,
     ServerState,
     ThreatModel,
 )
-from models import build_model
 from tasks.plots import plot_curves, plot_exclusion_heatmap, plot_sites
 from tasks.reports import ProjectPaths, write_csv, write_json
 from tasks.stopping import stop_if_requested
@@ -62,10 +65,10 @@ __all__ = [
     "malicious_clients",
     "record_budget_spent",
     "record_round",
+    "report_metrics",
     "resolve_device",
     "resumed_state",
     "run_attack",
-    "save_checkpoint",
     "train_federation",
     "train_rounds",
     "trained_model_noniid",
@@ -82,16 +85,6 @@ TRAIL_COLUMNS = (
 )  # fmt: skip
 
 
-def resolve_device(choice: str) -> torch.device:
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "train.device is 'cuda' but no CUDA device is available; use auto or cpu"
-        )
-    return torch.device(choice)
-
-
 def malicious_clients(params: Params) -> frozenset[int]:
     """The run's malicious set (empty without an attack): seeded, fixed for the run."""
     attack = params.attack
@@ -101,19 +94,6 @@ def malicious_clients(params: Params) -> frozenset[int]:
         return choose_malicious(params.partition.num_clients, ids=attack.ids, seed=params.seed)
     return choose_malicious(
         params.partition.num_clients, fraction=attack.fraction, seed=params.seed
-    )
-
-
-def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:
-    """The seeded initial global model: the same weights wherever it is built."""
-    return seeded_init(
-        params.seed,
-        lambda: build_model(
-            params.model.name,
-            in_channels=info.n_channels,
-            num_classes=info.n_classes,
-            image_size=info.size,
-        ),
     )
 
 
@@ -232,14 +212,9 @@ def federation_from_params(
         clients=_clients(params, data, parts, device, attack),
         local=local_training(params),
         config=federation_config(params),
-        defence=Defence(
-            rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
-            filters=tuple(build_filter(f.name, **f.params()) for f in params.filters),
-            preaggregators=tuple(
-                build_preaggregator(p.name, **p.params()) for p in params.preaggregators
-            ),
+        defence=build_defence(
+            params,
             noniid=_noniid_check(params, data.info),
-            privacy=None if params.privacy.mode == "off" else privacy_budget(params),
             root=_root_data(data, root, len(parts), device),
             server_batch=val,  # Zeno's held-out batch
         ),
@@ -256,36 +231,6 @@ def federation_from_params(
             multi_label=data.info.multi_label,
         ),
         execution=Execution(backend=params.train.backend, max_parallel=params.train.max_parallel),
-    )
-
-
-def local_training(params: Params) -> LocalTraining:
-    """The clients' local training settings (``train.*``)."""
-    train = params.train
-    return LocalTraining(
-        epochs=train.local_epochs,
-        lr=train.lr,
-        momentum=train.momentum,
-        weight_decay=train.weight_decay,
-        batch_size=train.batch_size,
-        prox_mu=train.prox_mu,
-    )
-
-
-def federation_config(params: Params) -> FederationConfig:
-    """The server's settings: rounds, sampling, the fail-closed bound, evaluation."""
-    train = params.train
-    return FederationConfig(
-        rounds=train.rounds,
-        client_fraction=train.client_fraction,
-        server_lr=train.server_lr,
-        min_clients=train.min_clients,
-        seed=params.seed,
-        eval_batch_size=eval_batch_size(params),
-        select=params.eval.select,
-        max_excluded=train.max_excluded,
-        site_every=params.eval.every,
-        target_acc=params.eval.target_acc,
     )
 
 
@@ -340,22 +285,6 @@ def train_rounds(federation: Federation, state: ServerState, rounds: int) -> Ser
     return train(federation, state, rounds)
 
 
-def save_checkpoint(path: Path, *, state: ServerState, digest: str, run_id: str | None) -> None:
-    """Atomic: a kill during the write leaves the previous round's checkpoint intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "params_hash": digest,
-            "run_id": run_id,
-            "state": state.to_dict(),
-            "torch_rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
-    tmp.replace(path)
-
-
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
 def load_checkpoint(path: Path, digest: str) -> dict[str, Any] | None:
     """The checkpoint at ``path`` if it was written under params hash ``digest``."""
@@ -388,6 +317,13 @@ def record_round(
     """The round's metrics (and per-client losses) to MLflow, then the checkpoint: a kill
     in between re-runs, and re-logs, this round identically on resume, so no round's
     metrics go missing."""
+    tracker.log_metrics(report_metrics(report), step=report.round)
+    save_checkpoint(checkpoint, state=state, digest=digest, run_id=tracker.run_id)
+
+
+def report_metrics(report: RoundReport) -> dict[str, float]:
+    """A round's metrics with each client's loss and each site's scores under their own
+    MLflow names."""
     per_client = {}
     for row in report.clients:  # MLflow names: client_loss/<id>, noniid_loss/<id>
         if "train_loss" in row:
@@ -397,8 +333,7 @@ def record_round(
     for row in report.sites:  # site_acc/<id>, site_auc/<id>, site_loss/<id>, ...
         site = int(row["site"])
         per_client |= {f"site_{k}/{site}": v for k, v in row.items() if k not in SITE_KEYS}
-    tracker.log_metrics({**report.metrics, **per_client}, step=report.round)
-    save_checkpoint(checkpoint, state=state, digest=digest, run_id=tracker.run_id)
+    return {**report.metrics, **per_client}
 
 
 def trail_columns(trail: list[dict[str, Any]]) -> list[str]:

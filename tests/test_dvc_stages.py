@@ -26,8 +26,9 @@ than passes.
 
 Deps: the project modules a stage's flow imports (at module level or inside a function,
 and ``importlib.import_module(f"aggregation.{...}")``'s family), following imports
-everywhere except out of ``config/``: config's own imports of the registries serve the
-name checks at the entry point. ``config/environment.py`` is added: every stage's entry
+everywhere except out of ``config.params``: its imports of the registries serve the name
+checks at the entry point (``config.assembly``, which builds the engine's parts, is
+followed). ``config/environment.py`` is added: every stage's entry
 configures the process with it (its numerics among others). A dep folder must hold only
 modules the stage imports (otherwise its files are listed), and no stage depends on the
 CLI (``fedsieve/``).
@@ -57,6 +58,7 @@ PACKAGES = (
     "tasks",
     "flows",
     "fedsieve",
+    "flowerapp",
 )
 PIPELINES = ("dvc.yaml", "experiments/compare/dvc.yaml", "experiments/fedstnn/dvc.yaml")
 
@@ -66,6 +68,8 @@ PIPELINES = ("dvc.yaml", "experiments/compare/dvc.yaml", "experiments/fedstnn/dv
 BOOKKEEPING = {
     "config.params:params_hash": "the params hash keys the checkpoint and tags the run",
     "tasks.tracking:open_training_run": "every param logged to the MLflow run as a record",
+    "flowerapp.hub:write_params": "the params handed to the hub's ServerApp, which "
+    "builds its federation with the builders the simulated run uses (config.assembly)",
 }
 # Read, and deliberately not listed: where the data file is and whether it may be fetched.
 # What is read from it is pinned by data.dataset and data.size (the file is md5-checked).
@@ -462,8 +466,8 @@ def _imported(program: Program, name: str) -> set[str]:
 
 
 def stage_modules(program: Program, flow_module: str) -> set[str]:
-    """The project modules ``flow_module`` imports, transitively; config's imports out of
-    config not followed; config.environment added (every stage's entry runs it)."""
+    """The project modules ``flow_module`` imports, transitively; config.params' imports
+    out of config not followed; config.environment added (every stage's entry runs it)."""
     todo, seen = [flow_module, "config.environment"], set()
     while todo:
         name = todo.pop()
@@ -471,7 +475,7 @@ def stage_modules(program: Program, flow_module: str) -> set[str]:
             continue
         seen.add(name)
         imported = _imported(program, name)
-        if name.split(".")[0] == "config":
+        if name == "config.params":
             imported = {m for m in imported if m.split(".")[0] == "config"}
         todo.extend(imported - seen)
     return seen

@@ -21,13 +21,13 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
+from config.assembly import build_global_model
 from config.params import load_params
 from federated.data import dataset_info, load_medmnist, to_tensors
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
 from flows.train import train_flow
-from tasks.training import build_global_model
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["partition.num_clients=3", "train.local_epochs=1", "eval.target_acc=0.5"]

@@ -1,0 +1,143 @@
+"""The site's Flower ClientApp: trains the global model on the site's own data file and
+scores it on the site's held-out split.
+
+A site answers a ``train`` task with its update and two numbers (its training-sample
+count and mean training loss) and an ``evaluate`` task with its aggregate scores (n, loss,
+ACC, AUC, calibration): never images, labels or per-example values. It trains exactly as
+a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
+so a federation of sites ends where its simulation does. A task that does not fit the
+site's data (image shape, classes, model size) is refused in one logged line and answered
+with an error; the SuperNode keeps running.
+
+The data file is the SuperNode's ``--node-config 'data-file="..."'``
+(:mod:`flowerapp.site`, the site operator's command, checks it before starting).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from torch import Tensor, nn
+
+from federated.client import ClientData, LocalTraining, train_client
+from federated.data import DatasetInfo
+from federated.layout import use_fast_layout_
+from federated.metrics import evaluate, loss_function
+from federated.vectors import model_to_vector, vector_to_model_
+from flowerapp.remote import vector_record
+from flowerapp.site_data import SiteData, SiteDataError, load_site_data
+from models import build_model
+
+__all__ = ["app"]
+
+log = logging.getLogger("flwr")
+app = ClientApp()
+DEVICE = torch.device("cpu")
+
+
+class TaskRefused(ValueError):
+    """A task this site cannot run on its data: the reason, in one line."""
+
+
+@cache
+def _site_data(path: str) -> SiteData:
+    return load_site_data(path)
+
+
+def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> nn.Module:
+    """The task's model, checked against the site's data and the vector's length."""
+    try:
+        data.check_fits(
+            channels=int(task["channels"]), size=int(task["size"]),
+            classes=int(task["classes"]), multi_label=bool(task["multi_label"]),
+        )  # fmt: skip
+        model = build_model(
+            str(task["model"]), in_channels=int(task["channels"]),
+            num_classes=int(task["classes"]), image_size=int(task["size"]),
+        )  # fmt: skip
+    except (SiteDataError, KeyError, ValueError) as error:
+        raise TaskRefused(str(error)) from None
+    size = model_to_vector(model).numel()
+    if global_vector.numel() != size or global_vector.ndim != 1:
+        raise TaskRefused(
+            f"the global vector has {tuple(global_vector.shape)} values; the task's model "
+            f"{task['model']} has {size}"
+        )
+    return use_fast_layout_(model, DEVICE)
+
+
+def _info(task: dict[str, Any]) -> DatasetInfo:
+    """Enough of a dataset's description for :func:`federated.data.to_tensors`."""
+    task_kind = "multi-label, binary-class" if task["multi_label"] else "multi-class"
+    return DatasetInfo(
+        flag="site", task=task_kind, n_channels=int(task["channels"]),
+        n_classes=int(task["classes"]), labels=(), url="", md5="", n_samples={},
+        size=int(task["size"]),
+    )  # fmt: skip
+
+
+def _answer(msg: Message, context: Context, work: Any) -> Message:
+    """Run ``work(task, data, global_vector, model)``; a refusal or failure is one logged
+    line and an error reply, never a crashed SuperNode."""
+    try:
+        task = dict(msg.content["task"])
+        global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
+        data = _site_data(str(context.node_config["data-file"]))
+        model = _task_model(task, data, global_vector)
+        return msg.create_reply(work(task, data, global_vector, model))
+    except TaskRefused as error:
+        log.error("task refused: %s", error)
+        reason = f"refused: {error}"
+    except Exception as error:  # a broken site answers with its error, it does not crash
+        log.error("task failed: %s: %s", type(error).__name__, error)
+        reason = f"{type(error).__name__}: {error}"
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+
+
+def _train(
+    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
+) -> RecordDict:
+    (images, targets), _ = data.tensors(_info(task), DEVICE)
+    local = LocalTraining(
+        epochs=int(task["epochs"]), lr=float(task["lr"]), momentum=float(task["momentum"]),
+        weight_decay=float(task["weight_decay"]), batch_size=int(task["batch_size"]),
+        prox_mu=float(task["prox_mu"]),
+    )  # fmt: skip
+    client = ClientData(int(task["client"]), images, targets)
+    loss_fn = loss_function(bool(task["multi_label"]))
+    update = train_client(
+        model, global_vector, client, local, loss_fn, seed=int(task["shuffle_seed"])
+    )
+    metrics = MetricRecord({"num_samples": update.num_samples, "train_loss": update.train_loss})
+    return RecordDict({"update": vector_record(update.delta), "metrics": metrics})
+
+
+def _evaluate(
+    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
+) -> RecordDict:
+    _, (images, targets) = data.tensors(_info(task), DEVICE)
+    scores: dict[str, float] = {"n": float(len(targets))}
+    if len(targets):
+        vector_to_model_(model, global_vector)
+        scores |= evaluate(
+            model.eval(), images, targets, multi_label=bool(task["multi_label"]),
+            batch_size=int(task["eval_batch_size"]),
+        )  # fmt: skip
+    return RecordDict({"scores": MetricRecord(scores)})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return _answer(msg, context, _train)
+
+
+@app.evaluate()
+def score(msg: Message, context: Context) -> Message:
+    return _answer(msg, context, _evaluate)

@@ -1,0 +1,128 @@
+"""The hub's side of a federation of real sites, without Flower: the registered sites as
+the trail's clients, the federation the ServerApp drives, what every task tells a site,
+and the files the ServerApp and the hub's pipeline share (:class:`HubFiles`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from config.assembly import (
+    build_defence,
+    build_global_model,
+    federation_config,
+    local_training,
+    resolve_device,
+)
+from config.params import Params, eval_batch_size
+from federated.client import RegisteredClient
+from federated.data import DatasetInfo, MedMNISTData, to_tensors
+from federated.execution import ClientExecutor, SiteScorer
+from federated.seeding import SHUFFLE, derive_seed
+from federated.server import EvaluationSets, Execution, Federation
+
+__all__ = [
+    "HubFiles",
+    "hub_federation",
+    "registered_clients",
+    "shuffle_seed",
+    "site_nodes",
+    "site_task",
+    "write_params",
+]
+
+
+def registered_clients(params: Params) -> list[RegisteredClient]:
+    """The sites in params order: client id = place in ``federation.sites``."""
+    return [
+        RegisteredClient(client_id, site.samples, site.name)
+        for client_id, site in enumerate(params.federation.sites)
+    ]
+
+
+def site_nodes(params: Params) -> dict[int, int]:
+    """Client id -> the Flower node id registered for that site."""
+    return {client_id: site.node_id for client_id, site in enumerate(params.federation.sites)}
+
+
+def site_task(params: Params, info: DatasetInfo) -> dict[str, Any]:
+    """What a site needs besides the global vector to train and score exactly as a
+    simulated client would: the model, the data shape it expects, the local settings."""
+    local = local_training(params)
+    return {
+        "model": params.model.name,
+        "channels": info.n_channels,
+        "classes": info.n_classes,
+        "size": info.size,
+        "multi_label": info.multi_label,
+        "epochs": local.epochs,
+        "lr": local.lr,
+        "momentum": local.momentum,
+        "weight_decay": local.weight_decay,
+        "batch_size": local.batch_size,
+        "prox_mu": local.prox_mu,
+        "eval_batch_size": eval_batch_size(params),
+    }
+
+
+def shuffle_seed(params: Params, round_number: int, client_id: int) -> int:
+    """The seed of a client's batch order in a round: the simulation's, so a site given
+    the same data trains the same update."""
+    return derive_seed(params.seed, round_number, client_id, SHUFFLE)
+
+
+def hub_federation(
+    params: Params, data: MedMNISTData, executor: ClientExecutor, scorer: SiteScorer
+) -> Federation:
+    """The federation a hub runs: the registered sites (no data here), the seeded model,
+    the defence of ``params``, the hub's validation and test splits, and the sites'
+    own scores every ``eval.every`` rounds."""
+    device = resolve_device(params.train.device)
+    val = to_tensors(data.val, data.info, device=device)
+    return Federation(
+        model=build_global_model(params, data.info).to(device),
+        clients=registered_clients(params),
+        local=local_training(params),
+        config=federation_config(params),
+        defence=build_defence(params, server_batch=val),
+        evaluation=EvaluationSets(
+            test=to_tensors(data.test, data.info, device=device),
+            val=val,
+            multi_label=data.info.multi_label,
+            site_scorer=scorer,
+        ),
+        execution=Execution(executor=executor),
+    )
+
+
+@dataclass(frozen=True)
+class HubFiles:
+    """What the hub's pipeline hands the ServerApp (``params.json``: the run's validated
+    params) and what the ServerApp writes back, round by round (``rounds.jsonl``: each
+    round's report; ``outcome.json`` at the end), in one folder on the hub."""
+
+    folder: Path
+
+    @property
+    def params(self) -> Path:
+        return self.folder / "params.json"
+
+    @property
+    def rounds(self) -> Path:
+        return self.folder / "rounds.jsonl"
+
+    @property
+    def outcome(self) -> Path:
+        return self.folder / "outcome.json"
+
+    def read_params(self) -> Params:
+        return Params.model_validate(json.loads(self.params.read_text()))
+
+
+def write_params(path: Path, params: Params) -> None:
+    """The run's params for the ServerApp: only the keys given, so it validates what the
+    user wrote, as the hub's pipeline did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(params.model_dump_json(exclude_unset=True, indent=1))

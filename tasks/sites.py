@@ -1,0 +1,156 @@
+"""Training at real sites: the hub's side of ``federation.runtime: flower``.
+
+The train stage hands the run to fedsieve's Flower ServerApp (:mod:`flowerapp.server_app`)
+with ``flwr run`` against the SuperLink connection ``federation.superlink``, follows the
+rounds it writes into the stage's MLflow run as they end, and returns the server state
+from the checkpoint the ServerApp kept (the same file a simulated run writes, so
+``--resume`` continues either). Flower runs in its own environment (``make
+setup-flower``): its CLI is ``$FEDSIEVE_FLOWER_BIN/flwr``, by default the project's
+``.venv-flower/bin/flwr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from config.assembly import build_global_model
+from config.errors import ConfigError
+from config.params import Params
+from federated.checkpoint import read_checkpoint
+from federated.data import DatasetInfo
+from federated.server import RoundReport, ServerState
+from federated.vectors import vector_to_model_
+from flowerapp.hub import HubFiles, write_params
+from tasks.reports import ProjectPaths
+from tasks.stopping import stop_if_requested
+from tasks.tracking import Tracker
+from tasks.training import report_metrics
+
+__all__ = ["APP_DIR", "flower_cli", "selected_model", "train_at_sites"]
+
+APP_DIR = Path(__file__).resolve().parent.parent / "flowerapp" / "app"  # the FAB's source
+POLL_S = 0.5
+
+
+def flower_cli() -> Path:
+    """The ``flwr`` CLI of the Flower environment; a missing one is a one-line error."""
+    default = Path(__file__).resolve().parent.parent / ".venv-flower" / "bin"
+    cli = Path(os.environ.get("FEDSIEVE_FLOWER_BIN") or default) / "flwr"
+    if not cli.exists():
+        raise ConfigError(
+            f"federation.runtime = flower needs Flower's CLI, not found at {cli}: run "
+            "`make setup-flower` or set FEDSIEVE_FLOWER_BIN to the folder holding flwr"
+        )
+    return cli
+
+
+def _run_config(values: dict[str, str | bool]) -> list[str]:
+    """Flower's ``--run-config`` options, one TOML ``key=value`` pair each."""
+    pairs = (f"{key}={json.dumps(value)}" for key, value in values.items())
+    return [option for pair in pairs for option in ("--run-config", pair)]
+
+
+@task(name="train-at-sites", cache_policy=NO_CACHE)
+def train_at_sites(
+    params: Params, paths: ProjectPaths, tracker: Tracker, digest: str, *, data_root: Path,
+    resume: bool,
+) -> ServerState:  # fmt: skip
+    """The run's rounds at the sites (the ServerApp on the SuperLink), each logged to
+    MLflow as it ends; the final server state."""
+    files = HubFiles(paths.artifacts / "hub")
+    write_params(files.params, params)
+    files.outcome.unlink(missing_ok=True)
+    config = {
+        "hub-folder": str(files.folder.resolve()), "data-root": str(data_root.resolve()),
+        "checkpoint": str(paths.checkpoint.resolve()), "run-id": tracker.run_id or "",
+        "resume": resume,
+    }  # fmt: skip
+    log_path = files.folder / "flwr-run.log"
+    command = [str(flower_cli()), "run", str(APP_DIR), params.federation.superlink,
+               *_run_config(config), "--stream"]  # fmt: skip
+    logger = get_run_logger()
+    logger.info(
+        "training at %d sites through SuperLink connection %r",
+        len(params.federation.sites),
+        params.federation.superlink,
+    )
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            _follow(process, files, tracker, log_path)
+        finally:
+            if process.poll() is None:  # cancelled or failed here: stop the run there too
+                _stop_run(log_path, params.federation.superlink)
+                process.terminate()
+                process.wait(timeout=30)
+    outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
+    if outcome is None or outcome["status"] != "finished":
+        why = outcome["error"] if outcome else _last_line(log_path)
+        raise RuntimeError(f"the hub's ServerApp did not finish: {why} (log: {log_path})")
+    checkpoint = read_checkpoint(paths.checkpoint, digest)
+    if checkpoint is None:
+        raise RuntimeError(f"the ServerApp finished but left no checkpoint at {paths.checkpoint}")
+    return ServerState.from_dict(checkpoint["state"])
+
+
+def _follow(
+    process: subprocess.Popen[bytes], files: HubFiles, tracker: Tracker, log_path: Path
+) -> None:
+    """Each round the ServerApp appends, logged to MLflow until the run ends."""
+    logger, offset = get_run_logger(), 0
+    while True:
+        done = process.poll() is not None
+        stop_if_requested()
+        if files.rounds.exists():
+            with files.rounds.open() as rounds:
+                rounds.seek(offset)
+                for line in iter(rounds.readline, ""):
+                    if not line.endswith("\n"):
+                        break  # half written: read again next time
+                    offset += len(line.encode())
+                    report = RoundReport(**json.loads(line))
+                    tracker.log_metrics(report_metrics(report), step=report.round)
+                    metrics = report.metrics
+                    logger.info(
+                        "round %d: test acc %.4f auc %.4f",
+                        report.round,
+                        metrics["test_acc"],
+                        metrics["test_auc"],
+                    )
+        if done:
+            return
+        time.sleep(POLL_S)
+
+
+def _stop_run(log_path: Path, superlink: str) -> None:
+    """``flwr stop`` for the run this task started (its id is in ``flwr run``'s output)."""
+    match = re.search(r"Successfully started run (\d+)", log_path.read_text())
+    if match is not None:
+        subprocess.run(
+            [str(flower_cli()), "stop", match.group(1), superlink],
+            check=False,
+            capture_output=True,
+            timeout=60,
+        )
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return lines[-1] if lines else "flwr run printed nothing"
+
+
+def selected_model(params: Params, info: DatasetInfo, state: ServerState) -> torch.nn.Module:
+    """The model the run ends with (the last round's, or the best validation round's)."""
+    model = build_global_model(params, info)
+    best = state.best_vector
+    vector_to_model_(model, best if best is not None else state.global_vector)
+    return model.eval()
