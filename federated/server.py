@@ -480,9 +480,7 @@ class Federation:
     def _sites_due(self, round_number: int) -> bool:
         every = self.config.site_every
         scored = bool(self.evaluation.sites) or self.evaluation.site_scorer is not None
-        return scored and (
-            round_number % every == 0 or round_number == self.config.rounds
-        )
+        return scored and (round_number % every == 0 or round_number == self.config.rounds)
 
     def backdoor_asr(self, state: ServerState, *, selected: bool = False) -> float | None:
         """The backdoor's attack success rate on the triggered test images for the state's

@@ -91,7 +91,7 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
         data = _site_data(str(context.node_config["data-file"]))
         model = _task_model(task, data, global_vector)
-        return msg.create_reply(work(task, data, global_vector, model))
+        return Message(work(task, data, global_vector, model), reply_to=msg)
     except TaskRefused as error:
         log.error("task refused: %s", error)
         reason = f"refused: {error}"

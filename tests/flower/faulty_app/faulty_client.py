@@ -1,0 +1,39 @@
+"""fedsieve's ClientApp, with the fault named by the site's ``fault`` node config applied to
+its train replies: ``nan`` (every value NaN), ``shape`` (one value short), ``count`` (ten
+times its sample count reported). Sites without one answer as fedsieve's ClientApp does."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Context, Message, MetricRecord
+from flwr.clientapp import ClientApp
+
+from flowerapp import client_app as site
+from flowerapp.remote import vector_record
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    reply = site.train(msg, context)
+    fault = str(context.node_config.get("fault", ""))
+    if not fault or not reply.has_content():
+        return reply
+    vector = np.array(reply.content["update"]["vector"].numpy())
+    metrics = dict(reply.content["metrics"])
+    if fault == "nan":
+        vector = np.full_like(vector, np.nan)
+    elif fault == "shape":
+        vector = vector[:-1]
+    elif fault == "count":
+        metrics["num_samples"] = int(metrics["num_samples"]) * 10
+    reply.content["update"] = vector_record(torch.from_numpy(vector))
+    reply.content["metrics"] = MetricRecord(metrics)
+    return reply
+
+
+@app.evaluate()
+def score(msg: Message, context: Context) -> Message:
+    return site.score(msg, context)
