@@ -506,8 +506,9 @@ class Loopback:
     ) -> subprocess.CompletedProcess[str]:
         """Build the app dir into a FAB, start a run and (with `stream`) wait for its end.
 
-        With `stream` the output holds the ServerApp's log; `flwr run` exits 0 even when the
-        ServerApp fails, so callers check the log or `run_status`.
+        With `stream` the output holds the ServerApp's log. `flwr run` exits 0 even when the
+        ServerApp fails (check the log or `run_status`: "finished:failed"), 1 when a
+        `run_config` key is not in the app's `[tool.flwr.app.config]` or the SuperLink dies.
         """
         cmd = self._run_cmd(app_dir, run_config, stream)
         return self.flwr(*cmd[1:], timeout=timeout, check=True)

@@ -72,15 +72,18 @@ class RemoteExecutor:
                     dst_node_id=self.nodes[client_id],
                     message_type=kind,
                     group_id=str(round_number),
+                    ttl=self.round_timeout,  # a task left undelivered by the deadline expires
                 )
             )
         self.bytes_sent += record.count_bytes() * len(messages)
-        replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
-        client_of = {node: client for client, node in self.nodes.items()}
+        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        # by the message each replies to: Flower's own error replies (an unreachable node)
+        # come from the SuperLink, not from the site
+        sent = {m.metadata.message_id: i for m, i in zip(messages, client_ids, strict=True)}
         return {
-            client_of[r.metadata.src_node_id]: r
+            sent[r.metadata.reply_to_message_id]: r
             for r in replies
-            if r.metadata.src_node_id in client_of
+            if r.metadata.reply_to_message_id in sent
         }
 
     def train(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def run_hub(
     resume: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """The run's rounds at the sites, from the checkpoint when ``resume`` finds one."""
+    started = time.monotonic()
     params = files.read_params()
     digest = params_hash(params)
     data = load_medmnist(params.data.dataset, data_root, params.data.size)
@@ -76,7 +78,8 @@ def run_hub(
     def on_round(report: RoundReport, new_state: ServerState) -> None:
         save_checkpoint(checkpoint, state=new_state, digest=digest, run_id=run_id)
         with files.rounds.open("a") as out:  # after the checkpoint: a resumed run re-reads it
-            out.write(json.dumps(_report_record(report), default=float) + "\n")
+            record = _report_record(report) | {"elapsed_s": time.monotonic() - started}
+            out.write(json.dumps(record, default=float) + "\n")
         metrics = report.metrics
         log.info(
             "round %d/%d: test acc %.4f auc %.4f, %d of %d sites left out",

@@ -91,7 +91,7 @@ def load_site_data(path: Path | str) -> SiteData:
                 f"{path}: {split}_images is {images.dtype} of shape {images.shape}; "
                 "expected uint8 (N, H, W) or (N, H, W, 3)"
             )
-        labels = labels.reshape(len(labels), -1)
+        labels = labels.reshape(len(labels), -1) if labels.size else labels.reshape(0, 1)
         if len(labels) != len(images) or not np.issubdtype(labels.dtype, np.integer):
             raise SiteDataError(
                 f"{path}: {split}_labels ({labels.dtype}, {len(labels)} rows) does not match "

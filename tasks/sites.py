@@ -117,7 +117,10 @@ def _follow(
                     if not line.endswith("\n"):
                         break  # half written: read again next time
                     offset += len(line.encode())
-                    report = RoundReport(**json.loads(line))
+                    record = json.loads(line)  # a RoundReport, and the ServerApp's clock
+                    report = RoundReport(
+                        *(record[k] for k in ("round", "metrics", "clients", "sites"))
+                    )
                     tracker.log_metrics(report_metrics(report), step=report.round)
                     metrics = report.metrics
                     logger.info(

@@ -1,5 +1,5 @@
 """A loopback federation for the Flower tests: a SuperLink with TLS and SuperNode
-authentication on 127.0.0.1, and five digits sites, each a SuperNode process given only
+authentication on 127.0.0.1, and four digits sites, each a SuperNode process given only
 its own data file (written from the simulated partition), site 1's labels flipped.
 
 Every process is started and stopped by :class:`flowerapp.loopback.Loopback`, by PID.
@@ -24,7 +24,7 @@ from tasks.partition import split_partition
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
-SITES = 5
+SITES = 4
 FLIPPER = 1  # this site's training labels are reversed (y -> 9 - y)
 SEED = 0
 
@@ -59,7 +59,9 @@ class Hub:
         return self.nodes[name]
 
     def start(self, name: str, **node_config: str) -> None:
-        self.fed.start_site(name, self.keys[name], {"data-file": str(self.files[name]), **node_config})
+        self.fed.start_site(
+            name, self.keys[name], {"data-file": str(self.files[name]), **node_config}
+        )
         self.fed.wait_connected(name)
 
     def sites_params(self, names: list[str]) -> list[dict[str, Any]]:
@@ -85,8 +87,8 @@ def site_names(count: int = SITES) -> list[str]:
 
 @pytest.fixture(scope="session")
 def site_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The simulated partition of digits (five IID parts, a fifth of each held out) as
-    five site files; site 1's training labels reversed."""
+    """The simulated partition of digits (four IID parts, a fifth of each held out) as
+    four site files; site 1's training labels reversed."""
     out = tmp_path_factory.mktemp("sites")
     data = load_digits()
     split = split_partition(data.train.targets, "iid", SITES, SEED, {}, 0, 0.2)

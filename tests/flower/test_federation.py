@@ -6,26 +6,38 @@ checkpoint and rounds are compared with the same federation simulated in this pr
 
 from __future__ import annotations
 
+import csv
 import json
-import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+import yaml
 
 from config.assembly import build_defence, build_global_model, federation_config, local_training
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
 from federated.client import ClientData
-from federated.data import load_digits, to_tensors
+from federated.data import load_digits, load_medmnist, to_tensors
 from federated.loop import train
 from federated.server import EvaluationSets, Execution, Federation, ServerState
+from flowerapp.certs import make_site_key
 from flowerapp.hub import HubFiles, write_params
+from flowerapp.site_data import write_site_files
+from tasks.partition import split_partition
 from tasks.sites import APP_DIR
-from tests.flower.conftest import FLIPPER, Hub, site_data, site_names
+from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, site_data, site_names
 
 FAULTY_APP = Path(__file__).resolve().parent / "faulty_app"
 TOLERANCE = 1e-6
+REFUSED = "Activation failed: No SuperNode found with the given public key."
+MEDMNIST = Path(os.environ.get("MEDMNIST_ROOT", REPO.parent / "shared" / "data" / "medmnist"))
 
 
 def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) -> ServerState:
@@ -34,7 +46,11 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
     files = HubFiles(hub.folder / name)
     write_params(files.params, params)
     checkpoint = files.folder / "checkpoint.pt"
-    config = {"hub-folder": str(files.folder), "data-root": str(hub.folder), "checkpoint": str(checkpoint)}
+    config = {
+        "hub-folder": str(files.folder),
+        "data-root": str(hub.folder),
+        "checkpoint": str(checkpoint),
+    }
     done = hub.fed.run_app(app, config, timeout=600)
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
@@ -64,7 +80,9 @@ def simulated(raw: dict[str, Any], hub: Hub, names: list[str]) -> ServerState:
 
 
 def decisions(state: ServerState) -> list[tuple[int, int, bool, str]]:
-    return [(row["round"], row["client"], bool(row["excluded"]), row["reason"]) for row in state.trail]
+    return [
+        (row["round"], row["client"], bool(row["excluded"]), row["reason"]) for row in state.trail
+    ]
 
 
 def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub) -> None:
@@ -85,26 +103,168 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
     assert all(0 <= row["acc"] <= 1 and row["n"] > 0 for row in remote.sites)
 
 
-def test_a_site_that_sends_nan_or_a_wrong_shape_is_left_out_with_its_reason(hub: Hub) -> None:
+def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """A site that sends NaN, one that sends a wrong shape, one that reports ten times its
+    registered count, and one whose data does not fit the task (3-channel images)."""
     base = hub.files["site-2"]
     hub.add_site("nan-site", base, fault="nan")
     hub.add_site("shape-site", base, fault="shape")
     hub.add_site("lying-site", base, fault="count")
-    names = ["site-0", "site-2", "site-3", "nan-site", "shape-site", "lying-site"]
+    retina = load_medmnist("retinamnist", MEDMNIST, 28)
+    split = split_partition(retina.train.targets, "iid", 20, 0, {}, 0, 0.0)
+    (file,) = write_site_files(
+        retina, split.clients[:1], split.local_tests[:1], ["retina"], tmp_path
+    )
+    hub.add_site("retina-site", tmp_path / file["file"])
+    names = ["site-0", "site-2", "nan-site", "shape-site", "lying-site", "retina-site"]
     raw = hub.flower_params(names, train={"rounds": 1}, filters=[])
     state = run_at_sites(hub, raw, "faults", app=FAULTY_APP)
 
     rows = {row["client"]: row for row in state.trail}
-    nan_row, shape_row, lying_row = rows[3], rows[4], rows[5]
+    nan_row, shape_row, lying_row, misfit_row = rows[2], rows[3], rows[4], rows[5]
     assert (nan_row["excluded"], nan_row["reason"]) == (True, "non_finite")
     assert (shape_row["excluded"], shape_row["reason"]) == (True, "bad_update")
     assert "shape" in shape_row["message"]
     # the lying site is kept, weighted by its registered count, and flagged
-    registered = raw["federation"]["sites"][5]["samples"]
+    registered = raw["federation"]["sites"][4]["samples"]
     assert not lying_row["excluded"]
     assert lying_row["num_samples"] == registered
     assert lying_row["reported_samples"] == 10 * registered
     assert "registered" in lying_row["message"]
-    assert not any(rows[i]["excluded"] for i in (0, 1, 2))
-    assert math.isfinite(state.global_vector.sum().item())
+    # the misfit task is refused in one logged line, answered with an error; it runs on
+    assert (misfit_row["excluded"], misfit_row["reason"]) == (True, "client_error")
+    assert misfit_row["message"].startswith(
+        "refused: retina.npz: images are 28x28 with 3 channel(s)"
+    )
+    assert hub.fed.sites["retina-site"].poll() is None
+    assert "task refused: retina.npz" in hub.fed.site_log("retina-site").read_text()
+    assert not any(rows[i]["excluded"] for i in (0, 1))
     assert torch.isfinite(state.global_vector).all()
+    for name in ("nan-site", "shape-site", "lying-site", "retina-site"):
+        hub.fed.stop_site(name)
+
+
+def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
+    hub: Hub, tmp_path: Path
+) -> None:
+    fed = hub.fed
+    intruder = make_site_key(tmp_path, "intruder")
+    fed.start_site("intruder", intruder, {"data-file": str(hub.files["site-0"])})
+    with pytest.raises(RuntimeError, match="exited"):
+        fed.wait_connected("intruder", timeout=60)
+    assert REFUSED in fed.work.joinpath("superlink.log").read_text()
+
+    # site-3's key is replaced: the old one is revoked (refused from then on), the new
+    # one registered under a new node id; no other site is touched
+    old = hub.nodes["site-3"]
+    fed.stop_site("site-3")
+    fed.unregister(old)
+    refusals = fed.work.joinpath("superlink.log").read_text().count(REFUSED)
+    fed.start_site("site-3", hub.keys["site-3"], {"data-file": str(hub.files["site-3"])})
+    with pytest.raises(RuntimeError, match="exited"):
+        fed.wait_connected("site-3", timeout=60)
+    assert fed.work.joinpath("superlink.log").read_text().count(REFUSED) == refusals + 1
+    hub.keys["site-3"] = make_site_key(tmp_path, "site-3-new")
+    hub.nodes["site-3"] = fed.register(hub.keys["site-3"].public)
+    hub.fed.start_site("site-3", hub.keys["site-3"], {"data-file": str(hub.files["site-3"])})
+    assert fed.wait_connected("site-3") == hub.nodes["site-3"] != old
+    others = [hub.nodes[name] for name in site_names() if name != "site-3"]
+    assert all(fed.node_status(node) == "online" for node in others)
+
+
+def rounds_written(files: HubFiles) -> int:
+    if not files.rounds.exists():
+        return 0
+    return sum(1 for line in files.rounds.read_text().splitlines() if line.strip())
+
+
+def wait_for_round(files: HubFiles, round_number: int, process: Any, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while rounds_written(files) < round_number:
+        assert process.poll() is None, f"the run ended before round {round_number}"
+        assert time.monotonic() < deadline, f"round {round_number} not reached in {timeout} s"
+        time.sleep(0.2)
+
+
+def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
+    fed, victim = hub.fed, "site-2"
+    raw = hub.flower_params(site_names(), train={"rounds": 4}, filters=[], eval={"every": 4})
+    raw["federation"]["round_timeout"] = 30  # a live site answers well within it
+    params = Params.model_validate(raw)
+    files = HubFiles(hub.folder / "killed")
+    write_params(files.params, params)
+    checkpoint = files.folder / "checkpoint.pt"
+    run = fed.start_app(
+        APP_DIR,
+        {
+            "hub-folder": str(files.folder),
+            "data-root": str(hub.folder),
+            "checkpoint": str(checkpoint),
+        },
+    )
+    wait_for_round(files, 1, run)
+    fed.kill_site(victim)  # SIGKILL: no goodbye, the SuperLink learns it by the heartbeat
+    fed.wait_status([hub.nodes[victim]], "offline", timeout=120)
+    hub.start(victim)
+    assert run.wait(timeout=600) == 0, fed.app_log(run).read_text()[-3000:]
+
+    state = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
+    rows = [row for row in state.trail if row["client"] == 2]
+    missed = [row for row in rows if row["excluded"]]
+    assert missed and {row["reason"] for row in missed} <= {"client_timeout", "client_unavailable"}
+    assert all(row["message"] for row in missed)
+    assert not rows[-1]["excluded"], f"the restarted site did not rejoin: {rows}"
+    others = [row for row in state.trail if row["client"] != 2 and row["excluded"]]
+    assert not others, others
+    assert state.round == 4 and all(h["clients_kept"] >= 3 for h in state.history)
+
+
+def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_connected(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """The hub's whole side (the ``fedsieve train`` flow and the SuperLink with its
+    ServerApp) SIGKILLed after round 1 of 3; the SuperLink restarted on its database, the
+    sites reconnect by themselves; ``fedsieve train --resume`` ends where an uninterrupted
+    run ends, in the same MLflow run."""
+    names = site_names()
+    raw = hub.flower_params(names, train={"rounds": 3})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    command = [sys.executable, "-m", "fedsieve.cli", "train", "--params", "params.yaml", "--resume"]
+    env = hub.fed.flwr_env() | {
+        "PREFECT_HOME": str(tmp_path / ".prefect"),
+        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
+    }
+    files = HubFiles(tmp_path / "artifacts" / "hub")
+    with (tmp_path / "first.log").open("wb") as log:
+        first = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # fmt: skip
+        try:
+            wait_for_round(files, 1, first)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    hub.fed.kill_superlink()
+    checkpoint = tmp_path / "artifacts" / "checkpoints" / "train.pt"
+    params = Params.model_validate(raw)
+    killed_at = read_checkpoint(checkpoint, params_hash(params))
+    assert killed_at is not None and 1 <= killed_at["state"]["round"] < 3
+
+    hub.fed.start_superlink()
+    hub.fed.wait_status(hub.nodes[name] for name in names)  # back by themselves
+    second = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    state = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
+    local = simulated(raw, hub, names)
+    assert state.round == 3
+    assert (state.global_vector - local.global_vector).abs().max().item() <= TOLERANCE
+    assert decisions(state) == decisions(local)
+    with (tmp_path / "reports" / "rounds.csv").open() as rounds:
+        assert [int(float(row["round"])) for row in csv.DictReader(rounds)] == [1, 2, 3]
+    tracking = json.loads((tmp_path / "artifacts" / "model" / "tracking.json").read_text())
+    assert tracking["run_id"] == killed_at["run_id"] and not tracking["tracking_failed"]
