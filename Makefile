@@ -20,7 +20,7 @@ export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
 .PHONY: setup setup-flower deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke clean
+	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -85,6 +85,9 @@ bench-speed:  # batched vs sequential rounds; on a GPU add --device cuda
 
 bench-flower:  # creates its own Flower venv (benchmarks/.venv-flower) on first use
 	$(BIN)/python -m benchmarks.flower_race --repeats 3
+
+bench-federation:  # real sites on loopback (TLS, authentication) beside Flower's FedAvg; minutes
+	$(BIN)/python -m benchmarks.federation_loopback
 
 bench-overhead:
 	$(BIN)/python -m benchmarks.overhead
