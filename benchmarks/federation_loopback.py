@@ -48,6 +48,7 @@ from tasks.sites import APP_DIR
 REPO = Path(__file__).resolve().parent.parent
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
 BASELINE_APP = REPO / "benchmarks" / "flower" / "deploy_fedavg"
+TRANSPORT_APP = REPO / "benchmarks" / "flower" / "transport_app"
 RESULTS = REPO / "benchmarks" / "results" / "federation-loopback"
 
 
@@ -146,6 +147,10 @@ def main() -> None:
         flower_total = time.perf_counter() - started
         baseline = json.loads(baseline_out.read_text())
 
+        transport_out = fed.work / "transport.json"  # a ResNet-50's 94 MB, to two sites and back
+        fed.run_app(TRANSPORT_APP, {"megabytes": 94, "out": str(transport_out)}, timeout=1800)
+        transport = json.loads(transport_out.read_text())
+
     final = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
     simulated, simulated_round_s = simulate(params, files, root)
     diff = float((final.global_vector - simulated.global_vector).abs().max())
@@ -179,6 +184,7 @@ def main() -> None:
         "simulated_final_test_acc": simulated.history[-1]["test_acc"],
         "flower_fedavg_final_test_acc": baseline["rounds"][-1]["acc"],
         "unregistered_refused": refused,
+        "transport_94mb": transport,
         "excluded_rows": sum(bool(r["excluded"]) for r in final.trail),
     }
     lines = [
@@ -189,6 +195,8 @@ def main() -> None:
         f"- the same federation simulated here: {simulated_round_s:.2f} s/round; overhead "
         f"{round_s - simulated_round_s:.2f} s/round",
         f"- max |sites - simulation| = {diff:.2e}; unregistered key refused: {refused}",
+        f"- a 94 MB vector to {transport['sites']} sites and back: "
+        f"{transport['round_trip_s']:.1f} s, intact: {transport['echoed_intact']}",
     ]
     write_summary(RESULTS, payload, lines)
 
