@@ -150,9 +150,9 @@ def main() -> None:
         transport_out = fed.work / "transport.json"  # a ResNet-50's 94 MB, to two sites and back
         fed.run_app(TRANSPORT_APP, {"megabytes": 94, "out": str(transport_out)}, timeout=1800)
         transport = json.loads(transport_out.read_text())
-
-    final = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
-    simulated, simulated_round_s = simulate(params, files, root)
+        # read before the loopback's folder goes
+        final = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
+        simulated, simulated_round_s = simulate(params, files, root)
     diff = float((final.global_vector - simulated.global_vector).abs().max())
     round_s = per_round(records)
     flower_round_s = per_round(baseline["rounds"][1:])  # its round 0: the initial model

@@ -190,7 +190,7 @@ def wait_for_round(files: HubFiles, round_number: int, process: Any, timeout: fl
 def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
-    raw["federation"]["round_timeout"] = 30  # a live site answers well within it
+    raw["federation"]["round_timeout"] = 20  # a live site answers well within it
     params = Params.model_validate(raw)
     files = HubFiles(hub.folder / "killed")
     write_params(files.params, params)
@@ -228,7 +228,7 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     sites reconnect by themselves; ``fedsieve train --resume`` ends where an uninterrupted
     run ends, in the same MLflow run."""
     names = site_names()
-    raw = hub.flower_params(names, train={"rounds": 3})
+    raw = hub.flower_params(names, train={"rounds": 3}, eval={"every": 3})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     command = [sys.executable, "-m", "fedsieve.cli", "train", "--params", "params.yaml", "--resume"]
     env = hub.fed.flwr_env() | {
