@@ -39,8 +39,7 @@ setup: deps setup-flower
 deps:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-		print(*project["dependencies"], *project["optional-dependencies"]["hub"], sep="\n")' > $(VENV)/requirements.txt
+	$(BIN)/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *p["optional-dependencies"]["hub"], sep="\n")' > $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
 

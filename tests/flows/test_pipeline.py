@@ -269,6 +269,7 @@ def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, d
             shutil.copy(REPO / name, repo / name)
     for folder in (
         "federated", "aggregation", "models", "registry", "tasks", "flows", "config", "fedsieve",
+        "flowerapp",
         ".dvc",
     ):  # fmt: skip
         shutil.copytree(

@@ -104,8 +104,8 @@ def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(doc
     # the CPU image refuses a torch built for CUDA (a fallback from an unreachable index)
     assert "torch.version.cuda" in steps[deps][1] and "PIP_EXTRA_INDEX_URL" in steps[deps][1]
     recipe = make_recipe("setup")
-    assert "setup: deps" in (REPO / "Makefile").read_text()
-    assert any('-e ".[dev]"' in line for line in recipe)
+    assert "setup: deps setup-flower" in (REPO / "Makefile").read_text()
+    assert any('-e ".[hub,dev]"' in line for line in recipe)
     deps_recipe = make_recipe("deps")
     assert "torch==2.13.0" in deps_recipe[1] and "requirements.txt" in deps_recipe[3]
     assert "--no-deps medmnist==3.0.2" in deps_recipe[4]
