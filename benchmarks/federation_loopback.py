@@ -30,16 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import cpu_environment, write_summary
-from config.assembly import build_defence, build_global_model, federation_config, local_training
+from config.assembly import build_global_model
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
-from federated.client import ClientData
-from federated.data import load_medmnist, to_tensors
+from federated.data import load_medmnist
 from federated.loop import train
-from federated.server import EvaluationSets, Execution, Federation, ServerState
+from federated.server import ServerState
 from federated.vectors import model_to_vector
 from flowerapp.certs import make_site_key
-from flowerapp.hub import HubFiles, write_params
+from flowerapp.hub import HubFiles, simulated_federation, write_params
 from flowerapp.loopback import CONNECTION, Loopback
 from flowerapp.site_data import load_site_data, write_site_files
 from tasks.partition import split_partition
@@ -76,18 +75,7 @@ def hub_params(args: argparse.Namespace, sites: list[dict[str, Any]], root: Path
 def simulate(params: Params, files: dict[str, Path], root: Path) -> tuple[ServerState, float]:
     """The same federation in this process; its final state and seconds per round."""
     data = load_medmnist(params.data.dataset, root)
-    clients = [
-        ClientData(i, *to_tensors(load_site_data(f).train, data.info))
-        for i, f in enumerate(files.values())
-    ]
-    val = to_tensors(data.val, data.info)
-    federation = Federation(
-        model=build_global_model(params, data.info), clients=clients,
-        local=local_training(params), config=federation_config(params),
-        defence=build_defence(params, server_batch=val),
-        evaluation=EvaluationSets(test=to_tensors(data.test, data.info), val=val),
-        execution=Execution(backend="sequential"),
-    )  # fmt: skip
+    federation = simulated_federation(params, data, list(files.values()))
     started = time.perf_counter()
     state = train(federation, federation.initial_state(), params.train.rounds)
     return state, (time.perf_counter() - started) / params.train.rounds

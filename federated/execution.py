@@ -34,6 +34,7 @@ __all__ = [
     "Outcome",
     "SequentialExecutor",
     "SiteScorer",
+    "collect_results",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -55,6 +56,21 @@ class ClientResult:
 
 
 OnResult = Callable[[ClientResult], None]  # told of each result as it comes (progress)
+
+
+def collect_results(
+    client_ids: Sequence[int],
+    result_of: Callable[[int], ClientResult],
+    on_result: OnResult | None = None,
+) -> list[ClientResult]:
+    """``result_of`` each id, in order, each told to ``on_result`` as it is made (a
+    progress bar moves while clients train one after another)."""
+    results = []
+    for client_id in client_ids:
+        results.append(result := result_of(client_id))
+        if on_result is not None:
+            on_result(result)
+    return results
 
 
 class ClientExecutor(Protocol):
@@ -100,12 +116,9 @@ class SequentialExecutor:
         client_ids: Sequence[int],
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
-        results = []
-        for client_id in client_ids:  # each told as it is done: a progress bar moves
-            results.append(result := self.train_one(global_vector, round_number, client_id))
-            if on_result is not None:
-                on_result(result)
-        return results
+        return collect_results(
+            client_ids, lambda i: self.train_one(global_vector, round_number, i), on_result
+        )
 
     def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
         try:
@@ -146,7 +159,4 @@ class BatchedExecutor:
             )  # fmt: skip
             return one.train(global_vector, round_number, client_ids, on_result)
         by_id = {u.client_id: u for u in updates}
-        results = [ClientResult(i, "ok", by_id[i]) for i in client_ids]
-        for result in results if on_result is not None else ():
-            on_result(result)
-        return results
+        return collect_results(client_ids, lambda i: ClientResult(i, "ok", by_id[i]), on_result)

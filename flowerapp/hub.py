@@ -5,6 +5,7 @@ and the files the ServerApp and the hub's pipeline share (:class:`HubFiles`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,19 @@ from config.assembly import (
     resolve_device,
 )
 from config.params import Params, eval_batch_size
-from federated.client import RegisteredClient
+from federated.client import ClientData, RegisteredClient
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.execution import ClientExecutor, SiteScorer
 from federated.seeding import SHUFFLE, derive_seed
 from federated.server import EvaluationSets, Execution, Federation
+from flowerapp.site_data import load_site_data
 
 __all__ = [
     "HubFiles",
     "hub_federation",
     "registered_clients",
     "shuffle_seed",
+    "simulated_federation",
     "site_nodes",
     "site_task",
     "write_params",
@@ -94,6 +97,30 @@ def hub_federation(
             site_scorer=scorer,
         ),
         execution=Execution(executor=executor),
+    )
+
+
+def simulated_federation(
+    params: Params, data: MedMNISTData, site_files: Sequence[Path]
+) -> Federation:
+    """What a run at the sites must equal, in one process: each site's file as the client
+    of its place in ``site_files`` (the order of ``federation.sites``), trained one after
+    another, scored on the hub's splits. The loopback tests and benchmark compare with it."""
+    clients = [
+        ClientData(client_id, *to_tensors(load_site_data(file).train, data.info))
+        for client_id, file in enumerate(site_files)
+    ]
+    val = to_tensors(data.val, data.info)
+    return Federation(
+        model=build_global_model(params, data.info),
+        clients=clients,
+        local=local_training(params),
+        config=federation_config(params),
+        defence=build_defence(params, server_batch=val),
+        evaluation=EvaluationSets(
+            test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label
+        ),
+        execution=Execution(backend="sequential"),
     )
 
 

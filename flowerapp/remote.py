@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from federated.client import ClientUpdate
-from federated.execution import ClientResult, OnResult
+from federated.execution import ClientResult, OnResult, collect_results
 
 __all__ = ["RemoteExecutor", "vector_record"]
 
@@ -94,12 +94,9 @@ class RemoteExecutor:
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
         replies = self._send("train", global_vector, round_number, client_ids)
-        results = []
-        for client_id in client_ids:
-            results.append(result := self._result(client_id, replies.get(client_id), global_vector))
-            if on_result is not None:
-                on_result(result)
-        return results
+        return collect_results(
+            client_ids, lambda i: self._result(i, replies.get(i), global_vector), on_result
+        )
 
     def _result(self, client_id: int, reply: Message | None, like: Tensor) -> ClientResult:
         if reply is None:

@@ -20,19 +20,17 @@ import pytest
 import torch
 import yaml
 
-from config.assembly import build_defence, build_global_model, federation_config, local_training
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
-from federated.client import ClientData
-from federated.data import load_digits, load_medmnist, to_tensors
+from federated.data import load_digits, load_medmnist
 from federated.loop import train
-from federated.server import EvaluationSets, Execution, Federation, ServerState
+from federated.server import ServerState
 from flowerapp.certs import make_site_key
-from flowerapp.hub import HubFiles, write_params
+from flowerapp.hub import HubFiles, simulated_federation, write_params
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
-from tests.flower.conftest import FLIPPER, FLOWER_BIN, Hub, site_data, site_names
+from tests.flower.conftest import FLIPPER, FLOWER_BIN, Hub, site_names
 
 FAULTY_APP = Path(__file__).resolve().parent / "faulty_app"
 TOLERANCE = 1e-6
@@ -60,21 +58,8 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
 
 def simulated(raw: dict[str, Any], hub: Hub, names: list[str]) -> ServerState:
     """The same federation in this process: the sites' files as its clients' data."""
-    params = Params.model_validate({k: v for k, v in raw.items() if k != "federation"})
-    data = load_digits()
-    clients = [
-        ClientData(i, *to_tensors(site.train, data.info)) for i, site in enumerate(site_data(hub.files, names))
-    ]  # fmt: skip
-    val = to_tensors(data.val, data.info)
-    federation = Federation(
-        model=build_global_model(params, data.info),
-        clients=clients,
-        local=local_training(params),
-        config=federation_config(params),
-        defence=build_defence(params, server_batch=val),
-        evaluation=EvaluationSets(test=to_tensors(data.test, data.info), val=val),
-        execution=Execution(backend="sequential"),
-    )
+    params = Params.model_validate(raw)
+    federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
     return train(federation, federation.initial_state(), params.train.rounds)
 
 
