@@ -19,8 +19,8 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup setup-flower deps project run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke clean
+.PHONY: setup setup-flower deps deps-flower project project-flower run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -48,13 +48,21 @@ project:
 
 # Flower's own environment (its pins conflict with Prefect's): the engine, torch and Flower,
 # what a site runs and what the hub's SuperLink runs its ServerApp in (docs/federation.md).
+# The site image (Dockerfile.site) runs `deps-flower project-flower` before its source is
+# copied: the editable install needs only pyproject.toml (its .pth names the folder).
 FLOWER_VENV := .venv-flower
-setup-flower:
+setup-flower: deps-flower project-flower
+	$(FLOWER_VENV)/bin/python -c "import flwr, torch, flowerapp.client_app; print('Flower environment ready: flwr', flwr.__version__, '| torch', torch.__version__)"
+
+project-flower:
+	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --no-deps --config-settings editable_mode=compat -e .
+
+deps-flower:
 	test -x $(FLOWER_VENV)/bin/python || $(PYTHON) -m venv $(FLOWER_VENV)
 	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q torch==2.13.0
-	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[flower]"
+	$(FLOWER_VENV)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *p["optional-dependencies"]["flower"], sep="\n")' > $(FLOWER_VENV)/requirements.txt
+	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q -r $(FLOWER_VENV)/requirements.txt
 	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
-	$(FLOWER_VENV)/bin/python -c "import flwr, torch, flowerapp.client_app; print('Flower environment ready: flwr', flwr.__version__, '| torch', torch.__version__)"
 
 run:
 	$(BIN)/fedsieve dvc repro
@@ -106,6 +114,9 @@ bench-resnet18:
 
 container-smoke:  # needs a running Docker engine; minutes (docs/container.md)
 	bash scripts/container_smoke.sh
+
+federation-smoke:  # needs a running Docker engine; the SuperLink and three sites as containers (docs/federation.md)
+	$(BIN)/python scripts/federation_smoke.py
 
 clean:
 	rm -rf artifacts reports .prefect mlflow.db mlartifacts mlruns

@@ -198,6 +198,25 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
+def _add_plan(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument("--out", default="plan.json", help="where to write the plan")
+
+
+def _plan(args: argparse.Namespace, workdir: Path) -> int:
+    """The training plan the params send every site, for the sites' operators to read and
+    pin (``fedsieve-site --plan``); a site refuses any task that departs from it."""
+    from federated.data import dataset_info
+    from flowerapp.hub import site_task
+    from flowerapp.plan import write_plan
+
+    params = checked_params(args, workdir)
+    out = workdir / args.out
+    digest = write_plan(out, site_task(params, dataset_info(params.data.dataset, params.data.size)))
+    print(f"{out}: the sites' training plan, sha256 {digest}")
+    return 0
+
+
 def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters, list_preaggregators
     from federated.attacks import list_attacks
@@ -259,6 +278,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         "write the partition as one data file per site (a loopback or pilot federation)",
         _add_sites,
         _sites,
+    ),
+    "plan": (
+        "write the training plan every site approves (fedsieve-site --plan)",
+        _add_plan,
+        _plan,
     ),
     "list": (
         "list datasets, models, partition schemes, rules, pre-aggregators, filters, attacks",

@@ -6,11 +6,13 @@ count and mean training loss) and an ``evaluate`` task with its aggregate scores
 ACC, AUC, calibration): never images, labels or per-example values. It trains exactly as
 a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
 so a federation of sites ends where its simulation does. A task that does not fit the
-site's data (image shape, classes, model size) is refused in one logged line and answered
-with an error; the SuperNode keeps running.
+site's data (image shape, classes, model size), or whose settings are not the training
+plan the site's operator approved (:mod:`flowerapp.plan`), is refused in one logged line
+and answered with an error; the SuperNode keeps running.
 
-The data file is the SuperNode's ``--node-config 'data-file="..."'``
-(:mod:`flowerapp.site`, the site operator's command, checks it before starting).
+The data file and the approved plan are the SuperNode's ``--node-config 'data-file="..."
+approved-plan="..."'`` (:mod:`flowerapp.site`, the site operator's command, checks both
+before starting).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from federated.data import DatasetInfo
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
 from federated.vectors import model_to_vector, vector_to_model_
+from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import vector_record
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
 from models import build_model
@@ -49,6 +52,27 @@ class TaskRefused(ValueError):
 @cache
 def _site_data(path: str) -> SiteData:
     return load_site_data(path)
+
+
+@cache
+def _approved_plan(path: str) -> dict[str, Any]:
+    return read_plan(path)
+
+
+def _check_approved(task: dict[str, Any], context: Context) -> None:
+    """Refuse a task whose settings are not the plan this site approved (when it pinned one)."""
+    if "approved-plan" not in context.node_config:
+        return
+    try:
+        approved = _approved_plan(str(context.node_config["approved-plan"]))
+    except PlanError as error:
+        raise TaskRefused(str(error)) from None
+    differences = plan_differences(approved, task)
+    if differences:
+        raise TaskRefused(
+            f"training plan {plan_digest(task)[:12]} is not the approved "
+            f"{plan_digest(approved)[:12]}: {', '.join(differences)}"
+        )
 
 
 def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> nn.Module:
@@ -88,6 +112,7 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
     line and an error reply, never a crashed SuperNode."""
     try:
         task = dict(msg.content["task"])
+        _check_approved(task, context)
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
         data = _site_data(str(context.node_config["data-file"]))
         model = _task_model(task, data, global_vector)

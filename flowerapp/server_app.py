@@ -26,6 +26,7 @@ from federated.data import load_medmnist
 from federated.loop import train
 from federated.server import RoundReport, ServerState
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
+from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
 
 __all__ = ["app", "run_hub"]
@@ -61,8 +62,10 @@ def run_hub(
     params = files.read_params()
     digest = params_hash(params)
     data = load_medmnist(params.data.dataset, data_root, params.data.size)
+    task = site_task(params, data.info)
+    log.info("training plan sha256 %s (what `fedsieve plan` writes)", plan_digest(task))
     executor = RemoteExecutor(
-        grid, site_nodes(params), site_task(params, data.info),
+        grid, site_nodes(params), task,
         seed_of=lambda round_number, client: shuffle_seed(params, round_number, client),
         round_timeout=params.federation.round_timeout,
     )  # fmt: skip

@@ -1,12 +1,15 @@
-"""The site operator's one command: check the site's data file, then run a SuperNode
-with fedsieve's ClientApp, TLS to the hub's SuperLink and the site's key.
+"""The site operator's one command: check the site's data file and the training plan it
+approved, then run a SuperNode with fedsieve's ClientApp, TLS to the hub's SuperLink and
+the site's key.
 
-    python -m flowerapp.site --data site.npz --superlink hub.example.org:9092 \\
+    fedsieve-site --data site.npz --plan plan.json --superlink hub.example.org:9092 \\
         --ca ca.crt --key site.key
 
 The SuperNode connects outbound only (no port is opened to the outside: its ClientApp API
 listens on 127.0.0.1) and retries for ever, so a restarted hub finds it again. A data file
-that cannot be trained on ends here, in one line with exit code 2, before anything starts.
+that cannot be trained on, or a plan file that cannot be read, ends here in one line with exit
+code 2, before anything starts. Tasks whose settings are not the plan are refused
+(:mod:`flowerapp.plan`).
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data
 
 __all__ = ["main", "supernode_command"]
 
 
 def supernode_command(
-    data: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094
+    data: Path, plan: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094
 ) -> list[str]:
     """``flower-supernode`` with TLS (the hub's CA), SuperNode authentication (the site's
-    private key; its public key is registered at the hub) and the data file as node config."""
+    private key; its public key is registered at the hub), and the data file and approved
+    plan as node config."""
     binary = Path(sys.executable).parent / "flower-supernode"
     return [
         str(binary),
@@ -35,13 +40,16 @@ def supernode_command(
         "--auth-supernode-private-key", str(key),
         "--isolation", "subprocess",
         "--clientappio-api-address", f"127.0.0.1:{clientappio_port}",
-        "--node-config", f'data-file="{data.resolve()}"',
+        "--node-config", f'data-file="{data.resolve()}" approved-plan="{plan.resolve()}"',
     ]  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsieve-site", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="the site's .npz data file")
+    parser.add_argument(
+        "--plan", type=Path, required=True, help="the training plan this site approved (plan.json)"
+    )
     parser.add_argument("--superlink", required=True, help="the hub's Fleet API, host:port")
     parser.add_argument("--ca", type=Path, required=True, help="the hub's CA certificate")
     parser.add_argument("--key", type=Path, required=True, help="the site's private key")
@@ -49,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data = load_site_data(args.data)
-    except SiteDataError as error:
+        plan = read_plan(args.plan)
+    except (SiteDataError, PlanError) as error:
         print(f"fedsieve-site: error: {error}", file=sys.stderr)
         return 2
     for name, path in (("--ca", args.ca), ("--key", args.key)):
@@ -58,10 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     print(
         f"fedsieve-site: {data.path.name}: {len(data.train)} training and {len(data.test)} "
-        f"held-out images; connecting to {args.superlink}",
+        f"held-out images; approved plan {plan_digest(plan)[:12]}; connecting to {args.superlink}",
         file=sys.stderr,
     )
-    command = supernode_command(data.path, args.superlink, args.ca, args.key, args.clientappio_port)
+    command = supernode_command(
+        data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port
+    )
     os.execv(command[0], command)  # the SuperNode is the site's process from here on
 
 

@@ -1,6 +1,7 @@
 """A loopback federation for the Flower tests: a SuperLink with TLS and SuperNode
 authentication on 127.0.0.1, and four digits sites, each a SuperNode process given only
-its own data file (written from the simulated partition), site 1's labels flipped.
+its own data file (written from the simulated partition), site 1's labels flipped, and
+each pinning the training plan of :data:`BASE_PARAMS` (what ``fedsieve plan`` writes).
 
 Every process is started and stopped by :class:`flowerapp.loopback.Loopback`, by PID.
 The Flower environment (``make setup-flower``, part of ``make setup``) runs them."""
@@ -16,9 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from federated.data import load_digits
+from config.params import Params
+from federated.data import dataset_info, load_digits
 from flowerapp.certs import SiteKey, make_site_key
+from flowerapp.hub import site_task
 from flowerapp.loopback import CONNECTION, Loopback
+from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition
 
@@ -47,6 +51,7 @@ class Hub:
     fed: Loopback
     folder: Path
     files: dict[str, Path]  # site name -> its data file
+    plan: Path  # the training plan every site approves unless told otherwise
     keys: dict[str, SiteKey] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # site name -> registered node id
 
@@ -59,10 +64,12 @@ class Hub:
         return self.nodes[name]
 
     def start(self, name: str, **node_config: str) -> None:
-        self.fed.start_site(
-            name, self.keys[name], {"data-file": str(self.files[name]), **node_config}
-        )
+        self.fed.start_site(name, self.keys[name], self.node_config(name, **node_config))
         self.fed.wait_connected(name)
+
+    def node_config(self, name: str, **extra: str) -> dict[str, str]:
+        """What ``fedsieve-site`` gives its SuperNode: the data file, the approved plan."""
+        return {"data-file": str(self.files[name]), "approved-plan": str(self.plan), **extra}
 
     def sites_params(self, names: list[str]) -> list[dict[str, Any]]:
         return [
@@ -107,7 +114,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory, site_files: dict[str, Path]) -
         pytest.fail(f"no Flower environment at {FLOWER_BIN}: run `make setup-flower`")
     with Loopback(tmp_path_factory.mktemp("loopback"), bin_dir=FLOWER_BIN) as fed:
         fed.start_superlink()
-        hub = Hub(fed, tmp_path_factory.mktemp("hub"), {})
+        folder = tmp_path_factory.mktemp("hub")
+        plan = folder / "plan.json"
+        write_plan(plan, site_task(Params.model_validate(BASE_PARAMS), dataset_info("digits")))
+        hub = Hub(fed, folder, {}, plan)
         for name in site_names():
             hub.add_site(name, site_files[name])
         yield hub

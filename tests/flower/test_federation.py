@@ -91,8 +91,11 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     hub: Hub, tmp_path: Path, medmnist_root: Path
 ) -> None:
     """A site that sends NaN, one that sends a wrong shape, one that reports ten times its
-    registered count, and one whose data does not fit the task (3-channel images)."""
+    registered count, one whose data does not fit the task (3-channel images), and one
+    whose operator approved another training plan (a smaller learning rate)."""
     base = hub.files["site-2"]
+    cautious = tmp_path / "cautious-plan.json"
+    cautious.write_text(json.dumps(json.loads(hub.plan.read_text()) | {"lr": 0.01}))
     hub.add_site("nan-site", base, fault="nan")
     hub.add_site("shape-site", base, fault="shape")
     hub.add_site("lying-site", base, fault="count")
@@ -102,12 +105,14 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
         retina, split.clients[:1], split.local_tests[:1], ["retina"], tmp_path
     )
     hub.add_site("retina-site", tmp_path / file["file"])
+    hub.add_site("cautious-site", base, **{"approved-plan": str(cautious)})
     names = ["site-0", "site-2", "nan-site", "shape-site", "lying-site", "retina-site"]
+    names += ["cautious-site"]
     raw = hub.flower_params(names, train={"rounds": 1}, filters=[])
     state = run_at_sites(hub, raw, "faults", app=FAULTY_APP)
 
     rows = {row["client"]: row for row in state.trail}
-    nan_row, shape_row, lying_row, misfit_row = rows[2], rows[3], rows[4], rows[5]
+    nan_row, shape_row, lying_row, misfit_row, cautious_row = (rows[i] for i in range(2, 7))
     assert (nan_row["excluded"], nan_row["reason"]) == (True, "non_finite")
     assert (shape_row["excluded"], shape_row["reason"]) == (True, "bad_update")
     assert "shape" in shape_row["message"]
@@ -124,9 +129,14 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     )
     assert hub.fed.sites["retina-site"].poll() is None
     assert "task refused: retina.npz" in hub.fed.site_log("retina-site").read_text()
+    # a plan the site's operator did not approve is refused, naming what differs
+    assert (cautious_row["excluded"], cautious_row["reason"]) == (True, "client_error")
+    assert cautious_row["message"].startswith("refused: training plan ")
+    assert cautious_row["message"].endswith(": lr=0.05 (approved 0.01)")
+    assert "task refused: training plan" in hub.fed.site_log("cautious-site").read_text()
     assert not any(rows[i]["excluded"] for i in (0, 1))
     assert torch.isfinite(state.global_vector).all()
-    for name in ("nan-site", "shape-site", "lying-site", "retina-site"):
+    for name in ("nan-site", "shape-site", "lying-site", "retina-site", "cautious-site"):
         hub.fed.stop_site(name)
 
 
@@ -135,7 +145,7 @@ def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
 ) -> None:
     fed = hub.fed
     intruder = make_site_key(tmp_path, "intruder")
-    fed.start_site("intruder", intruder, {"data-file": str(hub.files["site-0"])})
+    fed.start_site("intruder", intruder, hub.node_config("site-0"))
     with pytest.raises(RuntimeError, match="exited"):
         fed.wait_connected("intruder", timeout=60)
     assert REFUSED in fed.work.joinpath("superlink.log").read_text()
@@ -146,13 +156,13 @@ def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
     fed.stop_site("site-3")
     fed.unregister(old)
     refusals = fed.work.joinpath("superlink.log").read_text().count(REFUSED)
-    fed.start_site("site-3", hub.keys["site-3"], {"data-file": str(hub.files["site-3"])})
+    fed.start_site("site-3", hub.keys["site-3"], hub.node_config("site-3"))
     with pytest.raises(RuntimeError, match="exited"):
         fed.wait_connected("site-3", timeout=60)
     assert fed.work.joinpath("superlink.log").read_text().count(REFUSED) == refusals + 1
     hub.keys["site-3"] = make_site_key(tmp_path, "site-3-new")
     hub.nodes["site-3"] = fed.register(hub.keys["site-3"].public)
-    hub.fed.start_site("site-3", hub.keys["site-3"], {"data-file": str(hub.files["site-3"])})
+    hub.fed.start_site("site-3", hub.keys["site-3"], hub.node_config("site-3"))
     assert fed.wait_connected("site-3") == hub.nodes["site-3"] != old
     others = [hub.nodes[name] for name in site_names() if name != "site-3"]
     assert all(fed.node_status(node) == "online" for node in others)
@@ -210,12 +220,14 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
 ) -> None:
     """The hub's whole side (the ``fedsieve train`` flow and the SuperLink with its
     ServerApp) SIGKILLed after round 1 of 3; the SuperLink restarted on its database, the
-    sites reconnect by themselves; ``fedsieve train --resume`` ends where an uninterrupted
-    run ends, in the same MLflow run."""
+    sites reconnect by themselves; the whole pipeline resumed (``fedsieve run --resume``:
+    no partition at the hub, training at the sites, evaluation with the sites' own scores)
+    ends where an uninterrupted run ends, in the same MLflow run."""
     names = site_names()
     raw = hub.flower_params(names, train={"rounds": 3}, eval={"every": 3})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    command = [sys.executable, "-m", "fedsieve.cli", "train", "--params", "params.yaml", "--resume"]
+    fedsieve = [sys.executable, "-m", "fedsieve.cli"]
+    command = [*fedsieve, "train", "--params", "params.yaml", "--resume"]
     env = hub.fed.flwr_env() | {
         "PREFECT_API_URL": prefect_server,
         "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
@@ -239,7 +251,8 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     hub.fed.start_superlink()
     hub.fed.wait_status(hub.nodes[name] for name in names)  # back by themselves
     second = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        [*fedsieve, "run", "--params", "params.yaml", "--resume"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
 
@@ -252,3 +265,13 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
         assert [int(float(row["round"])) for row in csv.DictReader(rounds)] == [1, 2, 3]
     tracking = json.loads((tmp_path / "artifacts" / "model" / "tracking.json").read_text())
     assert tracking["run_id"] == killed_at["run_id"] and not tracking["tracking_failed"]
+    assert not (tmp_path / "reports" / "partition.json").exists()  # the data stayed at the sites
+    # the final per-site table is what the sites scored on their own held-out splits
+    final_sites = json.loads((tmp_path / "reports" / "sites.json").read_text())
+    scored = [row for row in state.sites if row["round"] == 3]
+    assert sorted(int(row["site"]) for row in final_sites["sites"]) == list(range(len(names)))
+    assert {int(r["site"]): r["acc"] for r in final_sites["sites"]} == pytest.approx(
+        {int(r["site"]): r["acc"] for r in scored}
+    )
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["rounds"] == 3 and metrics["site_acc_worst"] == min(r["acc"] for r in scored)
