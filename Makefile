@@ -20,7 +20,7 @@ export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
 .PHONY: setup setup-flower deps deps-flower project project-flower run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 container-smoke federation-smoke clean
+	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 compose-env container-smoke federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -111,6 +111,13 @@ bench-fidelity:
 
 bench-resnet18:
 	$(BIN)/fedsieve run --params benchmarks/params/resnet18-breastmnist.yaml
+
+# The compose stack's secrets (docker-compose.yml refuses to start without them), random,
+# written once to .env (mode 600; git and the image's build context ignore it).
+compose-env:
+	@test ! -e .env || { echo ".env exists: keeping its secrets"; exit 0; }; umask 077 && \
+	$(PYTHON) -c 'import secrets; t = secrets.token_urlsafe; print(f"FEDSIEVE_PREFECT_AUTH=fedsieve:{t(24)}\nFEDSIEVE_MLFLOW_PASSWORD={t(24)}\nFEDSIEVE_MLFLOW_SECRET_KEY={t(32)}")' > .env && \
+	echo ".env written: the Prefect and MLflow servers' credentials"
 
 container-smoke:  # needs a running Docker engine; minutes (docs/container.md)
 	bash scripts/container_smoke.sh

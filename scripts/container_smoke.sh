@@ -32,6 +32,17 @@ else
 fi
 
 PROJECT=fedsieve-smoke
+# The servers' credentials (docker-compose.yml refuses to start without them): an .env's,
+# else random ones for this run; the client steps below get them as the worker does.
+for secret in FEDSIEVE_PREFECT_AUTH FEDSIEVE_MLFLOW_PASSWORD FEDSIEVE_MLFLOW_SECRET_KEY; do
+    if [ -z "${!secret:-}" ]; then
+        value=$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')
+        [ "$secret" = FEDSIEVE_PREFECT_AUTH ] && value="fedsieve:$value"
+        export "$secret=$value"
+    fi
+done
+CLIENT_AUTH=(-e PREFECT_API_AUTH_STRING="$FEDSIEVE_PREFECT_AUTH" -e MLFLOW_TRACKING_USERNAME=fedsieve
+             -e MLFLOW_TRACKING_PASSWORD="$FEDSIEVE_MLFLOW_PASSWORD")
 VOLUMES=(data reports artifacts tracking)
 NETWORK=()
 if ! docker network inspect bridge >/dev/null 2>&1 || [ "${DOCKER_NETWORK:-}" = host ]; then
@@ -93,7 +104,7 @@ step "compose: PostgreSQL and the servers healthy, deployments registered, worke
 done_step
 
 step "a two-round deployment run on the worker"
-docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api \
+docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api "${CLIENT_AUTH[@]}" \
     -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 --entrypoint python fedsieve:cpu -c '
 from mlflow import MlflowClient
 from prefect.deployments import run_deployment
@@ -107,7 +118,7 @@ print(f"   flow run {run.name} completed; MLflow run {runs[0].info.run_id} FINIS
 '
 done_step
 step "load: a grid of 8 cells at once beside 2 deployment runs, against the stack"
-docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api \
+docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api "${CLIENT_AUTH[@]}" \
     -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 "${MOUNTS[@]}" -v "$PWD/scripts:/smoke:ro" \
     --entrypoint python fedsieve:cpu /smoke/container_load.py
 done_step

@@ -51,6 +51,16 @@ HUB_BIN = REPO / ".venv" / "bin"
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
 CONTROL_API = "127.0.0.1:9093"
 TOLERANCE = 1e-6
+# every .npz file a site container's user can open, anywhere in its filesystem
+FIND_DATA = """
+import os
+for root, _, files in os.walk("/"):
+    if root.startswith(("/proc", "/sys")):
+        continue
+    for name in files:
+        if name.endswith(".npz") and os.access(os.path.join(root, name), os.R_OK):
+            print(os.path.join(root, name))
+"""
 UNANSWERED = {"client_timeout", "client_unavailable", "client_error"}
 
 PARAMS: dict[str, Any] = {
@@ -65,6 +75,9 @@ PARAMS: dict[str, Any] = {
 }
 
 
+RECORD: dict[str, Any] = {"steps_s": {}, "checks": {}}  # what --results writes
+
+
 class SmokeError(RuntimeError):
     """A step that did not do what it should: one line saying which and why."""
 
@@ -74,6 +87,7 @@ def step(name: str) -> Iterator[None]:
     print(f"== {name}", flush=True)
     started = time.monotonic()
     yield
+    RECORD["steps_s"][name] = round(time.monotonic() - started, 1)
     print(f"   {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -161,6 +175,7 @@ def prepare(work: Path, medmnist_root: Path) -> tuple[Path, Path, dict[str, int]
 
 def check(claims: list[tuple[str, bool, str]]) -> None:
     for claim, ok, detail in claims:
+        RECORD["checks"][claim] = ok
         print(f"   {'ok  ' if ok else 'FAIL'} {claim}{'' if ok else f': {detail}'}")
     failed = [claim for claim, ok, _ in claims if not ok]
     if failed:
@@ -188,6 +203,7 @@ def smoke(work: Path, medmnist_root: Path, compose: list[str]) -> None:
              "-t", IMAGE, "."], cwd=REPO, timeout=1800)  # fmt: skip
         size = run(["docker", "image", "inspect", IMAGE, "--format", "{{.Size}}"]).stdout
         print(f"   image size: {int(size) / 1e9:.2f} GB")
+        RECORD["image_gb"] = round(int(size) / 1e9, 2)
 
     with step("the operators' files: site data, training plan, certificates, site keys"):
         hub, federation, samples = prepare(work, medmnist_root)
@@ -260,13 +276,20 @@ def verify(
     logs = run(
         [*compose, "-f", str(COMPOSE_FILE), "logs", "--no-color", *SITES], env=compose_env
     ).stdout
-    mounts = {}
+    in_image = set(
+        run(
+            ["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c", FIND_DATA]
+        ).stdout.split()
+    )
+    mounts, visible = {}, {}
     for name in SITES:
         container = run(
             [*compose, "-f", str(COMPOSE_FILE), "ps", "-q", name], env=compose_env
         ).stdout.strip()
         inspected = json.loads(run(["docker", "inspect", container]).stdout)[0]
         mounts[name] = [(m["Source"], m["Destination"], m["RW"]) for m in inspected["Mounts"]]
+        found = run(["docker", "exec", container, "python", "-c", FIND_DATA]).stdout.split()
+        visible[name] = sorted(set(found) - in_image)  # beyond what the image itself holds
     rounds_wanted = params.train.rounds
     check([
         (f"{rounds_wanted} rounds in the checkpoint and rounds.csv",
@@ -281,12 +304,27 @@ def verify(
         ("no traceback in the site containers' logs", "Traceback" not in logs, logs[-2000:]),
         ("each site container mounts its own folder only, read-only",
          all(m == [(str(federation / n), "/site", False)] for n, m in mounts.items()), str(mounts)),
+        ("no site can read another's data: beyond the image, each sees one .npz file, its own",
+         all(files == ["/site/data.npz"] for files in visible.values()), str(visible)),
     ])  # fmt: skip
+
+
+def environment() -> dict[str, Any]:
+    """The machine and versions beside the numbers (the base image is what the engine
+    here offers: see docs/federation.md)."""
+    import platform
+
+    docker = run(["docker", "version", "--format", "{{.Server.Version}}"]).stdout.strip()
+    python = run(["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c",
+                  "import sys; print(sys.version.split()[0], sys.executable)"]).stdout.strip()  # fmt: skip
+    return {"cpu_count": os.cpu_count(), "machine": platform.machine(), "docker": docker,
+            "image_python": python}  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--results", type=Path, help="write the step times and checks (JSON)")
     args = parser.parse_args()
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         print("federation-smoke: no Docker engine answers (docker info failed)", file=sys.stderr)
@@ -319,6 +357,10 @@ def main() -> int:
             print(f"federation-smoke: kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    RECORD["total_s"] = round(time.monotonic() - started, 1)
+    if args.results:
+        record = {"command": "make federation-smoke", **RECORD, **environment()}
+        args.results.write_text(json.dumps(record, indent=1) + "\n")
     print(f"federation-smoke: passed in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -185,7 +185,7 @@ def wait_for_round(files: HubFiles, round_number: int, process: Any, timeout: fl
 def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
-    raw["federation"]["round_timeout"] = 20  # a live site answers well within it
+    raw["federation"]["round_timeout"] = 45  # a live site answers well within it
     params = Params.model_validate(raw)
     files = HubFiles(hub.folder / "killed")
     write_params(files.params, params)

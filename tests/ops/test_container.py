@@ -267,3 +267,82 @@ def test_the_cuda_variant_gets_the_c_compiler_triton_needs(variant, compiler):
         check=True,
     )
     assert ("gcc" in shell.stdout and "libc6-dev" in shell.stdout) is compiler
+
+
+def test_the_site_image_holds_the_engine_torch_and_flower_and_ships_its_source_apart():
+    """Dockerfile.site: what a hospital runs. The Makefile's Flower steps before the source
+    (no Prefect, MLflow or DVC: the engine's dependencies and the flower extra only), the
+    environment and the source as two layers, non-root, the hub's pinned numerics."""
+    done = subprocess.run(
+        [str(HADOLINT), "--failure-threshold", "warning", str(REPO / "Dockerfile.site")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    site = DockerfileParser(fileobj=io.BytesIO((REPO / "Dockerfile.site").read_bytes()))
+    build, runtime = stages(site)
+    steps = [(i["instruction"], i["value"]) for i in build if i["instruction"] in ("COPY", "RUN")]
+    assert [v for kind, v in steps if kind == "COPY"] == ["Makefile pyproject.toml ./", ". ."]
+    kinds = [kind for kind, _ in steps]
+    deps = next(n for n, (kind, v) in enumerate(steps) if "make deps-flower project-flower" in v)
+    assert kinds.index("COPY") < deps < len(kinds) - 1 - kinds[::-1].index("COPY")
+    requirements = next(line for line in make_recipe("deps-flower") if "requirements.txt" in line)
+    assert '["dependencies"]' in requirements and '["flower"]' in requirements
+    assert "hub" not in requirements
+    assert "setup-flower: deps-flower project-flower" in (REPO / "Makefile").read_text()
+    assert of(runtime, "COPY") == [
+        "--from=build --chown=10001:10001 /app/.venv-flower /app/.venv-flower",
+        "--from=build --chown=10001:10001 /source /app",
+    ]
+    assert of(runtime, "USER")[-1].split(":")[0] not in ("root", "0")
+    assert json.loads(instructions(site, "ENTRYPOINT")[0]["value"]) == ["fedsieve-site"]
+    pinned = (
+        "ATEN_CPU_CAPABILITY",
+        "ONEDNN_MAX_CPU_ISA",
+        "MKL_CBWR",
+        "MKL_DYNAMIC",
+        "OMP_NUM_THREADS",
+    )
+    assert {k: site.envs[k] for k in pinned} == {k: parse().envs[k] for k in pinned}
+
+
+def test_each_site_container_gets_only_its_own_folder_read_only():
+    federation = yaml.safe_load((REPO / "docker-compose.federation.yml").read_text())
+    services = federation["services"]
+    sites = {name: s for name, s in services.items() if name.startswith("site-")}
+    assert len(sites) == 3
+    for name, service in sites.items():
+        assert service["volumes"] == [f"${{FEDERATION_DIR:?set FEDERATION_DIR}}/{name}:/site:ro"]
+        assert (
+            service["entrypoint"][0] == "fedsieve-site"
+            and "--plan=/site/plan.json" in service["entrypoint"]
+        )
+    superlink = " ".join(services["superlink"]["command"])
+    assert "--enable-supernode-auth" in superlink and "--ssl-certfile" in superlink
+    addresses = [a.split("=")[1] for a in services["superlink"]["command"] if "-api-address" in a]
+    assert addresses and all(a.startswith("127.0.0.1:") for a in addresses)
+
+
+def test_both_servers_require_credentials_every_client_has_them_and_none_has_a_default(compose):
+    """The mechanisms themselves are exercised on loopback (tests/ops/test_server_auth.py)."""
+    services = compose["services"]
+    mlflow, prefect = services["mlflow"], services["prefect-server"]
+    assert "--app-name=basic-auth" in mlflow["command"]
+    assert mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"] == "/app/scripts/mlflow-auth.ini"
+    assert (REPO / "scripts" / "mlflow-auth.ini").exists()
+    secret_of = {
+        "prefect": prefect["environment"]["PREFECT_SERVER_API_AUTH_STRING"],
+        "mlflow": mlflow["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"],
+        "flask": mlflow["environment"]["MLFLOW_FLASK_SERVER_SECRET_KEY"],
+    }
+    for value in secret_of.values():  # required from .env, never a default in the file
+        assert value.startswith("${FEDSIEVE_") and ":?" in value and ":-" not in value
+    clients = [s for name, s in services.items() if name in ("deploy", "worker", "worker-gpu")]
+    for client in clients:
+        env = client["environment"]
+        assert env["PREFECT_API_AUTH_STRING"] == secret_of["prefect"]
+        assert env["MLFLOW_TRACKING_PASSWORD"] == secret_of["mlflow"]
+        assert (
+            env["MLFLOW_TRACKING_USERNAME"] == mlflow["environment"]["MLFLOW_AUTH_ADMIN_USERNAME"]
+        )
+    assert ".env" in (REPO / ".gitignore").read_text().split()
+    assert ".env" in (REPO / ".dockerignore").read_text().split()

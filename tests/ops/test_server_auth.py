@@ -1,0 +1,96 @@
+"""The hub's Prefect and MLflow servers behind authentication, as the compose stack serves
+them (Prefect's server auth string; MLflow's basic-auth app with scripts/mlflow-auth.ini):
+a client without the credentials is refused, the health probes stay open, and a client
+given them (as the compose file gives the worker) works and records no secret."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def basic(credentials: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+
+
+@pytest.mark.e2e
+def test_prefect_refuses_a_client_without_the_auth_string(ops, processes, tmp_path: Path) -> None:
+    auth = f"fedsieve:{secrets.token_urlsafe(16)}"
+    port = ops.free_port()
+    server = processes.start(
+        [str(ops.bin / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+         "--no-ui"],
+        name="prefect-auth", cwd=tmp_path,
+        env=ops.base_env(PREFECT_HOME=str(tmp_path / "server"), PREFECT_SERVER_API_AUTH_STRING=auth),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/api"
+    ops.wait_http(f"{url}/health", timeout=180, process=server)  # the probe needs no login
+
+    assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=30).status_code == 401
+    wrong = basic("fedsieve:not-the-password")
+    assert (
+        httpx.post(f"{url}/flow_runs/filter", json={}, headers=wrong, timeout=30).status_code == 401
+    )
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings(updates={PREFECT_API_URL: url, PREFECT_API_AUTH_STRING: auth}),
+        get_client(sync_client=True) as client,
+    ):
+        assert client.read_flow_runs() == []  # what the worker and the CLI do with it
+    assert auth.split(":")[1] not in processes.log("prefect-auth")
+
+
+@pytest.mark.e2e
+def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
+    ops, processes, tmp_path: Path
+) -> None:
+    password = secrets.token_urlsafe(16)
+    config = tmp_path / "auth.ini"  # the shipped config, its user store in this test's folder
+    config.write_text(
+        (REPO / "scripts" / "mlflow-auth.ini")
+        .read_text()
+        .replace("sqlite:////srv/mlflow/basic_auth.db", f"sqlite:///{tmp_path / 'users.db'}")
+    )
+    port = ops.free_port()
+    server = processes.start(
+        [str(ops.bin / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+         "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts")],
+        name="mlflow-auth", cwd=tmp_path,
+        env=ops.base_env(
+            MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_USERNAME="fedsieve",
+            MLFLOW_AUTH_ADMIN_PASSWORD=password,
+            MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_urlsafe(16),
+        ),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    ops.wait_http(f"{url}/health", timeout=180, process=server)
+
+    search = f"{url}/api/2.0/mlflow/experiments/search"
+    assert httpx.post(search, json={"max_results": 1}, timeout=30).status_code == 401
+    wrong = basic("fedsieve:not-the-password")
+    assert httpx.post(search, json={"max_results": 1}, headers=wrong, timeout=30).status_code == 401
+
+    from mlflow import MlflowClient
+
+    with pytest.MonkeyPatch.context() as env:  # as the compose file gives the worker
+        env.setenv("MLFLOW_TRACKING_USERNAME", "fedsieve")
+        env.setenv("MLFLOW_TRACKING_PASSWORD", password)
+        client = MlflowClient(url)
+        run = client.create_run(client.create_experiment("audited"))
+        client.log_param(run.info.run_id, "train.rounds", "3")
+        client.set_terminated(run.info.run_id)
+        logged = client.get_run(run.info.run_id)
+    assert logged.info.status == "FINISHED"
+    assert password not in yaml.safe_dump(logged.data.to_dictionary())
+    assert password not in processes.log("mlflow-auth")
