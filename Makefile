@@ -67,8 +67,10 @@ deps-flower:
 run:
 	$(BIN)/fedsieve dvc repro
 
+# Two workers (pytest-xdist), a test file per worker at a time: most of the end-to-end
+# tests wait on servers, processes and federations, so CI's two cores run two of them.
 test:
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint:
 	$(BIN)/ruff check .

@@ -138,3 +138,10 @@ def breast_64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fabri
     yield FabricatedFile(path, url)
     server.shutdown()
     server.server_close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end tests (real servers, processes and federations: minutes each) first,
+    so that under ``make test``'s two workers the long files start early and both workers
+    finish together; the order within each kind is kept."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)

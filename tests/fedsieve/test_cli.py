@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.e2e  # real processes and servers: minutes
+
 REPO = Path(__file__).resolve().parents[2]
 FEDSIEVE = str(Path(sys.executable).parent / "fedsieve")
 

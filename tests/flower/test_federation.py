@@ -32,6 +32,8 @@ from tasks.partition import split_partition
 from tasks.sites import APP_DIR
 from tests.flower.conftest import FLIPPER, FLOWER_BIN, Hub, site_names
 
+pytestmark = pytest.mark.e2e  # real processes and servers: minutes
+
 FAULTY_APP = Path(__file__).resolve().parent / "faulty_app"
 TOLERANCE = 1e-6
 REFUSED = "Activation failed: No SuperNode found with the given public key."
