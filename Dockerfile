@@ -6,11 +6,13 @@
 #       -v fedsieve-artifacts:/app/artifacts -v fedsieve-tracking:/app/tracking fedsieve:cpu
 #   docker run --rm --gpus all ... fedsieve:cuda run --set train.device=cuda
 #
-# Two stages. The build stage installs with the Makefile's own steps (`make deps`, then
-# `make project`: the same pins CI proves on the host), dependencies before the source is
-# copied, so a source edit rebuilds only the last, small layer. The runtime stage takes
-# the finished virtual environment and the source, without make, compilers or the dev
-# tools (pytest, ruff, hadolint: `make setup` adds those on a developer's machine).
+# Two stages. The build stage installs with the Makefile's own steps (`make deps
+# project`: the same pins CI proves on the host; the editable install needs only
+# pyproject.toml) before the source is copied, so the environment's layers do not change
+# with the source. The runtime stage copies the finished virtual environment and the
+# source as two layers, so a source edit ships megabytes, not the environment; no make,
+# compilers or dev tools (pytest, ruff, hadolint: `make setup` adds those on a
+# developer's machine).
 #
 # The variants differ only in where torch comes from: PyPI's Linux wheel bundles the CUDA
 # 13 runtime (the host needs the NVIDIA driver 580 or newer and the NVIDIA container
@@ -39,13 +41,14 @@ ENV PIP_NO_CACHE_DIR=1
 # The dependencies: only what they are read from, so source edits keep this layer.
 COPY Makefile pyproject.toml ./
 RUN if [ "$TORCH_VARIANT" = cpu ]; then export PIP_EXTRA_INDEX_URL="$TORCH_CPU_INDEX"; fi \
-    && make deps \
+    && make deps project \
     && .venv/bin/python -c "import sys, torch; variant = sys.argv[1]; cuda = torch.version.cuda; \
 sys.exit(f'TORCH_VARIANT={variant} but torch {torch.__version__} was installed (CUDA {cuda}): ' \
 'the CPU index was not used; check TORCH_CPU_INDEX') if (variant == 'cpu') == bool(cuda) else None" \
         "$TORCH_VARIANT"
 COPY . .
-RUN make project && mkdir -p data reports artifacts tracking .prefect
+RUN mkdir -p data reports artifacts tracking .prefect \
+    && mkdir /source && tar -C /app --exclude=./.venv -c . | tar -C /source -x
 
 
 FROM python:3.11-slim
@@ -69,7 +72,8 @@ RUN if [ "$TORCH_VARIANT" = cuda ]; then \
     && mkdir -p /srv/mlflow /srv/prefect \
     && chown fedsieve:fedsieve /srv/mlflow /srv/prefect
 
-COPY --from=build --chown=10001:10001 /app /app
+COPY --from=build --chown=10001:10001 /app/.venv /app/.venv
+COPY --from=build --chown=10001:10001 /source /app
 WORKDIR /app
 USER 10001:10001
 

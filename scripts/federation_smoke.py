@@ -145,6 +145,22 @@ class Flwr:
         raise SmokeError(f"sites {node_ids} not all online after {timeout:.0f} s")
 
 
+def layer_sizes() -> dict[str, float]:
+    """The image's two big layers in MB: the environment and the source (what a source
+    edit ships)."""
+    history = run(["docker", "history", "--human=false", "--no-trunc", "--format",
+                   "{{.Size}}\t{{.CreatedBy}}", IMAGE]).stdout.splitlines()  # fmt: skip
+    sizes = {}
+    for line in history:  # COPY layers read "COPY ... dir:<hash> in <destination>"
+        size, created_by = line.split("\t", 1)
+        destination = created_by.strip().rsplit(" in ", 1)[-1]
+        if "COPY" in created_by and destination in ("/app/.venv-flower", "/app"):
+            sizes["environment" if destination.endswith("flower") else "source"] = round(
+                int(size) / 1e6, 1
+            )
+    return sizes
+
+
 def prepare(work: Path, medmnist_root: Path) -> tuple[Path, Path, dict[str, int]]:
     """The hub's project and the federation folder as the operators leave them; each
     site's registered sample count."""
@@ -204,6 +220,8 @@ def smoke(work: Path, medmnist_root: Path, compose: list[str]) -> None:
         size = run(["docker", "image", "inspect", IMAGE, "--format", "{{.Size}}"]).stdout
         print(f"   image size: {int(size) / 1e9:.2f} GB")
         RECORD["image_gb"] = round(int(size) / 1e9, 2)
+        RECORD["layers_mb"] = layer_sizes()
+        print(f"   environment / source layers: {RECORD['layers_mb']} MB")
 
     with step("the operators' files: site data, training plan, certificates, site keys"):
         hub, federation, samples = prepare(work, medmnist_root)
@@ -270,6 +288,7 @@ def verify(
     versions = client.search_model_versions(f"run_id = '{tracking['run_id']}'")
     simulated = simulated_vector(hub / "params.yaml", work / "sites", medmnist_root)
     diff = float((state.global_vector - simulated).abs().max())
+    RECORD["max_abs_diff_vs_simulation"] = diff
     answered = {
         (row["round"], row["client"]) for row in state.trail if row["reason"] not in UNANSWERED
     }
