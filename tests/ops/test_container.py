@@ -351,3 +351,23 @@ def test_both_servers_require_credentials_every_client_has_them_and_none_has_a_d
         )
     assert ".env" in (REPO / ".gitignore").read_text().split()
     assert ".env" in (REPO / ".dockerignore").read_text().split()
+
+
+def test_the_postgres_stand_in_lints_clean_and_honours_the_official_variables():
+    """scripts/postgres-standin: for engines that cannot pull postgres:16 (the smoke test
+    ran the compose stack on it); the variables and init folder the compose file uses."""
+    folder = REPO / "scripts" / "postgres-standin"
+    lint = subprocess.run(
+        [str(HADOLINT), "--failure-threshold", "warning", str(folder / "Dockerfile")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    entrypoint = (folder / "entrypoint.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(folder / "entrypoint.sh")]).returncode == 0
+    postgres = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["postgres"]
+    for variable in postgres["environment"]:
+        assert variable in entrypoint
+    assert "/docker-entrypoint-initdb.d/" in entrypoint
+    assert any(
+        v.endswith("/docker-entrypoint-initdb.d/10-prefect.sql:ro") for v in postgres["volumes"]
+    )
