@@ -148,7 +148,6 @@ def make_tls(
         raise ValueError("at least one host is needed for the server certificate")
     out_dir.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
-
     validity = (now - dt.timedelta(minutes=5), now + dt.timedelta(days=days))
 
     ca_key = ec.generate_private_key(ec.SECP384R1())

@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from flowerapp.certs import SiteKey, TlsFiles, make_tls
+from flowerapp.flwr_config import ConfigValue, config_pairs, write_cli_config
 
 HOST = "127.0.0.1"
 CONNECTION = "loopback"  # the SuperLink connection name in the flwr CLI config
@@ -42,8 +43,6 @@ START_TIMEOUT = 60.0  # seconds for a SuperLink to bind its ports / a SuperNode 
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 CLI_TIMEOUT = 60.0  # seconds for one flwr CLI command (register, ls, ...)
 
-ConfigValue = str | int | float | bool
-_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 _NODE_ID_LINE = re.compile(r"SuperNode ID: (\d+)")
 
 
@@ -66,27 +65,6 @@ def _port_open(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _toml_value(value: ConfigValue) -> str:
-    """One value as Flower's `k=v` parser reads it (TOML; strings must not hold a quote)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if '"' in value:
-        raise ValueError(f"Flower's k=v config parser cannot carry a double quote: {value!r}")
-    return json.dumps(value)
-
-
-def config_pairs(config: Mapping[str, ConfigValue]) -> list[str]:
-    """`key=value` strings for `--node-config` / `--run-config`."""
-    pairs = []
-    for key, value in config.items():
-        if not _KEY.fullmatch(key):
-            raise ValueError(f"config key {key!r} must match {_KEY.pattern}")
-        pairs.append(f"{key}={_toml_value(value)}")
-    return pairs
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -214,15 +192,7 @@ class Loopback:
 
     def _write_flwr_config(self) -> None:
         """flwr CLI config: the default connection is this SuperLink's Control API over TLS."""
-        self.flwr_home.mkdir(parents=True, exist_ok=True)
-        (self.flwr_home / "config.toml").write_text(
-            "[superlink]\n"
-            f'default = "{CONNECTION}"\n\n'
-            f"[superlink.{CONNECTION}]\n"
-            f'address = "{self.control_address}"\n'
-            f"root-certificates = {json.dumps(str(self.tls.ca_cert))}\n",
-            encoding="utf-8",
-        )
+        write_cli_config(self.flwr_home, CONNECTION, self.control_address, self.tls.ca_cert)
 
     def _env(self, flwr_home: Path) -> dict[str, str]:
         """Environment for one Flower process: its own FLWR_HOME, no telemetry, no network."""

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flowerapp.flwr_config import config_pairs
 from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data
 
@@ -40,7 +41,9 @@ def supernode_command(
         "--auth-supernode-private-key", str(key),
         "--isolation", "subprocess",
         "--clientappio-api-address", f"127.0.0.1:{clientappio_port}",
-        "--node-config", f'data-file="{data.resolve()}" approved-plan="{plan.resolve()}"',
+        "--node-config", " ".join(config_pairs(
+            {"data-file": str(data.resolve()), "approved-plan": str(plan.resolve())}
+        )),
     ]  # fmt: skip
 
 

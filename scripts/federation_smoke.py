@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from flowerapp.flwr_config import write_cli_config
+
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO / "docker-compose.federation.yml"
 IMAGE = "fedsieve-site:cpu"
@@ -101,11 +103,27 @@ def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 
 def compose_command() -> list[str]:
+    """Compose (v2 or v1) on docker-compose.federation.yml."""
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
+        return ["docker", "compose", "-f", str(COMPOSE_FILE)]
     if shutil.which("docker-compose"):
-        return ["docker-compose"]
+        return ["docker-compose", "-f", str(COMPOSE_FILE)]
     raise SmokeError("neither 'docker compose' nor 'docker-compose' is installed")
+
+
+def folders(work: Path) -> tuple[Path, Path]:
+    """The hub's project folder and the federation folder (certificates, SuperLink
+    database, one folder per site) in the smoke's work folder."""
+    return work / "project", work / "federation"
+
+
+def compose_environment(work: Path, medmnist_root: Path) -> dict[str, str]:
+    """What docker-compose.federation.yml reads: the folders, the data, the hub's user."""
+    hub, federation = folders(work)
+    return os.environ | {
+        "FEDERATION_DIR": str(federation), "HUB_DIR": str(hub),
+        "MEDMNIST_ROOT": str(medmnist_root), "HUB_USER": f"{os.getuid()}:{os.getgid()}",
+    }  # fmt: skip
 
 
 def wait_for_port(address: str, timeout: float = 60) -> None:
@@ -122,11 +140,7 @@ class Flwr:
     """The ``flwr`` CLI of ``.venv-flower``, connected to the SuperLink's Control API."""
 
     def __init__(self, home: Path, ca_cert: Path) -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            '[superlink]\ndefault = "hub"\n\n[superlink.hub]\n'
-            f'address = "{CONTROL_API}"\nroot-certificates = {json.dumps(str(ca_cert))}\n'
-        )
+        write_cli_config(home, "hub", CONTROL_API, ca_cert)
         self.env = os.environ | {
             "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
         }  # fmt: skip
@@ -164,7 +178,7 @@ def layer_sizes() -> dict[str, float]:
 def prepare(work: Path, medmnist_root: Path) -> tuple[Path, Path, dict[str, int]]:
     """The hub's project and the federation folder as the operators leave them; each
     site's registered sample count."""
-    hub, federation = work / "project", work / "federation"
+    hub, federation = folders(work)
     hub.mkdir()
     (hub / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     env = os.environ | {"MEDMNIST_ROOT": str(medmnist_root)}
@@ -225,11 +239,8 @@ def smoke(work: Path, medmnist_root: Path, compose: list[str]) -> None:
 
     with step("the operators' files: site data, training plan, certificates, site keys"):
         hub, federation, samples = prepare(work, medmnist_root)
-    compose_env = os.environ | {
-        "FEDERATION_DIR": str(federation), "HUB_DIR": str(hub),
-        "MEDMNIST_ROOT": str(medmnist_root), "HUB_USER": f"{os.getuid()}:{os.getgid()}",
-    }  # fmt: skip
-    up = [*compose, "-f", str(COMPOSE_FILE), "up", "-d", "--no-build"]
+    compose_env = compose_environment(work, medmnist_root)
+    up = [*compose, "up", "-d", "--no-build"]
 
     with step("SuperLink container up; the three sites' public keys registered"):
         run([*up, "superlink"], env=compose_env, timeout=300)
@@ -292,9 +303,7 @@ def verify(
     answered = {
         (row["round"], row["client"]) for row in state.trail if row["reason"] not in UNANSWERED
     }
-    logs = run(
-        [*compose, "-f", str(COMPOSE_FILE), "logs", "--no-color", *SITES], env=compose_env
-    ).stdout
+    logs = run([*compose, "logs", "--no-color", *SITES], env=compose_env).stdout
     in_image = set(
         run(
             ["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c", FIND_DATA]
@@ -302,9 +311,7 @@ def verify(
     )
     mounts, visible = {}, {}
     for name in SITES:
-        container = run(
-            [*compose, "-f", str(COMPOSE_FILE), "ps", "-q", name], env=compose_env
-        ).stdout.strip()
+        container = run([*compose, "ps", "-q", name], env=compose_env).stdout.strip()
         inspected = json.loads(run(["docker", "inspect", container]).stdout)[0]
         mounts[name] = [(m["Source"], m["Destination"], m["RW"]) for m in inspected["Mounts"]]
         found = run(["docker", "exec", container, "python", "-c", FIND_DATA]).stdout.split()
@@ -365,13 +372,12 @@ def main() -> int:
         print(f"federation-smoke: {error}", file=sys.stderr)
         return 1
     finally:
-        env = os.environ | {"FEDERATION_DIR": str(work / "federation"), "HUB_DIR": str(work / "project"),
-                            "MEDMNIST_ROOT": str(medmnist_root)}  # fmt: skip
-        logs = subprocess.run([*compose, "-f", str(COMPOSE_FILE), "logs", "--no-color"], env=env,
+        env = compose_environment(work, medmnist_root)
+        logs = subprocess.run([*compose, "logs", "--no-color"], env=env,
                               capture_output=True, text=True)  # fmt: skip
         (work / "compose.log").write_text(logs.stdout + logs.stderr)
-        subprocess.run([*compose, "-f", str(COMPOSE_FILE), "down", "--volumes", "--remove-orphans"],
-                       env=env, capture_output=True)  # fmt: skip
+        subprocess.run([*compose, "down", "--volumes", "--remove-orphans"], env=env,
+                       capture_output=True)  # fmt: skip
         if args.keep:
             print(f"federation-smoke: kept {work}")
         else:

@@ -29,6 +29,7 @@ from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo
 from federated.server import RoundReport, ServerState
 from federated.vectors import vector_to_model_
+from flowerapp.flwr_config import config_pairs
 from flowerapp.hub import HubFiles, write_params
 from tasks.reports import ProjectPaths
 from tasks.stopping import stop_if_requested
@@ -55,8 +56,7 @@ def flower_cli() -> Path:
 
 def _run_config(values: dict[str, str | bool]) -> list[str]:
     """Flower's ``--run-config`` options, one TOML ``key=value`` pair each."""
-    pairs = (f"{key}={json.dumps(value)}" for key, value in values.items())
-    return [option for pair in pairs for option in ("--run-config", pair)]
+    return [option for pair in config_pairs(values) for option in ("--run-config", pair)]
 
 
 @task(name="train-at-sites", cache_policy=NO_CACHE)

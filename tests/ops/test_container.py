@@ -71,14 +71,18 @@ def of(stage: list[dict[str, Any]], name: str) -> list[str]:
     return [i["value"] for i in stage if i["instruction"] == name]
 
 
-def test_hadolint_finds_nothing_at_warning_level():
+def assert_hadolint_clean(dockerfile: Path) -> None:
     done = subprocess.run(
-        [str(HADOLINT), "--failure-threshold", "warning", str(REPO / "Dockerfile")],
+        [str(HADOLINT), "--failure-threshold", "warning", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_finds_nothing_at_warning_level():
+    assert_hadolint_clean(REPO / "Dockerfile")
 
 
 def test_two_stages_from_python_slim_and_the_variant_checked_before_anything_else(dockerfile):
@@ -278,11 +282,7 @@ def test_the_site_image_holds_the_engine_torch_and_flower_and_ships_its_source_a
     """Dockerfile.site: what a hospital runs. The Makefile's Flower steps before the source
     (no Prefect, MLflow or DVC: the engine's dependencies and the flower extra only), the
     environment and the source as two layers, non-root, the hub's pinned numerics."""
-    done = subprocess.run(
-        [str(HADOLINT), "--failure-threshold", "warning", str(REPO / "Dockerfile.site")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_hadolint_clean(REPO / "Dockerfile.site")
     site = DockerfileParser(fileobj=io.BytesIO((REPO / "Dockerfile.site").read_bytes()))
     build, runtime = stages(site)
     steps = [(i["instruction"], i["value"]) for i in build if i["instruction"] in ("COPY", "RUN")]
@@ -357,11 +357,7 @@ def test_the_postgres_stand_in_lints_clean_and_honours_the_official_variables():
     """scripts/postgres-standin: for engines that cannot pull postgres:16 (the smoke test
     ran the compose stack on it); the variables and init folder the compose file uses."""
     folder = REPO / "scripts" / "postgres-standin"
-    lint = subprocess.run(
-        [str(HADOLINT), "--failure-threshold", "warning", str(folder / "Dockerfile")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert_hadolint_clean(folder / "Dockerfile")
     entrypoint = (folder / "entrypoint.sh").read_text()
     assert subprocess.run(["bash", "-n", str(folder / "entrypoint.sh")]).returncode == 0
     postgres = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["postgres"]
