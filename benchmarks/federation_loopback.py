@@ -3,6 +3,7 @@
 SuperNodes and the same federation simulated in this process.
 
     .venv/bin/python -m benchmarks.federation_loopback            # 10 sites x 20 rounds
+    .venv/bin/python -m benchmarks.federation_loopback --baseline-rounds 5   # FedAvg: 5
 
 Writes ``benchmarks/results/federation-loopback.json`` (and ``.md``):
 - ``max_abs_diff_vs_simulation``: the sites' final global model against the simulation's
@@ -87,13 +88,24 @@ def per_round(records: list[dict[str, Any]]) -> float:
     return (times[-1] - times[0]) / max(1, len(times) - 1)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sites", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--dataset", default="breastmnist")
     parser.add_argument("--rule", default="median")
+    parser.add_argument(
+        "--baseline-rounds", type=int, default=None,
+        help="rounds of Flower's FedAvg beside it (default: --rounds); the ratio is per round",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.baseline_rounds = args.baseline_rounds or args.rounds
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    baseline_rounds = args.baseline_rounds
     root = Path(os.environ.get("MEDMNIST_ROOT", REPO / "data" / "medmnist")).resolve()
     with Loopback(bin_dir=FLOWER_BIN) as fed:
         files = site_files(fed.work / "sites", args.dataset, root, args.sites)
@@ -129,7 +141,7 @@ def main() -> None:
 
         baseline_out = fed.work / "fedavg.json"
         started = time.perf_counter()
-        fed.run_app(BASELINE_APP, {"rounds": args.rounds, "channels": 1, "classes": 2,
+        fed.run_app(BASELINE_APP, {"rounds": baseline_rounds, "channels": 1, "classes": 2,
                                    "out": str(baseline_out), "data-root": str(root),
                                    "dataset": args.dataset}, timeout=3600)  # fmt: skip
         flower_total = time.perf_counter() - started
@@ -152,6 +164,7 @@ def main() -> None:
         "flower": "1.32.1",
         "sites": args.sites,
         "rounds": args.rounds,
+        "flower_fedavg_rounds": baseline_rounds,
         "dataset": args.dataset,
         "model": "small_cnn",
         "rule": f"{args.rule} + pid_made",
