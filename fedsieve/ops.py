@@ -454,7 +454,13 @@ def serve(args: argparse.Namespace, workdir: Path) -> int:
     served.serve(
         name=args.name,
         cron=args.cron,
-        parameters={"params": params.model_dump(mode="json"), "workdir": str(workdir.resolve())},
+        # what was set, as a grid's cells send it: a full dump would "set" every default
+        # and trip the checks of settings given without effect (privacy.clip with privacy
+        # off), failing every run of the deployment at parameter validation
+        parameters={
+            "params": params.model_dump(mode="json", exclude_unset=True),
+            "workdir": str(workdir.resolve()),
+        },
         tags=["fedsieve"],
         limit=1,  # runs share the workdir (reports/, checkpoints): one at a time
     )

@@ -368,7 +368,17 @@ def run_tags(params: Params, workdir: Path) -> dict[str, str]:
         **privacy_tags(params),
         "params_hash": params_hash(params),
         "git_commit": git_commit(workdir),
+        **prefect_run_tag(),
     }
+
+
+def prefect_run_tag() -> dict[str, str]:
+    """The Prefect flow run that made this run (the top one: a deployment's run, or the
+    CLI's), so a caller holding a flow run finds its MLflow run; none outside a run."""
+    from prefect.runtime import flow_run
+
+    root = flow_run.root_flow_run_id
+    return {"prefect_flow_run_id": str(root)} if root else {}
 
 
 @task(name="open-training-run", cache_policy=NO_CACHE)

@@ -277,3 +277,62 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     )
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 3 and metrics["site_acc_worst"] == min(r["acc"] for r in scored)
+
+
+def test_a_scheduled_deployment_trains_at_the_sites(
+    hub: Hub, tmp_path: Path, prefect_server: str
+) -> None:
+    """``fedsieve serve --cron`` with ``runtime: flower`` (what an operator schedules): the
+    deployment carries the sites, its schedule makes runs, and a run of it trains at the
+    sites into its own MLflow run and model version, with the sites' own scores."""
+    import httpx
+    from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
+
+    names = site_names()
+    raw = hub.flower_params(names, eval={"every": 2})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = hub.fed.flwr_env() | {
+        "PREFECT_API_URL": prefect_server,
+        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
+        "MLFLOW_TRACKING_URI": tracking,
+    }
+    command = [sys.executable, "-m", "fedsieve.cli", "serve", "--cron", "0 3 * * *",
+               "--name", "at-sites"]  # fmt: skip
+    with (tmp_path / "serve.log").open("wb") as log:
+        serve = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            found = httpx.get(f"{prefect_server}/deployments/name/pipeline/at-sites", timeout=30)
+            if found.status_code == 200:
+                break
+            assert time.monotonic() < deadline, "the deployment was not served in 120 s"
+            time.sleep(1)
+        deployment = found.json()
+        flow_run = run_deployment("pipeline/at-sites", timeout=600, poll_interval=2)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
+
+    served_params = deployment["parameters"]["params"]["federation"]
+    assert served_params["runtime"] == "flower" and len(served_params["sites"]) == len(names)
+    assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+    log = (tmp_path / "serve.log").read_text()
+    assert flow_run.state is not None and flow_run.state.is_completed(), log[-4000:]
+    client = MlflowClient(tracking)
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["federation.runtime"] == "flower"
+    assert run.data.tags["prefect_flow_run_id"] == str(flow_run.id)  # the run's own
+    assert client.search_model_versions(f"run_id = '{run.info.run_id}'")
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert metrics["rounds"] == 2 and run.data.metrics["final_test_acc"] == pytest.approx(
+        metrics["test_acc"]
+    )
+    assert not (tmp_path / "reports" / "partition.json").exists()  # the data stayed at the sites
+    sites = json.loads((tmp_path / "reports" / "sites.json").read_text())["sites"]
+    assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))

@@ -183,7 +183,9 @@ def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
 
     [schedule] = served["schedules"]
     assert schedule["schedule"]["cron"] == "* * * * *" and schedule["active"]
-    expected = load_params(project / "params.yaml", TINY).model_dump(mode="json")
+    expected = load_params(project / "params.yaml", TINY).model_dump(
+        mode="json", exclude_unset=True
+    )
     assert served["parameters"] == {"params": expected, "workdir": str(project.resolve())}
     assert all(run["auto_scheduled"] for run in runs)
     starts = [run["expected_start_time"] for run in runs]
@@ -347,6 +349,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
     client = MlflowClient(tracking)
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist-fedavg"
+    assert run.data.tags["prefect_flow_run_id"] == str(flow_run.id)  # found by its flow run
     assert run.data.params["partition.num_clients"] == "3"
     assert run.data.metrics["final_test_auc"] == pytest.approx(metrics["test_auc"])
 
