@@ -41,14 +41,18 @@ ENV PIP_NO_CACHE_DIR=1
 # The dependencies: only what they are read from, so source edits keep this layer.
 COPY Makefile pyproject.toml ./
 RUN if [ "$TORCH_VARIANT" = cpu ]; then export PIP_EXTRA_INDEX_URL="$TORCH_CPU_INDEX"; fi \
-    && make deps project \
+    && make deps project flower-cli \
     && .venv/bin/python -c "import sys, torch; variant = sys.argv[1]; cuda = torch.version.cuda; \
 sys.exit(f'TORCH_VARIANT={variant} but torch {torch.__version__} was installed (CUDA {cuda}): ' \
 'the CPU index was not used; check TORCH_CPU_INDEX') if (variant == 'cpu') == bool(cuda) else None" \
         "$TORCH_VARIANT"
 COPY . .
+# The folders a run writes are open to any uid (sticky, as /tmp is), so that `docker run
+# --user $(id -u):$(id -g)` with a host folder mounted for results runs as the folder's
+# owner, its other volumes and Prefect's home writable too (docs/container.md).
 RUN mkdir -p data reports artifacts tracking .prefect \
-    && mkdir /source && tar -C /app --exclude=./.venv -c . | tar -C /source -x
+    && chmod 1777 data reports artifacts tracking .prefect \
+    && mkdir /source && tar -C /app --exclude=./.venv --exclude=./.venv-flower-cli -c . | tar -C /source -x
 
 
 FROM python:3.11-slim
@@ -73,22 +77,26 @@ RUN if [ "$TORCH_VARIANT" = cuda ]; then \
     && chown fedsieve:fedsieve /srv/mlflow /srv/prefect
 
 COPY --from=build --chown=10001:10001 /app/.venv /app/.venv
+COPY --from=build --chown=10001:10001 /app/.venv-flower-cli /app/.venv-flower-cli
 COPY --from=build --chown=10001:10001 /source /app
 WORKDIR /app
 USER 10001:10001
 
 # PREFECT_HOME in the project, as the Makefile has it; FEDSIEVE_HOME is where prefect.yaml's
-# pull step finds the checkout when this container runs a Prefect worker. The tracking
+# pull step finds the checkout when this container runs a Prefect worker; FEDSIEVE_FLOWER_BIN
+# holds the `flwr` CLI with which it trains at real sites (runtime: flower), last on PATH
+# (the operator's `flwr supernode register` in the worker). The tracking
 # store is a file in /app/tracking (its artifacts beside it), so one volume keeps every
 # run; a tracking server is one MLFLOW_TRACKING_URI away. No git in the image: MLflow's
 # GitPython stays quiet about it (GIT_PYTHON_REFRESH=quiet, as MLflow documents). The last
 # five before NVIDIA's pin the CPU numerics (config/environment.py): the same bits on any
 # x86-64 host with AVX2; `docker run -e FEDSIEVE_PORTABLE_NUMERICS=0` gives them up.
-ENV PATH=/app/.venv/bin:$PATH \
+ENV PATH=/app/.venv/bin:$PATH:/app/.venv-flower-cli/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PREFECT_HOME=/app/.prefect \
     FEDSIEVE_HOME=/app \
+    FEDSIEVE_FLOWER_BIN=/app/.venv-flower-cli/bin \
     MLFLOW_TRACKING_URI=sqlite:////app/tracking/mlflow.db \
     GIT_PYTHON_REFRESH=quiet \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \

@@ -19,7 +19,7 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup setup-flower deps deps-flower project project-flower run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+.PHONY: setup setup-flower deps deps-flower project project-flower flower-cli run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
 	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 compose-env container-smoke federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
@@ -63,6 +63,15 @@ deps-flower:
 	$(FLOWER_VENV)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *p["optional-dependencies"]["flower"], sep="\n")' > $(FLOWER_VENV)/requirements.txt
 	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q -r $(FLOWER_VENV)/requirements.txt
 	$(FLOWER_VENV)/bin/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
+
+# The hub image's `flwr` CLI: Flower alone (no torch, no engine; its pins conflict with
+# Prefect's), with which the hub's worker submits runs to its SuperLink (the compose
+# stack's federation overlay, docs/federation.md). On a checkout `.venv-flower` has it.
+FLOWER_CLI_VENV := .venv-flower-cli
+flower-cli:
+	test -x $(FLOWER_CLI_VENV)/bin/python || $(PYTHON) -m venv $(FLOWER_CLI_VENV)
+	$(FLOWER_CLI_VENV)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["optional-dependencies"]["flower"], sep="\n")' > $(FLOWER_CLI_VENV)/requirements.txt
+	$(FLOWER_CLI_VENV)/bin/pip install --disable-pip-version-check -q -r $(FLOWER_CLI_VENV)/requirements.txt
 
 run:
 	$(BIN)/fedsieve dvc repro

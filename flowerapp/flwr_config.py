@@ -1,10 +1,16 @@
 """Flower's two small configuration formats, written in one place: the ``key=value``
 pairs of ``--node-config`` / ``--run-config`` (TOML values), and the ``flwr`` CLI's
 ``config.toml`` naming a SuperLink connection. The site command, the hub's train stage,
-the loopback harness and the container smoke test all write them through here."""
+the loopback harness and the container smoke test all write them through here.
+
+    python -m flowerapp.flwr_config --home DIR --connection hub --address HOST:9093 --ca ca.crt
+
+writes ``DIR/config.toml`` (what the hub's worker container does before it starts: the
+compose stack's federation overlay)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections.abc import Mapping
@@ -49,3 +55,19 @@ def write_cli_config(home: Path, connection: str, address: str, ca_cert: Path) -
         f"root-certificates = {json.dumps(str(ca_cert))}\n",
         encoding="utf-8",
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write the flwr CLI's config.toml.")
+    parser.add_argument("--home", type=Path, required=True, help="FLWR_HOME")
+    parser.add_argument("--connection", required=True, help="the connection's name")
+    parser.add_argument("--address", required=True, help="the SuperLink's Control API")
+    parser.add_argument("--ca", type=Path, required=True, help="the CA certificate it trusts")
+    args = parser.parse_args(argv)
+    if not _KEY.fullmatch(args.connection):
+        parser.error(f"--connection {args.connection!r} must match {_KEY.pattern}")
+    write_cli_config(args.home, args.connection, args.address, args.ca)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,26 +1,33 @@
 """A federation of real sites in containers, end to end (``make federation-smoke``).
 
-1. build the site image (Dockerfile.site: the engine, torch and Flower);
+1. build the site image (Dockerfile.site: the engine, torch and Flower) and the hub's
+   image (Dockerfile: the pipeline, Prefect, MLflow, Flower's CLI);
 2. write the hub's side and each site's folder as their operators would: BreastMNIST
    partitioned into three site files (``fedsieve sites``), the training plan
    (``fedsieve plan``), the CA and SuperLink certificate, one key pair per site made in
    that site's folder;
-3. start the SuperLink container (TLS, SuperNode authentication), register the three
-   public keys, start the three site containers (each given only its own folder);
-4. run the hub's pipeline on this machine (``fedsieve run`` with
-   ``federation.runtime: flower``: Prefect flow, MLflow run, ``flwr run``, evaluation,
-   model registry);
-5. check: every round ran with all three sites, the sites scored the model on their own
-   splits, the MLflow run finished, the final model equals the same federation simulated
-   in this process (1e-6), no site container logged a traceback, and each site container
-   mounts its own folder only;
-6. tear everything down (also on failure; ``--keep`` keeps the folder for a look).
+3. bring the hub's compose stack up: PostgreSQL, MLflow and Prefect behind
+   authentication, the deployments, the worker, and the SuperLink (TLS, SuperNode
+   authentication; docker-compose.federation.yml); register the three sites' public keys
+   from the worker, with Flower's CLI;
+4. start the three site containers (docker-compose.sites.yml, each given only its own
+   folder) and wait until all are online;
+5. run the pipeline's deployment on the worker with ``federation.runtime: flower``
+   (Prefect flow run, MLflow run on the server, ``flwr run``, evaluation, model registry);
+6. check: the flow run completed and its own MLflow run finished with a model version,
+   every round ran with all three sites, the sites scored the model on their own splits,
+   the final model equals the same federation simulated in this process (1e-6), no
+   container logged a traceback, and each site container mounts its own folder only;
+7. tear everything down, volumes included (also on failure; ``--keep`` keeps the work
+   folder for a look).
 
 Needs a Docker engine with Compose (v2 ``docker compose`` or v1 ``docker-compose``),
 ``make setup`` (the hub's ``.venv`` and ``.venv-flower``) and BreastMNIST in
 ``MEDMNIST_ROOT``. Runs as root or as uid 10001 (the site containers' user reads the
 site keys). Prints each step's wall time. ``DOCKER_BUILD_ARGS``: extra build arguments
-(a local torch index, for example).
+(a local torch index, for example). An engine without a bridge network runs every
+service on the host's network (scripts/compose_host_network.py), as the container smoke
+does.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -42,16 +50,17 @@ from typing import Any
 
 import yaml
 
-from flowerapp.flwr_config import write_cli_config
-
 REPO = Path(__file__).resolve().parents[1]
-COMPOSE_FILE = REPO / "docker-compose.federation.yml"
-IMAGE = "fedsieve-site:cpu"
+HUB_COMPOSE = (REPO / "docker-compose.yml", REPO / "docker-compose.federation.yml")
+SITES_COMPOSE = REPO / "docker-compose.sites.yml"
+SITE_IMAGE, HUB_IMAGE = "fedsieve-site:cpu", "fedsieve:cpu"
+PROJECT = "fedsieve-federation-smoke"
 SITES = ("site-a", "site-b", "site-c")
 SITE_UID = 10001
 HUB_BIN = REPO / ".venv" / "bin"
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
-CONTROL_API = "127.0.0.1:9093"
+CONTROL_API = "127.0.0.1:9093"  # published to this host only when on the host's network
+PREFECT_API, MLFLOW_URI = "http://127.0.0.1:4200/api", "http://127.0.0.1:5000"
 TOLERANCE = 1e-6
 # every .npz file a site container's user can open, anywhere in its filesystem
 FIND_DATA = """
@@ -74,6 +83,7 @@ PARAMS: dict[str, Any] = {
     "filters": [{"name": "pid_made"}],
     "noniid": {"every": 0, "final": False},
     "eval": {"every": 1},
+    "tracking": {"experiment": "federation-smoke"},
 }
 
 
@@ -98,95 +108,141 @@ def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(command, capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
         tail = (done.stdout[-2000:] + done.stderr[-3000:]).strip()
-        raise SmokeError(f"{shlex.join(command[:4])} ... exited {done.returncode}:\n{tail}")
+        raise SmokeError(f"{shlex.join(command[:6])} ... exited {done.returncode}:\n{tail}")
     return done
 
 
-def compose_command() -> list[str]:
-    """Compose (v2 or v1) on docker-compose.federation.yml."""
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose", "-f", str(COMPOSE_FILE)]
-    if shutil.which("docker-compose"):
-        return ["docker-compose", "-f", str(COMPOSE_FILE)]
-    raise SmokeError("neither 'docker compose' nor 'docker-compose' is installed")
+def host_network() -> bool:
+    """An engine without a bridge network (these machines) puts every service on the host's."""
+    return (
+        subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True).returncode
+        != 0
+    )
 
 
-def folders(work: Path) -> tuple[Path, Path]:
-    """The hub's project folder and the federation folder (certificates, SuperLink
-    database, one folder per site) in the smoke's work folder."""
-    return work / "project", work / "federation"
+class Stack:
+    """The hub's compose stack with the federation overlay, and the sites' compose file,
+    as one Compose project; the environment both read."""
 
-
-def compose_environment(work: Path, medmnist_root: Path) -> dict[str, str]:
-    """What docker-compose.federation.yml reads: the folders, the data, the hub's user."""
-    hub, federation = folders(work)
-    return os.environ | {
-        "FEDERATION_DIR": str(federation), "HUB_DIR": str(hub),
-        "MEDMNIST_ROOT": str(medmnist_root), "HUB_USER": f"{os.getuid()}:{os.getgid()}",
-    }  # fmt: skip
-
-
-def wait_for_port(address: str, timeout: float = 60) -> None:
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
-            return
-        time.sleep(0.5)
-    raise SmokeError(f"nothing listens on {address} after {timeout:.0f} s")
-
-
-class Flwr:
-    """The ``flwr`` CLI of ``.venv-flower``, connected to the SuperLink's Control API."""
-
-    def __init__(self, home: Path, ca_cert: Path) -> None:
-        write_cli_config(home, "hub", CONTROL_API, ca_cert)
+    def __init__(self, work: Path, medmnist_root: Path) -> None:
+        if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+            self.compose = ["docker", "compose", "-p", PROJECT]
+        elif shutil.which("docker-compose"):
+            self.compose = ["docker-compose", "-p", PROJECT]
+        else:
+            raise SmokeError("neither 'docker compose' nor 'docker-compose' is installed")
+        files = list(HUB_COMPOSE)
+        if host_network():
+            files = [self._on_host_network(path, work) for path in files]
+        data = work / "compose-data.yml"  # the official files, read-only, for both readers
+        mount = {"volumes": [f"{medmnist_root}:/medmnist:ro"]}
+        data.write_text(yaml.safe_dump({"services": {
+            "worker": {"environment": {"MEDMNIST_ROOT": "/medmnist"}, **mount}, "superlink": mount,
+        }}))  # fmt: skip
+        self.hub = [*self.compose, *(a for f in (*files, data) for a in ("-f", str(f)))]
+        self.sites = [*self.compose, "-f", str(SITES_COMPOSE)]
         self.env = os.environ | {
-            "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FEDSIEVE_FEDERATION_DIR": str(work / "federation"),
+            "FEDERATION_DIR": str(work / "federation"),
+            "FEDSIEVE_PREFECT_AUTH": f"fedsieve:{secrets.token_urlsafe(24)}",
+            "FEDSIEVE_MLFLOW_PASSWORD": secrets.token_urlsafe(24),
+            "FEDSIEVE_MLFLOW_SECRET_KEY": secrets.token_urlsafe(32),
         }  # fmt: skip
 
-    def json(self, *args: str) -> dict[str, Any]:
-        done = run([str(FLOWER_BIN / "flwr"), *args, "--format", "json"], env=self.env, timeout=60)
-        return dict(json.loads(done.stdout))
+    @staticmethod
+    def _on_host_network(path: Path, work: Path) -> Path:
+        out = work / f"host-{path.name}"
+        run(
+            [sys.executable, str(REPO / "scripts" / "compose_host_network.py"), str(out), str(path)]
+        )
+        return out
 
-    def wait_online(self, node_ids: list[int], timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            nodes = self.json("supernode", "ls")["nodes"]
-            if set(node_ids) <= {int(n["node-id"]) for n in nodes if n["status"] == "online"}:
+    def __call__(
+        self, *args: str, sites: bool = False, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return run([*(self.sites if sites else self.hub), *args], env=self.env, **kwargs)
+
+    def container(self, service: str, *, sites: bool = False) -> str:
+        return self("ps", "-q", service, sites=sites).stdout.strip()
+
+    def flwr(self, *args: str, stdin: str | None = None) -> dict[str, Any]:
+        """Flower's CLI in the worker container, against the SuperLink, JSON out."""
+        command = ["exec", "-T", "worker", "flwr", *args, "--format", "json"]
+        return dict(json.loads(self(*command, input=stdin, timeout=120).stdout))
+
+    def client_env(self) -> dict[str, str]:
+        """What a client of the servers needs (the worker's credentials)."""
+        return self.env | {
+            "PREFECT_API_URL": PREFECT_API, "PREFECT_API_AUTH_STRING": self.env["FEDSIEVE_PREFECT_AUTH"],
+            "MLFLOW_TRACKING_URI": MLFLOW_URI, "MLFLOW_TRACKING_USERNAME": "fedsieve",
+            "MLFLOW_TRACKING_PASSWORD": self.env["FEDSIEVE_MLFLOW_PASSWORD"],
+        }  # fmt: skip
+
+    def down(self, work: Path) -> None:
+        logs = [subprocess.run([*c, "logs", "--no-color"], env=self.env, capture_output=True,
+                               text=True) for c in (self.hub, self.sites)]  # fmt: skip
+        (work / "compose.log").write_text("".join(done.stdout + done.stderr for done in logs))
+        for command in (self.sites, self.hub):
+            subprocess.run([*command, "down", "--volumes", "--remove-orphans"], env=self.env,
+                           capture_output=True)  # fmt: skip
+
+
+def wait_for(what: str, check: Any, timeout: float, interval: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, SmokeError):
+            if check():
                 return
-            time.sleep(1)
-        raise SmokeError(f"sites {node_ids} not all online after {timeout:.0f} s")
+        time.sleep(interval)
+    raise SmokeError(f"{what}: not after {timeout:.0f} s")
 
 
-def layer_sizes() -> dict[str, float]:
-    """The image's two big layers in MB: the environment and the source (what a source
-    edit ships)."""
+def port_open(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 1):
+        return True
+
+
+def layer_sizes(image: str, destinations: dict[str, str]) -> dict[str, float]:
+    """The image's COPY layers in MB, named by where they land (``destinations``:
+    path -> name): the environment and the source (what a source edit ships)."""
     history = run(["docker", "history", "--human=false", "--no-trunc", "--format",
-                   "{{.Size}}\t{{.CreatedBy}}", IMAGE]).stdout.splitlines()  # fmt: skip
+                   "{{.Size}}\t{{.CreatedBy}}", image]).stdout.splitlines()  # fmt: skip
     sizes = {}
     for line in history:  # COPY layers read "COPY ... dir:<hash> in <destination>"
         size, created_by = line.split("\t", 1)
         destination = created_by.strip().rsplit(" in ", 1)[-1]
-        if "COPY" in created_by and destination in ("/app/.venv-flower", "/app"):
-            sizes["environment" if destination.endswith("flower") else "source"] = round(
-                int(size) / 1e6, 1
-            )
+        if "COPY" in created_by and destination in destinations:
+            sizes[destinations[destination]] = round(int(size) / 1e6, 1)
     return sizes
 
 
-def prepare(work: Path, medmnist_root: Path) -> tuple[Path, Path, dict[str, int]]:
-    """The hub's project and the federation folder as the operators leave them; each
+def build(image: str, dockerfile: str, layers: dict[str, str]) -> None:
+    build_args = shlex.split(os.environ.get("DOCKER_BUILD_ARGS", ""))
+    run(["docker", "build", "--network", "host", *build_args, "-f", dockerfile, "-t", image, "."],
+        cwd=REPO, timeout=3600)  # fmt: skip
+    size = int(run(["docker", "image", "inspect", image, "--format", "{{.Size}}"]).stdout)
+    RECORD.setdefault("images", {})[image] = {
+        "gb": round(size / 1e9, 2), "layers_mb": layer_sizes(image, layers)
+    }  # fmt: skip
+    print(f"   {image}: {size / 1e9:.2f} GB; {RECORD['images'][image]['layers_mb']} MB")
+
+
+def prepare(work: Path, medmnist_root: Path) -> dict[str, int]:
+    """The hub's files and the federation folder as the operators leave them; each
     site's registered sample count."""
-    hub, federation = folders(work)
+    hub, federation = work / "project", work / "federation"
     hub.mkdir()
     (hub / "params.yaml").write_text(yaml.safe_dump(PARAMS, sort_keys=False))
     env = os.environ | {"MEDMNIST_ROOT": str(medmnist_root)}
     run([str(HUB_BIN / "fedsieve"), "sites", "--out", str(work / "sites")], cwd=hub, env=env)
     run([str(HUB_BIN / "fedsieve"), "plan", "--out", str(work / "plan.json")], cwd=hub, env=env)
-    certs = federation / "certs"
-    run([str(FLOWER_BIN / "python"), "-m", "flowerapp.certs", "--out", str(certs)])
-    (federation / "superlink").mkdir()
+    certs = federation / "certs"  # the worker dials `superlink`; the sites, this host
+    run([str(FLOWER_BIN / "python"), "-m", "flowerapp.certs", "--out", str(certs),
+         "--host", "superlink", "--host", "127.0.0.1", "--host", "localhost"])  # fmt: skip
+    for path in (certs, *certs.iterdir()):  # the SuperLink's user reads them
+        if os.geteuid() == 0:
+            os.chown(path, SITE_UID, SITE_UID)
     listed = json.loads((work / "sites" / "sites.json").read_text())
     samples = {}
     for k, (name, row) in enumerate(zip(SITES, listed, strict=True)):
@@ -200,7 +256,7 @@ def prepare(work: Path, medmnist_root: Path) -> tuple[Path, Path, dict[str, int]
             for path in (folder, *folder.iterdir()):
                 os.chown(path, SITE_UID, SITE_UID)
         samples[name] = int(row["samples"])
-    return hub, federation, samples
+    return samples
 
 
 def check(claims: list[tuple[str, bool, str]]) -> None:
@@ -212,122 +268,161 @@ def check(claims: list[tuple[str, bool, str]]) -> None:
         raise SmokeError(f"{len(failed)} check(s) failed: {'; '.join(failed)}")
 
 
-def simulated_vector(params_file: Path, sites: Path, medmnist_root: Path) -> Any:
+def simulated_vector(params: Any, sites: Path, medmnist_root: Path) -> Any:
     """The final global vector of the same federation simulated in this process."""
-    from config.params import load_params
     from federated.data import load_medmnist
     from federated.loop import train
     from flowerapp.hub import simulated_federation
 
-    params = load_params(params_file, [])
     data = load_medmnist(params.data.dataset, medmnist_root, params.data.size)
     files = [sites / f"site-{k}.npz" for k in range(len(SITES))]
     federation = simulated_federation(params, data, files)
     return train(federation, federation.initial_state(), params.train.rounds).global_vector
 
 
-def smoke(work: Path, medmnist_root: Path, compose: list[str]) -> None:
-    with step(f"build {IMAGE} (Dockerfile.site)"):
-        build_args = shlex.split(os.environ.get("DOCKER_BUILD_ARGS", ""))
-        run(["docker", "build", "--network", "host", *build_args, "-f", "Dockerfile.site",
-             "-t", IMAGE, "."], cwd=REPO, timeout=1800)  # fmt: skip
-        size = run(["docker", "image", "inspect", IMAGE, "--format", "{{.Size}}"]).stdout
-        print(f"   image size: {int(size) / 1e9:.2f} GB")
-        RECORD["image_gb"] = round(int(size) / 1e9, 2)
-        RECORD["layers_mb"] = layer_sizes()
-        print(f"   environment / source layers: {RECORD['layers_mb']} MB")
+def run_deployment_at_sites(stack: Stack, raw: dict[str, Any]) -> str:
+    """The pipeline's deployment, run on the worker with these params; its flow run id."""
+    script = (
+        "import json, sys\n"
+        "from prefect.deployments import run_deployment\n"
+        "run = run_deployment('pipeline-from-file/fedsieve', parameters={'params': json.loads(sys.argv[1])},"
+        " timeout=1500, poll_interval=3)\n"
+        "print(json.dumps({'id': str(run.id), 'state': run.state.type.value, 'message': run.state.message}))\n"
+    )  # fmt: skip
+    done = run([str(HUB_BIN / "python"), "-c", script, json.dumps(raw)], env=stack.client_env(),
+               timeout=1800)  # fmt: skip
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    if outcome["state"] != "COMPLETED":
+        raise SmokeError(f"the deployment run ended {outcome['state']}: {outcome['message']}")
+    return str(outcome["id"])
+
+
+def smoke(work: Path, medmnist_root: Path, stack: Stack) -> None:
+    with step(f"build {SITE_IMAGE} (Dockerfile.site) and {HUB_IMAGE} (Dockerfile)"):
+        build(SITE_IMAGE, "Dockerfile.site", {"/app/.venv-flower": "environment", "/app": "source"})
+        build(HUB_IMAGE, "Dockerfile", {"/app/.venv": "environment", "/app": "source",
+                                        "/app/.venv-flower-cli": "flower_cli"})  # fmt: skip
 
     with step("the operators' files: site data, training plan, certificates, site keys"):
-        hub, federation, samples = prepare(work, medmnist_root)
-    compose_env = compose_environment(work, medmnist_root)
-    up = [*compose, "up", "-d", "--no-build"]
+        samples = prepare(work, medmnist_root)
 
-    with step("SuperLink container up; the three sites' public keys registered"):
-        run([*up, "superlink"], env=compose_env, timeout=300)
-        wait_for_port(CONTROL_API)
-        flwr = Flwr(work / "flwr", federation / "certs" / "ca.crt")
+    with step("the hub's stack up: PostgreSQL, MLflow, Prefect, deployments, worker, SuperLink"):
+        stack("up", "-d", "--no-build", "postgres", "mlflow", "prefect-server", timeout=600)
+        stack("run", "--rm", "deploy", timeout=600)
+        stack("up", "-d", "--no-build", "worker", "superlink", timeout=600)
+        wait_for("the worker's Flower CLI reaching the SuperLink",
+                 lambda: stack.flwr("supernode", "ls") is not None, timeout=180, interval=3)  # fmt: skip
+
+    with step("the sites' public keys registered from the worker; three site containers up"):
+        federation = work / "federation"
         nodes = {
-            name: int(flwr.json("supernode", "register", str(federation / name / "site.pub"))["node-id"])
+            name: int(stack.flwr("supernode", "register", "/dev/stdin",
+                                 stdin=(federation / name / "site.pub").read_text())["node-id"])
             for name in SITES
         }  # fmt: skip
+        stack("up", "-d", "--no-build", *SITES, sites=True, timeout=300)
 
-    with step("three site containers up, each connected"):
-        run([*up, *SITES], env=compose_env, timeout=300)
-        flwr.wait_online(list(nodes.values()))
+        def online() -> bool:
+            listed = stack.flwr("supernode", "ls")["nodes"]
+            return set(nodes.values()) <= {
+                int(n["node-id"]) for n in listed if n["status"] == "online"
+            }
 
-    params = PARAMS | {
+        wait_for("all three sites online", online, timeout=180, interval=2)
+
+    raw = PARAMS | {
+        "data": PARAMS["data"] | {"root": "/medmnist"},  # the official files, mounted there
         "federation": {
             "runtime": "flower", "superlink": "hub", "round_timeout": 120,
             "sites": [{"name": n, "node_id": nodes[n], "samples": samples[n]} for n in SITES],
         },
     }  # fmt: skip
-    (hub / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    with step("fedsieve run at the sites (Prefect flow, MLflow run, flwr run, evaluation)"):
-        env = flwr.env | {
-            "MEDMNIST_ROOT": str(medmnist_root), "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{hub / 'mlflow.db'}",
-        }  # fmt: skip
-        env.pop("PREFECT_API_URL", None)
-        run([str(HUB_BIN / "fedsieve"), "run"], cwd=hub, env=env, timeout=1200)
+    with step("the pipeline's deployment run on the worker, trained at the sites"):
+        flow_run_id = run_deployment_at_sites(stack, raw)
 
     with step("checks"):
-        verify(work, hub, federation, compose, compose_env, medmnist_root)
+        verify(work, stack, raw, flow_run_id, medmnist_root)
+
+
+def copied_from_worker(stack: Stack, work: Path, paths: list[str]) -> Path:
+    """The worker's files (checkpoint, reports) copied out of its container."""
+    out = work / "from-worker"
+    out.mkdir()
+    worker = stack.container("worker")
+    for path in paths:
+        run(["docker", "cp", f"{worker}:{path}", str(out / Path(path).name)])
+    return out
 
 
 def verify(
-    work: Path, hub: Path, federation: Path, compose: list[str], compose_env: dict[str, str],
-    medmnist_root: Path,
-) -> None:  # fmt: skip
+    work: Path, stack: Stack, raw: dict[str, Any], flow_run_id: str, medmnist_root: Path
+) -> None:
     import csv
 
     from mlflow import MlflowClient
 
-    from config.params import load_params, params_hash
+    from config.params import Params, params_hash
     from federated.checkpoint import read_checkpoint
     from federated.server import ServerState
 
-    params = load_params(hub / "params.yaml", [])
-    saved = read_checkpoint(hub / "artifacts" / "checkpoints" / "train.pt", params_hash(params))
+    params = Params.model_validate(raw)
+    copied = copied_from_worker(stack, work, [
+        "/app/artifacts/checkpoints/train.pt", "/app/reports/rounds.csv", "/app/reports/sites.json",
+    ])  # fmt: skip
+    saved = read_checkpoint(copied / "train.pt", params_hash(params))
     if saved is None:
         raise SmokeError("the train stage left no checkpoint for these params")
     state = ServerState.from_dict(saved["state"])
-    rounds = list(csv.DictReader((hub / "reports" / "rounds.csv").open()))
-    sites = json.loads((hub / "reports" / "sites.json").read_text())["sites"]
-    tracking = json.loads((hub / "artifacts" / "model" / "tracking.json").read_text())
-    client = MlflowClient(f"sqlite:///{hub / 'mlflow.db'}")
-    run_info = client.get_run(tracking["run_id"]).info
-    versions = client.search_model_versions(f"run_id = '{tracking['run_id']}'")
-    simulated = simulated_vector(hub / "params.yaml", work / "sites", medmnist_root)
+    rounds = list(csv.DictReader((copied / "rounds.csv").open()))
+    sites = json.loads((copied / "sites.json").read_text())["sites"]
+    env = stack.client_env()
+    os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
+    client = MlflowClient(MLFLOW_URI)
+    experiment = client.get_experiment_by_name(PARAMS["tracking"]["experiment"])
+    runs = client.search_runs(
+        [experiment.experiment_id] if experiment else [],
+        f"tags.prefect_flow_run_id = '{flow_run_id}'",
+    )
+    [run_info] = [r.info for r in runs] or [None]
+    versions = client.search_model_versions(f"run_id = '{run_info.run_id}'") if run_info else []
+    simulated = simulated_vector(params, work / "sites", medmnist_root)
     diff = float((state.global_vector - simulated).abs().max())
     RECORD["max_abs_diff_vs_simulation"] = diff
     answered = {
         (row["round"], row["client"]) for row in state.trail if row["reason"] not in UNANSWERED
     }
-    logs = run([*compose, "logs", "--no-color", *SITES], env=compose_env).stdout
+    logs = {
+        "sites": stack("logs", "--no-color", *SITES, sites=True).stdout,
+        "hub": stack(
+            "logs", "--no-color", "worker", "superlink", "mlflow", "prefect-server"
+        ).stdout,
+    }
     in_image = set(
-        run(
-            ["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c", FIND_DATA]
-        ).stdout.split()
-    )
+        run(["docker", "run", "--rm", "--entrypoint", "python", SITE_IMAGE, "-c", FIND_DATA]).stdout.split()
+    )  # fmt: skip
+    federation = work / "federation"
     mounts, visible = {}, {}
     for name in SITES:
-        container = run([*compose, "ps", "-q", name], env=compose_env).stdout.strip()
+        container = stack.container(name, sites=True)
         inspected = json.loads(run(["docker", "inspect", container]).stdout)[0]
         mounts[name] = [(m["Source"], m["Destination"], m["RW"]) for m in inspected["Mounts"]]
         found = run(["docker", "exec", container, "python", "-c", FIND_DATA]).stdout.split()
         visible[name] = sorted(set(found) - in_image)  # beyond what the image itself holds
     rounds_wanted = params.train.rounds
     check([
+        ("the flow run's own MLflow run finished on the server, its model registered",
+         run_info is not None and run_info.status == "FINISHED" and len(versions) == 1,
+         f"{[r.info.status for r in runs]}, {versions}"),
         (f"{rounds_wanted} rounds in the checkpoint and rounds.csv",
          state.round == rounds_wanted and len(rounds) == rounds_wanted, f"{state.round}, {len(rounds)}"),
         ("every site answered every round", len(answered) == rounds_wanted * len(SITES), str(sorted(answered))),
         ("the sites scored the final model on their own splits (reports/sites.json)",
          len(sites) == len(SITES) and all(float(r["n"]) > 0 for r in sites), str(sites)),
-        ("the MLflow run finished and its model is registered",
-         run_info.status == "FINISHED" and len(versions) == 1, f"{run_info.status}, {versions}"),
         (f"the sites' model equals the simulation's (max diff {diff:.1e} <= {TOLERANCE:g})",
          diff <= TOLERANCE, f"{diff:.3e}"),
-        ("no traceback in the site containers' logs", "Traceback" not in logs, logs[-2000:]),
+        ("no traceback in any container's log",
+         not any("Traceback" in text for text in logs.values()),
+         "; ".join(text[text.find("Traceback"):][:1500] for text in logs.values() if "Traceback" in text)),
         ("each site container mounts its own folder only, read-only",
          all(m == [(str(federation / n), "/site", False)] for n, m in mounts.items()), str(mounts)),
         ("no site can read another's data: beyond the image, each sees one .npz file, its own",
@@ -341,10 +436,10 @@ def environment() -> dict[str, Any]:
     import platform
 
     docker = run(["docker", "version", "--format", "{{.Server.Version}}"]).stdout.strip()
-    python = run(["docker", "run", "--rm", "--entrypoint", "python", IMAGE, "-c",
+    python = run(["docker", "run", "--rm", "--entrypoint", "python", SITE_IMAGE, "-c",
                   "import sys; print(sys.version.split()[0], sys.executable)"]).stdout.strip()  # fmt: skip
     return {"cpu_count": os.cpu_count(), "machine": platform.machine(), "docker": docker,
-            "image_python": python}  # fmt: skip
+            "image_python": python, "host_network": host_network()}  # fmt: skip
 
 
 def main() -> int:
@@ -362,22 +457,19 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    compose = compose_command()
     work = Path(tempfile.mkdtemp(prefix="fedsieve-federation-"))
     os.chmod(work, 0o755)  # the containers' user walks into its folders
     started = time.monotonic()
     try:
-        smoke(work, medmnist_root, compose)
+        stack = Stack(work, medmnist_root)
+        try:
+            smoke(work, medmnist_root, stack)
+        finally:
+            stack.down(work)
     except (SmokeError, subprocess.TimeoutExpired) as error:
         print(f"federation-smoke: {error}", file=sys.stderr)
         return 1
     finally:
-        env = compose_environment(work, medmnist_root)
-        logs = subprocess.run([*compose, "logs", "--no-color"], env=env,
-                              capture_output=True, text=True)  # fmt: skip
-        (work / "compose.log").write_text(logs.stdout + logs.stderr)
-        subprocess.run([*compose, "down", "--volumes", "--remove-orphans"], env=env,
-                       capture_output=True)  # fmt: skip
         if args.keep:
             print(f"federation-smoke: kept {work}")
         else:

@@ -1,6 +1,7 @@
 """Preflight: everything that can be known before training, checked before anything runs.
 
-The data file (present or downloaded, md5-checked), a feasible partition, the clients
+The folders a run writes (reports, artifacts, a SQLite tracking store) writable by this
+user, the data file (present or downloaded, md5-checked), a feasible partition, the clients
 sampled per round against ``train.min_clients``, and each rule's and filter's client-count
 conditions (Krum's n > 2f + 2, Bulyan's n >= 4f + 3, ...) against the clients sampled per
 round. The rule and the filters are asked for their conditions by running them once on a
@@ -12,6 +13,7 @@ too). A failure is one :class:`~config.errors.ConfigError` line.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -31,7 +33,7 @@ from registry import RegistryError
 from tasks.data import data_root
 from tasks.partition import split_partition
 
-__all__ = ["check_params", "preflight", "sampled_per_round"]
+__all__ = ["check_params", "check_writable", "preflight", "sampled_per_round"]
 
 PROBE_DIM = 8  # parameters of the synthetic updates a rule is probed with
 
@@ -41,8 +43,33 @@ def sampled_per_round(params: Params) -> int:
     return clients_per_round(params.train.client_fraction, params.partition.num_clients)
 
 
+def check_writable(workdir: Path) -> None:
+    """The folders a run writes, writable by this process's user: otherwise one line naming
+    the folder, its owner and the fix (a host folder mounted into the container as root's,
+    say), instead of a PermissionError half-way through a run."""
+    folders = {"reports/": workdir / "reports", "artifacts/": workdir / "artifacts"}
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    if uri.startswith("sqlite:///"):
+        folders["the MLflow store"] = Path(uri.removeprefix("sqlite:///")).absolute().parent
+    uid = os.geteuid()
+    for name, folder in folders.items():
+        folder = folder.absolute()
+        existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
+        if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
+            try:
+                owner = f"belongs to uid {existing.stat().st_uid} (mode {existing.stat().st_mode & 0o7777:o})"
+            except OSError:
+                owner = "cannot be reached"
+            raise ConfigError(
+                f"{name} ({folder}) cannot be written by uid {uid}: {existing} {owner}; make "
+                f"it writable for uid {uid}, or run the container as the folder's owner "
+                "(docker run --user $(id -u):$(id -g) ...; docs/container.md)"
+            )
+
+
 def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
+    check_writable(workdir)
     try:
         root = data_root(params.data.root, workdir)
         data = params.data

@@ -127,6 +127,51 @@ def test_a_corrupt_data_file_is_refused_by_its_md5_before_anything_runs(medmnist
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
 
 
+def test_a_results_folder_it_cannot_write_is_refused_with_the_fix_before_anything_runs(
+    medmnist_root, tmp_path, monkeypatch, capsys
+):
+    """A host folder mounted for results as another user's (``docker run -v
+    ./reports:/app/reports`` makes it root's): one line naming the folder, its owner and
+    the fix, before any server starts or anything is written; no PermissionError. The
+    command runs as a user the kernel refuses (root writes anywhere: as root, the test
+    takes nobody's uid for the call)."""
+    import tempfile
+
+    import config.params
+    import tasks.preflight  # noqa: F401 (imported before the call: nobody cannot read /root)
+    from fedsieve.cli import main
+
+    base = Path(tempfile.mkdtemp(prefix="fedsieve-unwritable-"))  # reachable by any user
+    base.chmod(0o755)
+    project = base / "project"
+    project.mkdir()
+    (project / "reports").mkdir()
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MEDMNIST_ROOT", str(medmnist_root))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    assert config.params.load_params  # the modules the command needs, loaded as root
+    if os.geteuid() == 0:
+        os.seteuid(65534)
+        try:
+            code = main(["run"])
+        finally:
+            os.seteuid(0)
+    else:
+        (project / "reports").chmod(0o555)
+        code = main(["run"])
+
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    [line] = stderr.strip().splitlines()
+    assert line.startswith(f"fedsieve: error: reports/ ({project / 'reports'}) cannot be written")
+    assert "docker run --user $(id -u):$(id -g)" in line and "Traceback" not in line
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml", "reports"]
+    assert not any((project / "reports").iterdir()) and not (tmp_path / "prefect-home").exists()
+    shutil.rmtree(base)
+
+
 def test_list_names_every_registry_and_an_unknown_command_is_refused(medmnist_root, tmp_path):
     listed = fedsieve(tmp_path, medmnist_root, "list")
     unknown = fedsieve(tmp_path, medmnist_root, "no-such-command")

@@ -124,8 +124,9 @@ def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(doc
 def test_the_runtime_stage_has_no_build_or_dev_tools_and_runs_as_non_root(dockerfile):
     _, runtime = stages(dockerfile)
     assert not any("make" in run.split() for run in of(runtime, "RUN"))
-    assert of(runtime, "COPY") == [  # the environment, then the source: a layer each
+    assert of(runtime, "COPY") == [  # the environments, then the source: a layer each
         "--from=build --chown=10001:10001 /app/.venv /app/.venv",
+        "--from=build --chown=10001:10001 /app/.venv-flower-cli /app/.venv-flower-cli",
         "--from=build --chown=10001:10001 /source /app",
     ]
     users = of(runtime, "USER")
@@ -311,20 +312,54 @@ def test_the_site_image_holds_the_engine_torch_and_flower_and_ships_its_source_a
 
 
 def test_each_site_container_gets_only_its_own_folder_read_only():
-    federation = yaml.safe_load((REPO / "docker-compose.federation.yml").read_text())
-    services = federation["services"]
-    sites = {name: s for name, s in services.items() if name.startswith("site-")}
-    assert len(sites) == 3
-    for name, service in sites.items():
+    services = yaml.safe_load((REPO / "docker-compose.sites.yml").read_text())["services"]
+    assert set(services) == {"site-a", "site-b", "site-c"}
+    for name, service in services.items():
         assert service["volumes"] == [f"${{FEDERATION_DIR:?set FEDERATION_DIR}}/{name}:/site:ro"]
         assert (
             service["entrypoint"][0] == "fedsieve-site"
             and "--plan=/site/plan.json" in service["entrypoint"]
         )
-    superlink = " ".join(services["superlink"]["command"])
-    assert "--enable-supernode-auth" in superlink and "--ssl-certfile" in superlink
-    addresses = [a.split("=")[1] for a in services["superlink"]["command"] if "-api-address" in a]
-    assert addresses and all(a.startswith("127.0.0.1:") for a in addresses)
+        assert "ports" not in service  # outbound only
+
+
+def test_the_federation_overlay_adds_a_superlink_the_worker_reaches_with_its_own_command(compose):
+    """docker-compose.federation.yml on top of the stack: the SuperLink (TLS, node
+    authentication, the Fleet API the only port published), sharing the worker's volumes
+    at the worker's paths; the worker writes Flower's CLI config for it, then starts
+    exactly as the stack's own worker does."""
+    from flowerapp.flwr_config import main as flwr_config
+
+    overlay = yaml.safe_load((REPO / "docker-compose.federation.yml").read_text())["services"]
+    superlink, worker = overlay["superlink"], overlay["worker"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in superlink["command"] if "=" in a)
+    assert "--enable-supernode-auth" in superlink["command"]
+    assert {"ssl-ca-certfile", "ssl-certfile", "ssl-keyfile"} <= set(flags)
+    assert flags["serverappio-api-address"].startswith("127.0.0.1:")
+    [published] = superlink["ports"]
+    fleet_port = flags["fleet-api-address"].rsplit(":", 1)[1]
+    assert published == f"${{FEDSIEVE_FLEET_BIND:-127.0.0.1}}:{fleet_port}:{fleet_port}"
+    worker_volumes = {
+        v.split(":")[0]: v.split(":")[1] for v in compose["services"]["worker"]["volumes"]
+    }
+    for volume in ("artifacts", "medmnist"):  # the ServerApp's files where the pipeline has them
+        assert f"{volume}:{worker_volumes[volume]}" in superlink["volumes"]
+    assert any(v.endswith("/certs:/federation/certs:ro") for v in superlink["volumes"])
+
+    [script] = worker["command"]
+    write, start = (shlex.split(part) for part in script.split("&&"))
+    assert worker["entrypoint"] == ["/bin/sh", "-c"]
+    assert start == ["exec", *compose["services"]["worker"]["entrypoint"],
+                     *compose["services"]["worker"]["command"]]  # fmt: skip
+    assert write[:3] == ["python", "-m", "flowerapp.flwr_config"]
+    options = dict(zip(write[3::2], write[4::2], strict=True))
+    assert options["--home"] == worker["environment"]["FLWR_HOME"]
+    assert options["--address"] == f"superlink:{flags['control-api-address'].rsplit(':', 1)[1]}"
+    [ca_mount] = worker["volumes"]
+    assert ca_mount.endswith(f"/certs/ca.crt:{options['--ca']}:ro")  # the CA only, read-only
+    assert options["--connection"] == "hub"
+    with pytest.raises(SystemExit):
+        flwr_config(["--home", "h", "--connection", "a b", "--address", "x:1", "--ca", "ca.crt"])
 
 
 def test_both_servers_require_credentials_every_client_has_them_and_none_has_a_default(compose):
