@@ -82,18 +82,22 @@ COPY --from=build --chown=10001:10001 /source /app
 WORKDIR /app
 USER 10001:10001
 
-# PREFECT_HOME in the project, as the Makefile has it; FEDSIEVE_HOME is where prefect.yaml's
-# pull step finds the checkout when this container runs a Prefect worker; FEDSIEVE_FLOWER_BIN
-# holds the `flwr` CLI with which it trains at real sites (runtime: flower), last on PATH
-# (the operator's `flwr supernode register` in the worker). The tracking
-# store is a file in /app/tracking (its artifacts beside it), so one volume keeps every
-# run; a tracking server is one MLFLOW_TRACKING_URI away. No git in the image: MLflow's
-# GitPython stays quiet about it (GIT_PYTHON_REFRESH=quiet, as MLflow documents). The last
-# five before NVIDIA's pin the CPU numerics (config/environment.py): the same bits on any
-# x86-64 host with AVX2; `docker run -e FEDSIEVE_PORTABLE_NUMERICS=0` gives them up.
+# HOME and USER hold for any uid (`docker run --user`, no passwd entry: matplotlib's and
+# medmnist's caches, MLflow's user tag). PREFECT_HOME in the project, as the Makefile has
+# it; FEDSIEVE_HOME is where prefect.yaml's pull step finds the checkout when this
+# container runs a Prefect worker; FEDSIEVE_FLOWER_BIN holds the `flwr` CLI with which it
+# trains at real sites (runtime: flower), last on PATH (the operator's `flwr supernode
+# register` in the worker). The tracking store is a file in /app/tracking (its artifacts
+# beside it), so one volume keeps every run; a tracking server is one MLFLOW_TRACKING_URI
+# away. No git in the image: MLflow's GitPython stays quiet about it
+# (GIT_PYTHON_REFRESH=quiet, as MLflow documents). The last five before NVIDIA's pin the
+# CPU numerics (config/environment.py): the same bits on any x86-64 host with AVX2;
+# `docker run -e FEDSIEVE_PORTABLE_NUMERICS=0` gives them up.
 ENV PATH=/app/.venv/bin:$PATH:/app/.venv-flower-cli/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    USER=fedsieve \
     PREFECT_HOME=/app/.prefect \
     FEDSIEVE_HOME=/app \
     FEDSIEVE_FLOWER_BIN=/app/.venv-flower-cli/bin \

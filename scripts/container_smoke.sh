@@ -3,12 +3,14 @@
 #   1. build the CPU image;
 #   2. run the default pipeline (3 rounds) with data, reports, artifacts and tracking in
 #      volumes, and check reports/metrics.json and the MLflow run in the tracking volume;
-#   3. bring the compose stack up (PostgreSQL, MLflow, Prefect, the deployments, a
+#   3. results in host folders: a folder Docker made (root's) refused in one line before
+#      anything runs; `--user` with the folders' owner writes its reports and tracking there;
+#   4. bring the compose stack up (PostgreSQL, MLflow, Prefect, the deployments, a
 #      worker), run a two-round deployment on its worker, check the run is FINISHED in
 #      the MLflow server;
-#   4. load: a grid of 8 cells at once beside 2 deployment runs (scripts/container_load.py):
+#   5. load: a grid of 8 cells at once beside 2 deployment runs (scripts/container_load.py):
 #      no run or metric lost, no database-lock error on the console;
-#   5. tear everything down (also on failure).
+#   6. tear everything down (also on failure).
 # Needs a running Docker engine and Compose (v2 `docker compose` or v1.28+
 # `docker-compose`); not part of `make test`. Prints each step's wall time.
 #
@@ -61,9 +63,11 @@ if [ -n "${MEDMNIST_ROOT:-}" ]; then  # the worker reads these files instead of 
     COMPOSE_FILES+=(-f "$DATA_COMPOSE")
 fi
 
+HOST_DIR=$(mktemp -d)  # host folders for results (step 3)
 cleanup() {
     "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" down --volumes --remove-orphans \
         >/dev/null 2>&1 || true
+    rm -rf "$HOST_DIR" "${HOST_COMPOSE:-}" "${DATA_COMPOSE:-}"
     for volume in "${VOLUMES[@]}"; do docker volume rm -f "$PROJECT-$volume" >/dev/null 2>&1 || true; done
 }
 trap cleanup EXIT
@@ -97,6 +101,33 @@ auc = metrics["test_auc"]
 print(f"   reports/metrics.json: test AUC {auc:.3f}; MLflow run {run.info.run_id} FINISHED in the tracking volume")
 '
 
+step "results in host folders: one the container cannot write refused in one line; --user works"
+DATA_MOUNT=()
+if [ -n "${MEDMNIST_ROOT:-}" ]; then DATA_MOUNT=(-v "$MEDMNIST_ROOT:/medmnist:ro" -e MEDMNIST_ROOT=/medmnist); fi
+set +e  # Docker creates a missing host folder as root's: the image's user cannot write it
+refused=$(docker run --rm "${NETWORK[@]}" -v "$HOST_DIR/made-by-docker:/app/reports" "${DATA_MOUNT[@]}" \
+    fedsieve:cpu run --set train.rounds=1 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 2 ] || [ "$(printf '%s\n' "$refused" | wc -l)" -ne 1 ] \
+        || ! grep -q '^fedsieve: error: reports/ (/app/reports) cannot be written by uid 10001' <<<"$refused"; then
+    echo "container-smoke: a root-owned results folder was not refused in one line (exit $status):" >&2
+    echo "$refused" >&2
+    exit 1
+fi
+OWNER="$(id -u):$(id -g)"
+[ "$(id -u)" = 0 ] && OWNER=1000:1000  # root owns everything: take an ordinary user's ids
+mkdir -p "$HOST_DIR/mine/reports" "$HOST_DIR/mine/tracking" && chown -R "$OWNER" "$HOST_DIR/mine"
+docker run --rm "${NETWORK[@]}" --user "$OWNER" -v "$HOST_DIR/mine/reports:/app/reports" \
+    -v "$HOST_DIR/mine/tracking:/app/tracking" "${DATA_MOUNT[@]}" fedsieve:cpu run --set train.rounds=1
+if [ "$(stat -c %u:%g "$HOST_DIR/mine/reports/metrics.json")" != "$OWNER" ] || [ ! -s "$HOST_DIR/mine/tracking/mlflow.db" ]; then
+    echo "container-smoke: --user $OWNER did not leave its reports and tracking store in the host folders" >&2
+    exit 1
+fi
+echo "   refused: ${refused#fedsieve: error: }"
+echo "   --user $OWNER: reports/metrics.json and tracking/mlflow.db in the host folders, owned by $OWNER"
+done_step
+
 step "compose: PostgreSQL and the servers healthy, deployments registered, worker up"
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d postgres mlflow prefect-server
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" run --rm deploy
@@ -112,14 +143,24 @@ run = run_deployment("pipeline-from-file/fedsieve",
                      parameters={"overrides": ["train.rounds=2"]}, timeout=900)
 assert run.state.is_completed(), run.state
 client = MlflowClient()
-runs = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
-assert runs and runs[0].info.status == "FINISHED", [r.info.status for r in runs]
-print(f"   flow run {run.name} completed; MLflow run {runs[0].info.run_id} FINISHED on the server")
+[own] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id],
+                           f"tags.prefect_flow_run_id = \"{run.id}\"")  # its own, not the newest
+assert own.info.status == "FINISHED", own.info.status
+print(f"   flow run {run.name} completed; its MLflow run {own.info.run_id} FINISHED on the server")
 '
 done_step
 step "load: a grid of 8 cells at once beside 2 deployment runs, against the stack"
 docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api "${CLIENT_AUTH[@]}" \
     -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 "${MOUNTS[@]}" -v "$PWD/scripts:/smoke:ro" \
     --entrypoint python fedsieve:cpu /smoke/container_load.py
+done_step
+step "the servers' and the worker's logs: no traceback"
+LOGS=$("${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" logs --no-color worker mlflow prefect-server 2>&1)
+if grep -q "Traceback" <<<"$LOGS"; then
+    echo "container-smoke: a traceback in the stack's logs:" >&2
+    grep -A 20 -m 3 "Traceback" <<<"$LOGS" >&2
+    exit 1
+fi
+echo "   $(wc -l <<<"$LOGS") log lines, no traceback"
 done_step
 echo "container-smoke: all steps passed"

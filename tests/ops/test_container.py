@@ -246,6 +246,11 @@ def test_the_worker_runs_prefects_worker_command_against_the_services(compose):
         assert env["MLFLOW_TRACKING_URI"] == f"http://mlflow:{mlflow_port}"
         assert env["FEDSIEVE_HOME"] == "/app"
         assert {"prefect-server", "mlflow"} <= set(worker["depends_on"])
+        # docker stop: SIGTERM to the whole group (the run's exit hooks), time to take them
+        assert worker["init"] is True and env["TINI_KILL_PROCESS_GROUP"] == "1"
+        assert worker["stop_grace_period"] == "60s"
+        # heartbeats for the zombie-run automation, which the deploy service installs
+        assert int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]) >= 30
     assert services["worker-gpu"]["build"]["args"]["TORCH_VARIANT"] == "cuda"
 
 
@@ -255,11 +260,17 @@ def test_the_deploy_service_registers_prefect_yaml_with_the_placeholder_kept(com
     steps = [shlex.split(step) for step in script.split("&&")]
     assert steps[0][:3] == ["prefect", "work-pool", "create"] and "fedsieve" in steps[0]
     assert steps[1] == ["env", "-u", "FEDSIEVE_HOME", "prefect", "--no-prompt", "deploy", "--all"]
+    assert steps[2] == ["python", "-m", "flows.automations"]  # after the deployments it runs
     project = yaml.safe_load((REPO / "prefect.yaml").read_text())
-    [deployment] = project["deployments"]
-    assert deployment["work_pool"]["name"] == "fedsieve"
-    module, _, function = deployment["entrypoint"].partition(":")
-    assert (REPO / module).exists() and f"def {function}(" in (REPO / module).read_text()
+    entrypoints = {d["entrypoint"] for d in project["deployments"]}
+    assert entrypoints == {
+        "flows/deployment.py:pipeline_from_file",  # the pipeline
+        "flows/crashed.py:close_crashed_run",  # what the crashed-run automation runs
+    }
+    for deployment in project["deployments"]:
+        assert deployment["work_pool"]["name"] == "fedsieve"
+        module, _, function = deployment["entrypoint"].partition(":")
+        assert (REPO / module).exists() and f"def {function}(" in (REPO / module).read_text()
 
 
 @pytest.mark.parametrize(("variant", "compiler"), [("cpu", False), ("cuda", True)])

@@ -1,0 +1,103 @@
+"""The Prefect server's automations that close what a dead worker leaves open.
+
+1. Prefect's documented zombie-flow automation (docs.prefect.io, "Detect zombie flows"):
+   a flow run that stops sending heartbeats for three heartbeat periods is marked
+   Crashed. Workers send them every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (the
+   compose stack sets 30: a dead run is Crashed within 90 s).
+2. For every crashed pipeline run, a run of the ``close-crashed-run/fedsieve`` deployment
+   (:mod:`flows.crashed`) on a worker of the pool: its subflow runs Crashed, its MLflow
+   runs KILLED.
+
+    python -m flows.automations        # once per server, after `prefect deploy --all`
+
+Re-running replaces them (by name). The compose stack's ``deploy`` service runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+from prefect.automations import Automation
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState, RunDeployment
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.events import ResourceSpecification
+
+__all__ = ["CLOSE_DEPLOYMENT", "PIPELINE_FLOWS", "automations", "install"]
+
+CLOSE_DEPLOYMENT = "close-crashed-run/fedsieve"
+PIPELINE_FLOWS = ["pipeline-from-file", "pipeline"]  # the flows deployments run
+MISSED_HEARTBEATS = 3
+
+
+def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
+    """The two automations, for workers that send a heartbeat every ``heartbeat_s``."""
+    zombie = Automation(
+        name="fedsieve: crash zombie flow runs",
+        description="A flow run silent for three heartbeats is dead: mark it Crashed.",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.*"},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=MISSED_HEARTBEATS * heartbeat_s),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message="Flow run marked as crashed due to missing heartbeats.",
+            )
+        ],
+    )
+    close = Automation(
+        name="fedsieve: close a crashed run's subflows and MLflow runs",
+        description=f"Runs {CLOSE_DEPLOYMENT} for every crashed pipeline run.",
+        trigger=EventTrigger(
+            expect={"prefect.flow-run.Crashed"},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            match_related=ResourceSpecification(
+                {"prefect.resource.role": "flow", "prefect.resource.name": PIPELINE_FLOWS}
+            ),
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
+        actions=[
+            RunDeployment(
+                source="selected",
+                deployment_id=close_deployment_id,
+                parameters={"flow_run": "{{ event.resource.id }}"},
+            )
+        ],
+    )
+    return [zombie, close]
+
+
+def install(heartbeat_s: int) -> list[Automation]:
+    """Create the automations on the current server, replacing any of the same name."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        close_id = str(client.read_deployment_by_name(CLOSE_DEPLOYMENT).id)
+    created = []
+    for automation in automations(heartbeat_s, close_id):
+        with contextlib.suppress(ValueError):  # not there yet
+            Automation.read(name=automation.name).delete()
+        created.append(automation.create())
+    return created
+
+
+def main() -> None:
+    from prefect.settings import get_current_settings
+
+    heartbeat = get_current_settings().flows.heartbeat_frequency
+    if heartbeat is None:
+        raise SystemExit("PREFECT_FLOWS_HEARTBEAT_FREQUENCY is off: no heartbeat to watch")
+    for automation in install(heartbeat):
+        print(f"automation {automation.name!r}: {automation.id}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""A run whose process died (SIGKILL: a worker's container killed, its machine lost) is
+closed on the record: the server's automations mark it Crashed once its heartbeats stop
+and run ``close-crashed-run``, which marks its subflow runs Crashed and closes its MLflow
+runs KILLED. Against a real Prefect server; the automations' firing end to end is in
+``make container-faults`` (docs/operations.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from flows.automations import CLOSE_DEPLOYMENT, PIPELINE_FLOWS, install
+
+pytestmark = pytest.mark.e2e  # real processes and servers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_automations_are_prefects_zombie_trigger_and_the_closing_run(prefect_server):
+    from prefect.automations import Automation
+    from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import Posture
+
+    with get_client(sync_client=True) as client:
+        flow_name, deployment_name = CLOSE_DEPLOYMENT.split("/")
+        flow_id = client.create_flow_from_name(flow_name)
+        deployment_id = client.create_deployment(
+            flow_id=flow_id, name=deployment_name, entrypoint="flows/crashed.py:close_crashed_run"
+        )
+    install(heartbeat_s=30)
+    zombie, close = install(heartbeat_s=30)  # installed again: replaced, not doubled
+
+    assert zombie.trigger.posture == Posture.Proactive
+    assert zombie.trigger.after == {"prefect.flow-run.heartbeat"}
+    assert zombie.trigger.expect == {"prefect.flow-run.*"}
+    assert zombie.trigger.within.total_seconds() == 90  # three missed heartbeats
+    [crash] = zombie.actions
+    assert crash.type == "change-flow-run-state" and crash.state.value == "CRASHED"
+    assert close.trigger.expect == {"prefect.flow-run.Crashed"}
+    assert close.trigger.match_related["prefect.resource.name"] == PIPELINE_FLOWS
+    [run] = close.actions
+    assert run.type == "run-deployment" and run.deployment_id == deployment_id
+    assert run.parameters == {"flow_run": "{{ event.resource.id }}"}
+    with get_client(sync_client=True) as client:
+        on_server = [a.name for a in client.read_automations()]
+    assert [on_server.count(a.name) for a in (zombie, close)] == [1, 1]
+    assert Automation.read(id=close.id).actions[0].deployment_id == deployment_id
+
+
+def test_a_killed_runs_subflows_and_mlflow_run_are_closed(
+    prefect_server, medmnist_root, tmp_path, monkeypatch
+):
+    """``fedsieve run`` SIGKILLed mid-training, marked Crashed as the zombie automation
+    marks it; ``close-crashed-run`` with the automation's parameter (the event's resource
+    id) closes the rest, and a ``--resume`` would continue from the checkpoint."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from flows.crashed import close_crashed_run
+
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = os.environ | {
+        "PREFECT_API_URL": prefect_server, "MEDMNIST_ROOT": str(medmnist_root),
+        "MLFLOW_TRACKING_URI": tracking,
+    }  # fmt: skip
+    command = [sys.executable, "-m", "fedsieve.cli", "run", "--set", "train.rounds=500"]
+    checkpoint = tmp_path / "artifacts" / "checkpoints" / "train.pt"
+    with (tmp_path / "train.log").open("wb") as log:
+        train = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.exists():
+            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.5)
+    finally:
+        os.killpg(train.pid, signal.SIGKILL)  # no exit hook runs
+        train.wait()
+
+    with closing(sqlite3.connect(tmp_path / "mlflow.db")) as db:
+        [(run_id, root, status)] = db.execute(
+            "select r.run_uuid, t.value, r.status from runs r join tags t on t.run_uuid = r.run_uuid"
+            " where t.key = 'prefect_flow_run_id'"
+        ).fetchall()
+    assert status == "RUNNING"  # what a dead process leaves
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(root, Crashed(message="missing heartbeats"), force=True)
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)  # as on the worker that runs it
+    closed = close_crashed_run(f"prefect.flow-run.{root}")
+
+    assert closed["mlflow_runs"] == [run_id]
+    assert MlflowClient(tracking).get_run(run_id).info.status == "KILLED"
+    assert closed["subflow_runs"], "the train stage's subflow died with its parent"
+    with get_client(sync_client=True) as client:
+        states = [
+            client.read_flow_run(flow_run).state_type.value for flow_run in closed["subflow_runs"]
+        ]
+    assert set(states) == {"CRASHED"}
+    assert close_crashed_run(root) == {"flow_run": root, "subflow_runs": [], "mlflow_runs": []}
+    assert checkpoint.exists()  # what --resume continues from
