@@ -20,7 +20,7 @@ export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
 .PHONY: setup setup-flower deps deps-flower project project-flower flower-cli run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 compose-env container-smoke federation-smoke clean
+	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 compose-env container-smoke container-faults federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -132,6 +132,9 @@ compose-env:
 
 container-smoke:  # needs a running Docker engine; minutes (docs/container.md)
 	bash scripts/container_smoke.sh
+
+container-faults:  # needs a running Docker engine; a stopped or killed worker, PostgreSQL killed (docs/operations.md)
+	$(BIN)/python scripts/container_faults.py
 
 federation-smoke:  # needs a running Docker engine; the SuperLink and three sites as containers (docs/federation.md)
 	$(BIN)/python scripts/federation_smoke.py

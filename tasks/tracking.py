@@ -400,6 +400,8 @@ def open_training_run(
     tracker.start(run_id=resume_run_id, run_name=name, tags=tracker.tags)
     if tracker.run_id != resume_run_id:
         tracker.log_params(flatten_params(params.model_dump(mode="json")))
+    else:  # resumed: the run now belongs to this flow run (what closes it, should it die)
+        tracker.set_tags(prefect_run_tag())
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
     if tracker.run_id != resume_run_id:

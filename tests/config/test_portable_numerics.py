@@ -140,7 +140,11 @@ def test_switched_off_the_pin_is_cleared_and_the_users_own_values_kept(environ, 
 
 def test_the_image_and_the_workers_deployment_carry_the_same_pin():
     image = DockerfileParser(path=str(REPO / "Dockerfile")).envs
-    [deployment] = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    [deployment] = [  # the pipeline's (the other closes crashed runs: no training)
+        d
+        for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+        if d["entrypoint"] == "flows/deployment.py:pipeline_from_file"
+    ]
     worker = deployment["work_pool"]["job_variables"]["env"]
 
     for key, value in PORTABLE_NUMERICS.items():

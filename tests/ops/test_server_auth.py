@@ -6,7 +6,10 @@ given them (as the compose file gives the worker) works and records no secret.""
 from __future__ import annotations
 
 import base64
+import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -94,3 +97,13 @@ def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
     assert logged.info.status == "FINISHED"
     assert password not in yaml.safe_dump(logged.data.to_dictionary())
     assert password not in processes.log("mlflow-auth")
+
+    # the compose stack's health probe reads the store, as the admin its container names
+    probe = [sys.executable, str(REPO / "scripts" / "mlflow_health.py"), url]
+    admin = {"MLFLOW_AUTH_ADMIN_USERNAME": "fedsieve", "MLFLOW_AUTH_ADMIN_PASSWORD": password}
+    assert subprocess.run(probe, env=os.environ | admin, timeout=60).returncode == 0
+    wrong_admin = admin | {"MLFLOW_AUTH_ADMIN_PASSWORD": "not-the-password"}
+    assert subprocess.run(probe, env=os.environ | wrong_admin, timeout=60).returncode == 1
+    processes.stop(server)
+    away = subprocess.run(probe, env=os.environ | admin, capture_output=True, text=True, timeout=60)
+    assert away.returncode == 1 and away.stderr.startswith("mlflow unhealthy:")

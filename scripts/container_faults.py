@@ -1,0 +1,327 @@
+"""The compose stack under the faults an operator meets (``make container-faults``).
+
+Each fault is injected by this script into a 12-round deployment run on the stack's
+worker (docker-compose.yml: PostgreSQL, MLflow and Prefect behind authentication, the
+deployments and the automations, a worker), once the run's MLflow run holds its third
+round, and must end as docs/operations.md says:
+
+1. ``docker stop`` of the worker (what ``compose down`` and ``restart`` do), started again
+   at once: Prefect's process worker stops without waiting for its runs, each in a
+   session of its own, so the run dies without its exit hooks; the server's zombie
+   automation marks it Crashed once its heartbeats stop (90 s) and the closing
+   automation's run on the worker closes its subflow runs and its MLflow run KILLED; the
+   deployment run with ``resume`` continues from the checkpoint into the same MLflow run,
+   which ends FINISHED with all 12 rounds.
+2. ``docker kill`` of the worker, started again at once: the same.
+3. ``docker kill`` of PostgreSQL (kill -9), started again 10 s later: the run goes on and
+   ends FINISHED with all 12 rounds.
+4. PostgreSQL stopped for 50 s: both servers' health probes fail while it is away; the
+   run's calls wait (retried for about two minutes) and it ends FINISHED with all rounds.
+
+Needs a Docker engine with Compose, ``make setup`` (the host's ``.venv`` is the client)
+and the stack's image (built here). Prints each fault's timings; ``--results`` writes
+them as JSON. ``DOCKER_BUILD_ARGS`` and ``MEDMNIST_ROOT`` as for the container smoke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = "fedsieve-faults"
+PREFECT_API, MLFLOW_URI = "http://127.0.0.1:4200/api", "http://127.0.0.1:5000"
+DEPLOYMENT = "pipeline-from-file/fedsieve"
+ROUNDS = 12
+INJECT_AT = 3  # rounds the MLflow run holds when the fault is injected
+OVERRIDES = [f"train.rounds={ROUNDS}", "train.local_epochs=4", "eval.every=1"]
+ROUND_METRIC = "test_acc"  # logged once per round
+RECORD: dict[str, Any] = {}
+
+
+class FaultError(RuntimeError):
+    """A fault that did not end as it should: one line saying how."""
+
+
+def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        tail = (done.stdout[-2000:] + done.stderr[-3000:]).strip()
+        raise FaultError(f"{shlex.join(command[:6])} ... exited {done.returncode}:\n{tail}")
+    return done
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(interval)
+    raise FaultError(f"{what}: not within {timeout:.0f} s")
+
+
+class Stack:
+    """The compose stack (host networking where the engine has no bridge), its secrets, and
+    clients of its servers in this process."""
+
+    def __init__(self, work: Path, medmnist_root: Path | None) -> None:
+        compose_file = REPO / "docker-compose.yml"
+        if subprocess.run(
+            ["docker", "network", "inspect", "bridge"], capture_output=True
+        ).returncode:
+            compose_file = work / "host-compose.yml"
+            run(
+                [
+                    sys.executable,
+                    str(REPO / "scripts" / "compose_host_network.py"),
+                    str(compose_file),
+                ]
+            )
+        files = ["-f", str(compose_file)]
+        if medmnist_root is not None:
+            data = work / "data.yml"
+            data.write_text(yaml.safe_dump({"services": {"worker": {
+                "environment": {"MEDMNIST_ROOT": "/medmnist"},
+                "volumes": [f"{medmnist_root}:/medmnist:ro"],
+            }}}))  # fmt: skip
+            files += ["-f", str(data)]
+        compose = ["docker", "compose"]
+        if subprocess.run([*compose, "version"], capture_output=True).returncode:
+            compose = ["docker-compose"]
+        self.compose = [*compose, "-p", PROJECT, "--project-directory", str(REPO), *files]
+        self.env = os.environ | {
+            "FEDSIEVE_PREFECT_AUTH": f"fedsieve:{secrets.token_urlsafe(24)}",
+            "FEDSIEVE_MLFLOW_PASSWORD": secrets.token_urlsafe(24),
+            "FEDSIEVE_MLFLOW_SECRET_KEY": secrets.token_urlsafe(32),
+        }  # fmt: skip
+        os.environ.update({
+            "PREFECT_API_URL": PREFECT_API, "PREFECT_API_AUTH_STRING": self.env["FEDSIEVE_PREFECT_AUTH"],
+            "MLFLOW_TRACKING_URI": MLFLOW_URI, "MLFLOW_TRACKING_USERNAME": "fedsieve",
+            "MLFLOW_TRACKING_PASSWORD": self.env["FEDSIEVE_MLFLOW_PASSWORD"],
+        })  # fmt: skip
+
+    def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return run([*self.compose, *args], env=self.env, timeout=timeout)
+
+    def docker(self, action: str, service: str) -> None:
+        """``docker stop|kill|start`` of the service's container."""
+        container = self("ps", "-aq", service).stdout.strip()
+        run(["docker", action, container], timeout=120)
+
+    def down(self, work: Path) -> None:
+        logs = subprocess.run([*self.compose, "logs", "--no-color"], env=self.env,
+                              capture_output=True, text=True)  # fmt: skip
+        (work / "compose.log").write_text(logs.stdout + logs.stderr)
+        subprocess.run([*self.compose, "down", "--volumes", "--remove-orphans"], env=self.env,
+                       capture_output=True)  # fmt: skip
+
+
+def start_run(resume: bool = False) -> str:
+    from prefect.deployments import run_deployment
+
+    parameters = {"overrides": OVERRIDES, "resume": resume}
+    return str(run_deployment(DEPLOYMENT, parameters=parameters, timeout=0).id)
+
+
+def flow_run_state(flow_run_id: str) -> str:
+    """The flow run's state type ("" while the server cannot say: its database away)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    try:
+        with get_client(sync_client=True) as client:
+            return str(client.read_flow_run(flow_run_id).state_type.value)
+    except PrefectHTTPStatusError:
+        return ""
+
+
+def mlflow_run(flow_run_id: str) -> Any:
+    """The MLflow run the flow run opened (its tag), or None yet."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("fedsieve")
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.prefect_flow_run_id = '{flow_run_id}'"
+    )
+    return runs[0] if runs else None
+
+
+def rounds_logged(run_id: str) -> int:
+    from mlflow import MlflowClient
+
+    return len(MlflowClient().get_metric_history(run_id, ROUND_METRIC))
+
+
+def at_round(flow_run_id: str, rounds: int = INJECT_AT) -> str:
+    """Wait until the flow run's MLflow run holds ``rounds`` rounds; its run id."""
+
+    def reached() -> str | None:
+        found = mlflow_run(flow_run_id)
+        if found is None:
+            return None
+        return found.info.run_id if rounds_logged(found.info.run_id) >= rounds else None
+
+    return str(wait_for(f"round {rounds} of flow run {flow_run_id}", reached, 600, 0.5))
+
+
+def ends_finished(flow_run_id: str, run_id: str, what: str) -> None:
+    """The flow run Completed, the MLflow run FINISHED with every round and a model version."""
+    from mlflow import MlflowClient
+
+    state = wait_for(f"{what}: the run to end", lambda: flow_run_state(flow_run_id) in
+                     ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and flow_run_state(flow_run_id), 900)  # fmt: skip
+    client = MlflowClient()
+    info = client.get_run(run_id).info
+    rounds = rounds_logged(run_id)
+    versions = client.search_model_versions(f"run_id = '{run_id}'")
+    if state != "COMPLETED" or info.status != "FINISHED" or rounds != ROUNDS or not versions:
+        raise FaultError(
+            f"{what}: flow run {state}, MLflow run {info.status} with {rounds} rounds and "
+            f"{len(versions)} model version(s)"
+        )
+
+
+@contextlib.contextmanager
+def fault(name: str) -> Iterator[dict[str, Any]]:
+    print(f"== {name}", flush=True)
+    record: dict[str, Any] = {}
+    started = time.monotonic()
+    yield record
+    record["total_s"] = round(time.monotonic() - started, 1)
+    RECORD[name] = record
+    print(f"   {record}", flush=True)
+
+
+def stop_and_resume(stack: Stack, action: str, name: str) -> None:
+    """Fault 1 (``stop``) or 2 (``kill``) of the worker, then the resumed run."""
+    with fault(name) as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        injected = time.monotonic()
+        stack.docker(action, "worker")
+        stack.docker("start", "worker")  # as `compose up` does: it runs the closing deployment
+        wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 300)
+        record["crashed_after_s"] = round(time.monotonic() - injected, 1)
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+        wait_for("its MLflow run KILLED",
+                 lambda: client.get_run(run_id).info.status == "KILLED", 300)  # fmt: skip
+        record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
+        record["rounds_before"] = rounds_logged(run_id)
+        resumed = start_run(resume=True)
+        ends_finished(resumed, run_id, f"{name}, resumed")
+        reopened = mlflow_run(resumed)  # the resumed flow run's own MLflow run: the same one
+        if reopened is None or reopened.info.run_id != run_id:
+            raise FaultError(f"{name}: the resumed run did not continue MLflow run {run_id}")
+        record["resumed_into_the_same_run"] = True
+
+
+def postgres_killed(stack: Stack) -> None:
+    with fault("PostgreSQL killed (kill -9) and started 10 s later") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        stack.docker("kill", "postgres")
+        time.sleep(10)
+        stack.docker("start", "postgres")
+        ends_finished(flow_run, run_id, "PostgreSQL killed")
+        record["rounds"] = rounds_logged(run_id)
+
+
+def probes(stack: Stack) -> dict[str, bool]:
+    """Whether each server's compose health probe passes now (the probe's own command)."""
+    compose = yaml.safe_load(Path(stack.compose[stack.compose.index("-f") + 1]).read_text())
+    healthy = {}
+    for service in ("mlflow", "prefect-server"):
+        command = compose["services"][service]["healthcheck"]["test"][1:]  # after "CMD"
+        container = stack("ps", "-q", service).stdout.strip()
+        done = subprocess.run(
+            ["docker", "exec", container, *command], capture_output=True, timeout=60
+        )
+        healthy[service] = done.returncode == 0
+    return healthy
+
+
+def database_outage(stack: Stack, seconds: int = 50) -> None:
+    with fault(f"PostgreSQL stopped for {seconds} s") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        stack.docker("stop", "postgres")
+        time.sleep(20)
+        record["probes_during_outage"] = probes(stack)
+        time.sleep(seconds - 20)
+        stack.docker("start", "postgres")
+        wait_for("both probes healthy again", lambda: all(probes(stack).values()), 120, 3)
+        ends_finished(flow_run, run_id, "PostgreSQL stopped")
+        record["rounds"] = rounds_logged(run_id)
+        if any(record["probes_during_outage"].values()):
+            raise FaultError(f"a health probe passed with PostgreSQL away: {record}")
+
+
+FAULTS: dict[str, Callable[[Stack], None]] = {
+    "1-worker-stop": lambda stack: stop_and_resume(stack, "stop", "worker stopped (docker stop)"),
+    "2-worker-kill": lambda stack: stop_and_resume(stack, "kill", "worker killed (docker kill)"),
+    "3-postgres-kill": postgres_killed,
+    "4-database-outage": database_outage,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, help="write the faults' timings (JSON)")
+    parser.add_argument(
+        "--faults", nargs="+", choices=sorted(FAULTS), default=sorted(FAULTS), help="which faults"
+    )
+    args = parser.parse_args()
+    if subprocess.run(["docker", "info"], capture_output=True).returncode:
+        print("container-faults: no Docker engine answers (docker info failed)", file=sys.stderr)
+        return 2
+    root = os.environ.get("MEDMNIST_ROOT")
+    work = Path(tempfile.mkdtemp(prefix="fedsieve-faults-"))
+    stack = Stack(work, Path(root).resolve() if root else None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # torn down on SIGTERM too
+    try:
+        print("== build fedsieve:cpu; the stack up (servers, deployments, automations, worker)")
+        build_args = shlex.split(os.environ.get("DOCKER_BUILD_ARGS", ""))
+        run(["docker", "build", "--network", "host", *build_args, "-t", "fedsieve:cpu", "."],
+            cwd=REPO, timeout=3600)  # fmt: skip
+        stack("up", "-d", "--no-build", "postgres", "mlflow", "prefect-server")
+        stack("run", "--rm", "deploy")
+        stack("up", "-d", "--no-build", "worker")
+        for name in args.faults:
+            FAULTS[name](stack)
+    except (FaultError, subprocess.TimeoutExpired) as error:
+        print(f"container-faults: {error}", file=sys.stderr)
+        return 1
+    finally:
+        stack.down(work)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.results:
+        args.results.write_text(
+            json.dumps({"command": "make container-faults", **RECORD}, indent=1) + "\n"
+        )
+    print("container-faults: every fault ended as it should")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
