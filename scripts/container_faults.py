@@ -17,6 +17,8 @@ round, and must end as docs/operations.md says:
    ends FINISHED with all 12 rounds.
 4. PostgreSQL stopped for 50 s: both servers' health probes fail while it is away; the
    run's calls wait (retried for about two minutes) and it ends FINISHED with all rounds.
+5. The whole stack stopped and started (``compose stop``, ``compose start``): the run is
+   Crashed and closed as in 1, and resumes to FINISHED with all rounds.
 
 Needs a Docker engine with Compose, ``make setup`` (the host's ``.venv`` is the client)
 and the stack's image (built here). Prints each fault's timings; ``--results`` writes
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from stack_steps import StepError, run  # scripts/, beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fedsieve-faults"
@@ -54,18 +57,6 @@ ROUND_METRIC = "test_acc"  # logged once per round
 RECORD: dict[str, Any] = {}
 
 
-class FaultError(RuntimeError):
-    """A fault that did not end as it should: one line saying how."""
-
-
-def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    if done.returncode != 0:
-        tail = (done.stdout[-2000:] + done.stderr[-3000:]).strip()
-        raise FaultError(f"{shlex.join(command[:6])} ... exited {done.returncode}:\n{tail}")
-    return done
-
-
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -73,7 +64,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: floa
         if found:
             return found
         time.sleep(interval)
-    raise FaultError(f"{what}: not within {timeout:.0f} s")
+    raise StepError(f"{what}: not within {timeout:.0f} s")
 
 
 class Stack:
@@ -194,7 +185,7 @@ def ends_finished(flow_run_id: str, run_id: str, what: str) -> None:
     rounds = rounds_logged(run_id)
     versions = client.search_model_versions(f"run_id = '{run_id}'")
     if state != "COMPLETED" or info.status != "FINISHED" or rounds != ROUNDS or not versions:
-        raise FaultError(
+        raise StepError(
             f"{what}: flow run {state}, MLflow run {info.status} with {rounds} rounds and "
             f"{len(versions)} model version(s)"
         )
@@ -232,7 +223,7 @@ def stop_and_resume(stack: Stack, action: str, name: str) -> None:
         ends_finished(resumed, run_id, f"{name}, resumed")
         reopened = mlflow_run(resumed)  # the resumed flow run's own MLflow run: the same one
         if reopened is None or reopened.info.run_id != run_id:
-            raise FaultError(f"{name}: the resumed run did not continue MLflow run {run_id}")
+            raise StepError(f"{name}: the resumed run did not continue MLflow run {run_id}")
         record["resumed_into_the_same_run"] = True
 
 
@@ -274,7 +265,28 @@ def database_outage(stack: Stack, seconds: int = 50) -> None:
         ends_finished(flow_run, run_id, "PostgreSQL stopped")
         record["rounds"] = rounds_logged(run_id)
         if any(record["probes_during_outage"].values()):
-            raise FaultError(f"a health probe passed with PostgreSQL away: {record}")
+            raise StepError(f"a health probe passed with PostgreSQL away: {record}")
+
+
+def whole_stack_restarted(stack: Stack) -> None:
+    with fault("the whole stack stopped and started") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        injected = time.monotonic()
+        stack("stop", timeout=300)
+        stack("start", timeout=300)
+        wait_for("both probes healthy again", lambda: all(probes(stack).values()), 300, 3)
+        wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 600)
+        record["crashed_after_s"] = round(time.monotonic() - injected, 1)
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+        wait_for("its MLflow run KILLED",
+                 lambda: client.get_run(run_id).info.status == "KILLED", 300)  # fmt: skip
+        record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
+        resumed = start_run(resume=True)
+        ends_finished(resumed, run_id, "the whole stack restarted, resumed")
+        record["rounds"] = rounds_logged(run_id)
 
 
 FAULTS: dict[str, Callable[[Stack], None]] = {
@@ -282,6 +294,7 @@ FAULTS: dict[str, Callable[[Stack], None]] = {
     "2-worker-kill": lambda stack: stop_and_resume(stack, "kill", "worker killed (docker kill)"),
     "3-postgres-kill": postgres_killed,
     "4-database-outage": database_outage,
+    "5-stack-restart": whole_stack_restarted,
 }
 
 
@@ -309,16 +322,16 @@ def main() -> int:
         stack("up", "-d", "--no-build", "worker")
         for name in args.faults:
             FAULTS[name](stack)
-    except (FaultError, subprocess.TimeoutExpired) as error:
+    except (StepError, subprocess.TimeoutExpired) as error:
         print(f"container-faults: {error}", file=sys.stderr)
         return 1
     finally:
         stack.down(work)
         shutil.rmtree(work, ignore_errors=True)
-    if args.results:
-        args.results.write_text(
-            json.dumps({"command": "make container-faults", **RECORD}, indent=1) + "\n"
-        )
+    if args.results:  # faults run on their own (--faults) join the others' record
+        earlier = json.loads(args.results.read_text()) if args.results.exists() else {}
+        record = {**earlier, "command": "make container-faults", **RECORD}
+        args.results.write_text(json.dumps(record, indent=1) + "\n")
     print("container-faults: every fault ended as it should")
     return 0
 

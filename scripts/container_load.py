@@ -58,6 +58,8 @@ def main() -> None:
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     pipelines = [r for r in runs if r not in parents and r not in children]
     problems = []
+    if len(parents) != 1:
+        problems.append(f"{len(parents)} grid parent runs tracked, 1 expected")
     if len(children) != 8:
         problems.append(f"{len(children)} grid cells tracked, 8 expected")
     if len(pipelines) != 2:
@@ -72,10 +74,31 @@ def main() -> None:
                 problems.append(f"{run.info.run_name}: {key} logged at rounds {steps}")
     if "database is locked" in console.lower():
         problems.append("a 'database is locked' error reached the console")
+    problems += dispatched_grid(tracking)
     if problems:
         sys.exit("load: " + "; ".join(problems))
     print(f"   load: {len(children)} cells and {len(pipelines)} deployment runs tracked, "
           f"every per-round metric present, no lock error on the console")  # fmt: skip
+
+
+def dispatched_grid(tracking: MlflowClient) -> list[str]:
+    """A grid of 2 cells dispatched to the worker (``compare.dispatch: deployment``): its
+    parent and both cells tracked, FINISHED, each cell a run of the deployment."""
+    grid = subprocess.run(
+        ["fedsieve", "compare", "--set", f"train.rounds={ROUNDS}", "--set", "compare.seeds=[0, 1]",
+         "--set", "compare.dispatch=deployment", "--set", "tracking.experiment=dispatched"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if grid.returncode != 0:
+        return [f"the dispatched grid failed: {(grid.stdout + grid.stderr)[-2000:]}"]
+    runs = finished_runs(tracking, "dispatched")
+    cells = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    problems = [f"dispatched run {r.info.run_name} is {r.info.status}"
+                for r in runs if r.info.status != "FINISHED"]  # fmt: skip
+    if len(runs) != 3 or len(cells) != 2:
+        problems.append(f"dispatched grid: {len(runs)} runs, {len(cells)} cells (3 and 2 expected)")
+    print(f"   load: a grid dispatched to the worker: {len(cells)} cells and their parent tracked")
+    return problems
 
 
 if __name__ == "__main__":

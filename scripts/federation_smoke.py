@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from stack_steps import StepError, run  # scripts/, beside this file
 
 REPO = Path(__file__).resolve().parents[1]
 HUB_COMPOSE = (REPO / "docker-compose.yml", REPO / "docker-compose.federation.yml")
@@ -90,10 +91,6 @@ PARAMS: dict[str, Any] = {
 RECORD: dict[str, Any] = {"steps_s": {}, "checks": {}}  # what --results writes
 
 
-class SmokeError(RuntimeError):
-    """A step that did not do what it should: one line saying which and why."""
-
-
 @contextlib.contextmanager
 def step(name: str) -> Iterator[None]:
     print(f"== {name}", flush=True)
@@ -101,15 +98,6 @@ def step(name: str) -> Iterator[None]:
     yield
     RECORD["steps_s"][name] = round(time.monotonic() - started, 1)
     print(f"   {time.monotonic() - started:.0f} s", flush=True)
-
-
-def run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """``command`` to its end; :class:`SmokeError` with its output's tail if it fails."""
-    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    if done.returncode != 0:
-        tail = (done.stdout[-2000:] + done.stderr[-3000:]).strip()
-        raise SmokeError(f"{shlex.join(command[:6])} ... exited {done.returncode}:\n{tail}")
-    return done
 
 
 def host_network() -> bool:
@@ -130,7 +118,7 @@ class Stack:
         elif shutil.which("docker-compose"):
             self.compose = ["docker-compose", "-p", PROJECT]
         else:
-            raise SmokeError("neither 'docker compose' nor 'docker-compose' is installed")
+            raise StepError("neither 'docker compose' nor 'docker-compose' is installed")
         files = list(HUB_COMPOSE)
         if host_network():
             files = [self._on_host_network(path, work) for path in files]
@@ -190,11 +178,11 @@ class Stack:
 def wait_for(what: str, check: Any, timeout: float, interval: float = 1.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, SmokeError):
+        with contextlib.suppress(OSError, StepError):
             if check():
                 return
         time.sleep(interval)
-    raise SmokeError(f"{what}: not after {timeout:.0f} s")
+    raise StepError(f"{what}: not after {timeout:.0f} s")
 
 
 def port_open(address: str) -> bool:
@@ -265,7 +253,7 @@ def check(claims: list[tuple[str, bool, str]]) -> None:
         print(f"   {'ok  ' if ok else 'FAIL'} {claim}{'' if ok else f': {detail}'}")
     failed = [claim for claim, ok, _ in claims if not ok]
     if failed:
-        raise SmokeError(f"{len(failed)} check(s) failed: {'; '.join(failed)}")
+        raise StepError(f"{len(failed)} check(s) failed: {'; '.join(failed)}")
 
 
 def simulated_vector(params: Any, sites: Path, medmnist_root: Path) -> Any:
@@ -293,7 +281,7 @@ def run_deployment_at_sites(stack: Stack, raw: dict[str, Any]) -> str:
                timeout=1800)  # fmt: skip
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     if outcome["state"] != "COMPLETED":
-        raise SmokeError(f"the deployment run ended {outcome['state']}: {outcome['message']}")
+        raise StepError(f"the deployment run ended {outcome['state']}: {outcome['message']}")
     return str(outcome["id"])
 
 
@@ -371,7 +359,7 @@ def verify(
     ])  # fmt: skip
     saved = read_checkpoint(copied / "train.pt", params_hash(params))
     if saved is None:
-        raise SmokeError("the train stage left no checkpoint for these params")
+        raise StepError("the train stage left no checkpoint for these params")
     state = ServerState.from_dict(saved["state"])
     rounds = list(csv.DictReader((copied / "rounds.csv").open()))
     sites = json.loads((copied / "sites.json").read_text())["sites"]
@@ -466,7 +454,7 @@ def main() -> int:
             smoke(work, medmnist_root, stack)
         finally:
             stack.down(work)
-    except (SmokeError, subprocess.TimeoutExpired) as error:
+    except (StepError, subprocess.TimeoutExpired) as error:
         print(f"federation-smoke: {error}", file=sys.stderr)
         return 1
     finally:
