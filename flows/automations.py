@@ -1,9 +1,9 @@
 """The Prefect server's automations that close what a dead worker leaves open.
 
 1. Prefect's documented zombie-flow automation (docs.prefect.io, "Detect zombie flows"):
-   a flow run that stops sending heartbeats for three heartbeat periods is marked
-   Crashed. Workers send them every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (the
-   compose stack sets 30: a dead run is Crashed within 90 s).
+   a flow run that stops sending heartbeats for six heartbeat periods is marked Crashed.
+   Workers send them every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (the compose
+   stack sets 30: a dead run is Crashed within 180 s).
 2. For every crashed pipeline run, a run of the ``close-crashed-run/fedsieve`` deployment
    (:mod:`flows.crashed`) on a worker of the pool: its subflow runs Crashed, its MLflow
    runs KILLED.
@@ -28,14 +28,17 @@ __all__ = ["CLOSE_DEPLOYMENT", "PIPELINE_FLOWS", "automations", "install"]
 
 CLOSE_DEPLOYMENT = "close-crashed-run/fedsieve"
 PIPELINE_FLOWS = ["pipeline-from-file", "pipeline"]  # the flows deployments run
-MISSED_HEARTBEATS = 3
+# Six heartbeats (180 s at 30 s): longer than the two minutes a worker's calls are retried
+# through a database outage (docker-compose.yml), during which no heartbeat reaches the
+# server; three (Prefect's example) marked a live run Crashed after a 50 s outage.
+MISSED_HEARTBEATS = 6
 
 
 def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
     """The two automations, for workers that send a heartbeat every ``heartbeat_s``."""
     zombie = Automation(
         name="fedsieve: crash zombie flow runs",
-        description="A flow run silent for three heartbeats is dead: mark it Crashed.",
+        description=f"A flow run silent for {MISSED_HEARTBEATS} heartbeats is dead: mark it Crashed.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.*"},

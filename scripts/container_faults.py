@@ -8,7 +8,7 @@ round, and must end as docs/operations.md says:
 1. ``docker stop`` of the worker (what ``compose down`` and ``restart`` do), started again
    at once: Prefect's process worker stops without waiting for its runs, each in a
    session of its own, so the run dies without its exit hooks; the server's zombie
-   automation marks it Crashed once its heartbeats stop (90 s) and the closing
+   automation marks it Crashed once its heartbeats stop (180 s) and the closing
    automation's run on the worker closes its subflow runs and its MLflow run KILLED; the
    deployment run with ``resume`` continues from the checkpoint into the same MLflow run,
    which ends FINISHED with all 12 rounds.
@@ -202,6 +202,27 @@ def fault(name: str) -> Iterator[dict[str, Any]]:
     print(f"   {record}", flush=True)
 
 
+def closed_and_resumed(
+    flow_run: str, run_id: str, injected: float, record: dict[str, Any], name: str
+) -> None:
+    """The dead run marked Crashed and its MLflow run KILLED (seconds since the fault in
+    ``record``); resumed, it continues that MLflow run to FINISHED with every round."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 600)
+    record["crashed_after_s"] = round(time.monotonic() - injected, 1)
+    wait_for("its MLflow run KILLED", lambda: client.get_run(run_id).info.status == "KILLED", 300)
+    record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
+    record["rounds_before"] = rounds_logged(run_id)
+    resumed = start_run(resume=True)
+    ends_finished(resumed, run_id, f"{name}, resumed")
+    reopened = mlflow_run(resumed)  # the resumed flow run's own MLflow run: the same one
+    if reopened is None or reopened.info.run_id != run_id:
+        raise StepError(f"{name}: the resumed run did not continue MLflow run {run_id}")
+    record["resumed_into_the_same_run"] = True
+
+
 def stop_and_resume(stack: Stack, action: str, name: str) -> None:
     """Fault 1 (``stop``) or 2 (``kill``) of the worker, then the resumed run."""
     with fault(name) as record:
@@ -210,21 +231,7 @@ def stop_and_resume(stack: Stack, action: str, name: str) -> None:
         injected = time.monotonic()
         stack.docker(action, "worker")
         stack.docker("start", "worker")  # as `compose up` does: it runs the closing deployment
-        wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 300)
-        record["crashed_after_s"] = round(time.monotonic() - injected, 1)
-        from mlflow import MlflowClient
-
-        client = MlflowClient()
-        wait_for("its MLflow run KILLED",
-                 lambda: client.get_run(run_id).info.status == "KILLED", 300)  # fmt: skip
-        record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
-        record["rounds_before"] = rounds_logged(run_id)
-        resumed = start_run(resume=True)
-        ends_finished(resumed, run_id, f"{name}, resumed")
-        reopened = mlflow_run(resumed)  # the resumed flow run's own MLflow run: the same one
-        if reopened is None or reopened.info.run_id != run_id:
-            raise StepError(f"{name}: the resumed run did not continue MLflow run {run_id}")
-        record["resumed_into_the_same_run"] = True
+        closed_and_resumed(flow_run, run_id, injected, record, name)
 
 
 def postgres_killed(stack: Stack) -> None:
@@ -276,17 +283,7 @@ def whole_stack_restarted(stack: Stack) -> None:
         stack("stop", timeout=300)
         stack("start", timeout=300)
         wait_for("both probes healthy again", lambda: all(probes(stack).values()), 300, 3)
-        wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 600)
-        record["crashed_after_s"] = round(time.monotonic() - injected, 1)
-        from mlflow import MlflowClient
-
-        client = MlflowClient()
-        wait_for("its MLflow run KILLED",
-                 lambda: client.get_run(run_id).info.status == "KILLED", 300)  # fmt: skip
-        record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
-        resumed = start_run(resume=True)
-        ends_finished(resumed, run_id, "the whole stack restarted, resumed")
-        record["rounds"] = rounds_logged(run_id)
+        closed_and_resumed(flow_run, run_id, injected, record, "the whole stack restarted")
 
 
 FAULTS: dict[str, Callable[[Stack], None]] = {

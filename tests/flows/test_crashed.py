@@ -42,7 +42,7 @@ def test_the_automations_are_prefects_zombie_trigger_and_the_closing_run(prefect
     assert zombie.trigger.posture == Posture.Proactive
     assert zombie.trigger.after == {"prefect.flow-run.heartbeat"}
     assert zombie.trigger.expect == {"prefect.flow-run.*"}
-    assert zombie.trigger.within.total_seconds() == 90  # three missed heartbeats
+    assert zombie.trigger.within.total_seconds() == 180  # six missed heartbeats
     [crash] = zombie.actions
     assert crash.type == "change-flow-run-state" and crash.state.value == "CRASHED"
     assert close.trigger.expect == {"prefect.flow-run.Crashed"}
