@@ -320,15 +320,16 @@ def main() -> int:
         for name in args.faults:
             FAULTS[name](stack)
     except (StepError, subprocess.TimeoutExpired) as error:
+        RECORD["failed"] = str(error).splitlines()[0]
         print(f"container-faults: {error}", file=sys.stderr)
         return 1
     finally:
         stack.down(work)
         shutil.rmtree(work, ignore_errors=True)
-    if args.results:  # faults run on their own (--faults) join the others' record
-        earlier = json.loads(args.results.read_text()) if args.results.exists() else {}
-        record = {**earlier, "command": "make container-faults", **RECORD}
-        args.results.write_text(json.dumps(record, indent=1) + "\n")
+        if args.results:  # faults run on their own (--faults) join the others' record
+            earlier = json.loads(args.results.read_text()) if args.results.exists() else {}
+            record = {**earlier, "command": "make container-faults", **RECORD}
+            args.results.write_text(json.dumps(record, indent=1) + "\n")
     print("container-faults: every fault ended as it should")
     return 0
 
