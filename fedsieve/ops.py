@@ -416,18 +416,21 @@ def _prefect_api(purpose: str = "fedsieve serve") -> str:
 
 
 def require_deployment(name: str) -> None:
-    """Fail before a grid starts when ``flow/deployment`` is not on the Prefect server."""
-    import httpx
+    """Fail before a grid starts when ``flow/deployment`` is not on the Prefect server
+    (asked with Prefect's client: it sends the server's auth string, where one is set)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     url = _prefect_api("compare.dispatch: deployment")
-    response = httpx.get(f"{url.rstrip('/')}/deployments/name/{name}", timeout=10)
-    if response.status_code == 404:
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(name)
+    except ObjectNotFound:
         raise ServiceError(
             f"compare.deployment {name!r} is not on the Prefect server at {url}: deploy it "
             "with `prefect --no-prompt deploy --all` and start workers with "
             "`prefect worker start --pool fedsieve`"
-        )
-    response.raise_for_status()
+        ) from None
 
 
 def serve(args: argparse.Namespace, workdir: Path) -> int:

@@ -50,6 +50,11 @@ def test_prefect_refuses_a_client_without_the_auth_string(ops, processes, tmp_pa
         get_client(sync_client=True) as client,
     ):
         assert client.read_flow_runs() == []  # what the worker and the CLI do with it
+        # a grid dispatched to workers checks its deployment with the same credentials
+        from fedsieve.ops import ServiceError, require_deployment
+
+        with pytest.raises(ServiceError, match="is not on the Prefect server"):
+            require_deployment("pipeline-from-file/nowhere")
     assert auth.split(":")[1] not in processes.log("prefect-auth")
 
 
