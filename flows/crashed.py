@@ -62,10 +62,13 @@ def _crash_unfinished_subflows(flow_run_id: str) -> list[str]:
 
 
 def _kill_tracking_runs(flow_run_id: str) -> list[str]:
-    """The MLflow runs the flow run opened and left RUNNING, closed KILLED."""
+    """The MLflow runs the flow run opened and left RUNNING, closed KILLED (in the store the
+    pipeline's tracker uses: ``MLFLOW_TRACKING_URI``, else the project's file)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
+    from config.environment import tracking_uri
+
+    client = MlflowClient(tracking_uri())
     experiments = [e.experiment_id for e in client.search_experiments()]
     running = client.search_runs(
         experiments,

@@ -86,6 +86,8 @@ def dispatched_grid(tracking: MlflowClient) -> list[str]:
     parent and both cells tracked, FINISHED, each cell a run of the deployment."""
     grid = subprocess.run(
         ["fedsieve", "compare", "--set", f"train.rounds={ROUNDS}", "--set", "compare.seeds=[0, 1]",
+         "--set", "compare.methods={fedavg: {aggregate: {name: fedavg}}}",
+         "--set", "compare.attacks=[{name: none}]",
          "--set", "compare.dispatch=deployment", "--set", "tracking.experiment=dispatched"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
