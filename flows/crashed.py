@@ -15,7 +15,6 @@ from prefect import flow, get_run_logger
 __all__ = ["close_crashed_run", "flow_run_id_of"]
 
 RESOURCE_PREFIX = "prefect.flow-run."  # an event's resource id: prefect.flow-run.<uuid>
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 
 
 def flow_run_id_of(resource: str) -> str:
@@ -53,7 +52,7 @@ def _crash_unfinished_subflows(flow_run_id: str) -> list[str]:
                 )
             )
             for child in children:
-                if child.state_type is not None and child.state_type.value not in FINAL:
+                if child.state is not None and not child.state.is_final():
                     message = f"its parent flow run {flow_run_id} crashed"
                     client.set_flow_run_state(child.id, Crashed(message=message), force=True)
                     crashed.append(str(child.id))

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -44,11 +43,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from stack_steps import StepError, run  # scripts/, beside this file
+from stack_steps import (  # scripts/, beside this file
+    StepError,
+    client_credentials,
+    compose_command,
+    on_host_network,
+    run,
+    stack_credentials,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fedsieve-faults"
-PREFECT_API, MLFLOW_URI = "http://127.0.0.1:4200/api", "http://127.0.0.1:5000"
 DEPLOYMENT = "pipeline-from-file/fedsieve"
 ROUNDS = 12
 INJECT_AT = 3  # rounds the MLflow run holds when the fault is injected
@@ -57,34 +63,13 @@ ROUND_METRIC = "test_acc"  # logged once per round
 RECORD: dict[str, Any] = {}
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(interval)
-    raise StepError(f"{what}: not within {timeout:.0f} s")
-
-
 class Stack:
     """The compose stack (host networking where the engine has no bridge), its secrets, and
     clients of its servers in this process."""
 
     def __init__(self, work: Path, medmnist_root: Path | None) -> None:
-        compose_file = REPO / "docker-compose.yml"
-        if subprocess.run(
-            ["docker", "network", "inspect", "bridge"], capture_output=True
-        ).returncode:
-            compose_file = work / "host-compose.yml"
-            run(
-                [
-                    sys.executable,
-                    str(REPO / "scripts" / "compose_host_network.py"),
-                    str(compose_file),
-                ]
-            )
-        files = ["-f", str(compose_file)]
+        self.compose_file = on_host_network(REPO / "docker-compose.yml", work / "host-compose.yml")
+        files = ["-f", str(self.compose_file)]
         if medmnist_root is not None:
             data = work / "data.yml"
             data.write_text(yaml.safe_dump({"services": {"worker": {
@@ -92,20 +77,9 @@ class Stack:
                 "volumes": [f"{medmnist_root}:/medmnist:ro"],
             }}}))  # fmt: skip
             files += ["-f", str(data)]
-        compose = ["docker", "compose"]
-        if subprocess.run([*compose, "version"], capture_output=True).returncode:
-            compose = ["docker-compose"]
-        self.compose = [*compose, "-p", PROJECT, "--project-directory", str(REPO), *files]
-        self.env = os.environ | {
-            "FEDSIEVE_PREFECT_AUTH": f"fedsieve:{secrets.token_urlsafe(24)}",
-            "FEDSIEVE_MLFLOW_PASSWORD": secrets.token_urlsafe(24),
-            "FEDSIEVE_MLFLOW_SECRET_KEY": secrets.token_urlsafe(32),
-        }  # fmt: skip
-        os.environ.update({
-            "PREFECT_API_URL": PREFECT_API, "PREFECT_API_AUTH_STRING": self.env["FEDSIEVE_PREFECT_AUTH"],
-            "MLFLOW_TRACKING_URI": MLFLOW_URI, "MLFLOW_TRACKING_USERNAME": "fedsieve",
-            "MLFLOW_TRACKING_PASSWORD": self.env["FEDSIEVE_MLFLOW_PASSWORD"],
-        })  # fmt: skip
+        self.compose = [*compose_command(), "-p", PROJECT, "--project-directory", str(REPO), *files]
+        self.env = os.environ | stack_credentials()
+        os.environ.update(client_credentials(self.env))  # this process is the stack's client
 
     def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run([*self.compose, *args], env=self.env, timeout=timeout)
@@ -130,16 +104,20 @@ def start_run(resume: bool = False) -> str:
     return str(run_deployment(DEPLOYMENT, parameters=parameters, timeout=0).id)
 
 
-def flow_run_state(flow_run_id: str) -> str:
-    """The flow run's state type ("" while the server cannot say: its database away)."""
+def flow_run_state(flow_run_id: str, *, final: bool = False) -> str:
+    """The flow run's state type ("" while the server cannot say: its database away; and,
+    with ``final``, while the run has not ended)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import PrefectHTTPStatusError
 
     try:
         with get_client(sync_client=True) as client:
-            return str(client.read_flow_run(flow_run_id).state_type.value)
+            state = client.read_flow_run(flow_run_id).state
     except PrefectHTTPStatusError:
         return ""
+    if state is None or (final and not state.is_final()):
+        return ""
+    return str(state.type.value)
 
 
 def mlflow_run(flow_run_id: str) -> Any:
@@ -178,8 +156,9 @@ def ends_finished(flow_run_id: str, run_id: str, what: str) -> None:
     """The flow run Completed, the MLflow run FINISHED with every round and a model version."""
     from mlflow import MlflowClient
 
-    state = wait_for(f"{what}: the run to end", lambda: flow_run_state(flow_run_id) in
-                     ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and flow_run_state(flow_run_id), 900)  # fmt: skip
+    state = wait_for(
+        f"{what}: the run to end", lambda: flow_run_state(flow_run_id, final=True), 900
+    )
     client = MlflowClient()
     info = client.get_run(run_id).info
     rounds = rounds_logged(run_id)
@@ -247,7 +226,7 @@ def postgres_killed(stack: Stack) -> None:
 
 def probes(stack: Stack) -> dict[str, bool]:
     """Whether each server's compose health probe passes now (the probe's own command)."""
-    compose = yaml.safe_load(Path(stack.compose[stack.compose.index("-f") + 1]).read_text())
+    compose = yaml.safe_load(stack.compose_file.read_text())
     healthy = {}
     for service in ("mlflow", "prefect-server"):
         command = compose["services"][service]["healthcheck"]["test"][1:]  # after "CMD"
