@@ -15,6 +15,7 @@ import json
 import logging
 import subprocess
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -296,7 +297,13 @@ class Tracker:
         try:
             yield
         except BaseException as error:
-            self.end("KILLED" if stopped_by_signal(error) else "FAILED")
+            stopped = stopped_by_signal(error)
+            if stopped:
+                # A signal can land halfway through a write to a local SQLite store; the
+                # connection of that write, kept alive by the traceback's frames, holds
+                # the database's lock, and the close below would wait for it and fail.
+                traceback.clear_frames(error.__traceback__)
+            self.end("KILLED" if stopped else "FAILED")
             raise
 
     def end(self, status: str = "FINISHED") -> None:

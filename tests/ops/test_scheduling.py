@@ -342,7 +342,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
     assert {r.info.run_name: r.info.status for r in stopped} == {
         "compare-breastmnist": "KILLED",
         **{f"{m}-none-f0-s0": "KILLED" for m in CANCELLED},
-    }
+    }, processes.log("worker")[-8000:]
 
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 1

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+import signal
+
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -43,6 +47,32 @@ def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path
     run = MlflowClient(uri).get_run(tracker.run_id)
     assert run.info.status == status
     assert run.data.metrics == {"test_acc": 0.5}
+
+
+def test_a_run_stopped_halfway_through_a_write_to_sqlite_is_still_closed_killed(tmp_path):
+    """Ctrl-C or a worker's SIGTERM lands at any moment, also inside a metric's write; the
+    run must still end KILLED rather than stay RUNNING behind the half-done write's lock."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    delays = random.Random(0)
+    statuses = []
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for _ in range(20):
+            tracker = Tracker("interrupted", uri)
+            tracker.start(run_id=None, run_name="r", tags={})
+            signal.setitimer(signal.ITIMER_REAL, delays.uniform(0.02, 0.3))
+            with pytest.raises(KeyboardInterrupt), tracker.ended_on_failure():
+                for step in itertools.count():
+                    tracker.log_metrics({"test_acc": 0.5, "test_auc": 0.5}, step=step)
+            statuses.append(MlflowClient(uri).get_run(tracker.run_id).info.status)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert statuses == ["KILLED"] * 20
 
 
 def test_a_run_is_resumed_by_its_id_and_reopened(tmp_path):
