@@ -18,8 +18,11 @@ in proportion to its data, while a group of clients holding less than ``beta`` o
 total weight cannot move the output outside the range of the others. It trusts the
 reported sizes.
 
-Parameters: ``beta: float`` (required, 0 <= beta < 0.5: the weight share dropped at each
-end). Shapes: ``(n, d), (n,) | None -> (d,)`` (equal weights when None). Diagnostics:
+Parameters: ``beta: float`` (0 <= beta < 0.5: the weight share dropped at each end) or
+``f: int`` (the share the ``f`` heaviest clients of the round hold, computed from the
+weights each round): exactly one. ``beta = f/n`` leaks whenever the attackers hold more
+than ``f/n`` of the weight (IID clients of 25 or 26 images are enough); ``f`` does not,
+and a round whose ``f`` heaviest clients hold half the weight or more is refused. Shapes: ``(n, d), (n,) | None -> (d,)`` (equal weights when None). Diagnostics:
 ``effective_weight`` (n,), each client's coefficient averaged over the coordinates (its
 kept weight over ``(1 - 2 beta) W``; equal values share by weight): an attribution;
 ``columns["trimmed_share"]``, the share of its coordinates where its coefficient is 0.
@@ -33,8 +36,10 @@ range is [2, 6], which holds all of the value 1 and all of the value 2, so the r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from aggregation.base import AggregationRule
@@ -50,19 +55,47 @@ __all__ = ["WeightedTrimmedMean"]
 class WeightedTrimmedMean(AggregationRule):
     """Weighted mean of the middle ``1 - 2 beta`` of the weight, per coordinate."""
 
-    beta: float  # weight share dropped at each end
+    beta: float | None = None  # weight share dropped at each end
+    f: int | None = None  # or: the share of the f heaviest clients, per round
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.beta < 0.5:
+        if (self.beta is None) == (self.f is None):
+            raise ValueError(
+                "weighted_trimmed_mean takes exactly one of beta (a weight share) or f (a "
+                f"number of clients), got beta={self.beta!r}, f={self.f!r}"
+            )
+        if self.beta is not None and not 0.0 <= self.beta < 0.5:
             raise ValueError(f"beta must lie in [0, 0.5), got {self.beta!r}")
+        if self.f is not None and (isinstance(self.f, bool) or not isinstance(self.f, int)
+                                   or self.f < 0):  # fmt: skip
+            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
-        return weighted_rule(updates, weights, self._positions)
+        beta = self.beta if self.beta is not None else self._share(updates, weights)
+        return weighted_rule(updates, weights, partial(trimmed_positions, beta))
 
-    def _positions(self, block: WeightedColumns) -> Tensor:
-        """Coefficients ``(n, c)`` of the sorted positions: their kept weight over the
-        total kept weight."""
-        total = block.before[-1] + block.weight[-1]  # (c,)
-        low, high = self.beta * total, (1.0 - self.beta) * total
-        kept = (block.before + block.weight).minimum(high) - block.before.maximum(low)
-        return kept.clamp_min(0.0) / (high - low)
+    def _share(self, updates: Tensor, weights: Tensor | None) -> float:
+        """The weight share the ``f`` heaviest clients of this round hold."""
+        assert self.f is not None
+        n = updates.shape[0]
+        if self.f >= n:
+            raise ValueError(
+                f"weighted_trimmed_mean with f={self.f} needs more than f clients, got {n}"
+            )
+        w = torch.ones(n, dtype=torch.float64) if weights is None else weights.double()
+        share = float(w.topk(self.f).values.sum() / w.sum())
+        if share >= 0.5:
+            raise ValueError(
+                f"weighted_trimmed_mean with f={self.f}: the {self.f} heaviest clients hold "
+                f"{share:.3f} of the weight; trimming needs less than half"
+            )
+        return share
+
+
+def trimmed_positions(beta: float, block: WeightedColumns) -> Tensor:
+    """Coefficients ``(n, c)`` of the sorted positions: their kept weight over the total
+    kept weight, ``beta`` of the weight dropped at each end."""
+    total = block.before[-1] + block.weight[-1]  # (c,)
+    low, high = beta * total, (1.0 - beta) * total
+    kept = (block.before + block.weight).minimum(high) - block.before.maximum(low)
+    return kept.clamp_min(0.0) / (high - low)

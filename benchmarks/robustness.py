@@ -91,8 +91,8 @@ def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
         aggregate["f"] = min(attackers, bound)
     elif method == "zeno":
         aggregate["b"] = attackers
-    elif method == "weighted_trimmed_mean":
-        aggregate["beta"] = attackers / clients
+    elif method == "weighted_trimmed_mean":  # the weight the f heaviest hold, not f/n
+        aggregate["f"] = attackers
     return {"aggregate": aggregate}
 
 
@@ -154,13 +154,54 @@ def run_cell(cell: Any) -> dict[str, Any]:
         )
         state = train(federation, federation.initial_state(), params.train.rounds)
         record["metrics"] = trained_results(federation, state, params, data)
+        if cell.attack == "none":  # the trigger's hit rate on a model that never saw it
+            record["metrics"]["backdoor_asr"] = clean_trigger_rate(federation, state, data)
         record["accuracy"] = [row["test_acc"] for row in state.history]
         record["excluded"] = excluded_clients(state.trail)
+        record["exposure"] = exposure(cell, data)
     except Exception as error:  # recorded, never dropped: the summary says which cells failed
         record["error"] = f"{type(error).__name__}: {error}"
         record["traceback"] = traceback.format_exc(limit=3)
     record["seconds"] = round(time.perf_counter() - started, 2)
     return record
+
+
+def clean_trigger_rate(federation: Any, state: Any, data: Any) -> float:
+    """The default backdoor trigger's success rate on a model trained without attack: the
+    baseline a backdoor's success rate is read against (with two classes a model calls
+    many triggered images "target" without ever seeing the trigger)."""
+    from federated.attacks.backdoor import Backdoor
+    from federated.backdoor_eval import attack_success_rate, triggered_test_set
+    from federated.data import to_tensors
+
+    trigger = Backdoor()
+    images, labels = to_tensors(data.test, data.info)
+    model = federation.selected_model(state).cpu()
+    return attack_success_rate(model, triggered_test_set(images, labels, trigger), 0)
+
+
+def exposure(cell: Any, data: Any) -> dict[str, Any]:
+    """The denominators of the cell's counts: honest and attacker client-rounds judged,
+    the triggered test images a success rate is over, the number of attackers a rule
+    that takes ``f`` was told (below the true number where the rule caps it) and the
+    test set's majority share (what a model that learnt nothing scores)."""
+    import numpy as np
+
+    from federated.attacks.backdoor import Backdoor
+
+    params = cell.params
+    clients = params.partition.num_clients
+    attackers = round(cell.fraction * clients) if cell.attack != "none" else 0
+    labels = np.asarray(data.test.labels).reshape(-1)
+    aggregate = params.aggregate.model_dump()
+    return {
+        "honest_rounds": (clients - attackers) * params.train.rounds,
+        "attacker_rounds": attackers * params.train.rounds,
+        "attackers": attackers,
+        "f_told": aggregate.get("f", aggregate.get("b")),
+        "trigger_images": int((labels != Backdoor().target_label).sum()),
+        "majority_share": float(np.bincount(labels).max() / len(labels)),
+    }
 
 
 def excluded_clients(trail: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,6 +288,64 @@ def worst_cases(rows: list[dict[str, Any]], metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SEED_COLUMNS = [
+    "method", "attack", "fraction", "seed", "test_acc", "test_auc", "rounds_to_target",
+    "fp", "fn", "honest_rounds", "attacker_rounds", "attackers", "f_told", "asr",
+    "trigger_images", "majority_share", "acc_curve", "error",
+]  # fmt: skip
+CURVE_EVERY = 5  # the accuracy curve kept per seed: round 1, then every fifth round
+
+
+def seed_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One compact row per cell and seed (``robustness-<dataset>-seeds.csv``, committed):
+    what every table of docs/results.md is recomputed from (benchmarks/report.py)."""
+    rows = []
+    for record in sorted(
+        records, key=lambda r: (r["method"], r["attack"], r["fraction"], r["seed"])
+    ):
+        row: dict[str, Any] = {k: record[k] for k in ("method", "attack", "fraction", "seed")}
+        if "error" in record:
+            rows.append(row | {"error": record["error"].splitlines()[0]})
+            continue
+        metrics, exposure = record["metrics"], record["exposure"]
+        curve = record["accuracy"][:1] + record["accuracy"][CURVE_EVERY - 1 :: CURVE_EVERY]
+        rows.append(
+            row
+            | {
+                "test_acc": round(metrics["test_acc"], 4),
+                "test_auc": round(metrics["test_auc"], 4),
+                "rounds_to_target": metrics["rounds_to_target"],
+                "fp": int(metrics["total_false_positives"]),
+                "fn": int(metrics["total_false_negatives"]),
+                "asr": None
+                if metrics.get("backdoor_asr") is None
+                else round(metrics["backdoor_asr"], 4),
+                "acc_curve": " ".join(f"{a:.4f}" for a in curve),
+            }
+            | {
+                k: exposure[k]
+                for k in (
+                    "honest_rounds",
+                    "attacker_rounds",
+                    "attackers",
+                    "f_told",
+                    "trigger_images",
+                )
+            }
+            | {"majority_share": round(exposure["majority_share"], 4)}
+        )
+    return rows
+
+
+def write_seed_rows(records: list[dict[str, Any]], path: Path) -> None:
+    import csv
+
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, SEED_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(seed_rows(records))
+
+
 def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
     """The summary over seeds (JSON, Markdown) and one heatmap per fraction."""
     from tasks.comparison import CellResult, aggregate_over_seeds, heat_table, summary_markdown
@@ -287,6 +386,7 @@ def summarise(dataset: str, cells_file: Path, settings: dict[str, Any]) -> None:
         "summary": clean,
     }
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_seed_rows(records, stem.with_name(f"{stem.name}-seeds.csv"))
     note = "\n".join(f"- {line}" for line in failed) or "- none"
     metric = "auc" if dataset in BINARY else "acc"
     tables = "\n".join(
@@ -329,7 +429,7 @@ def main() -> None:
         run_matrix(cells, cells_file, args.workers)
     settings = {
         "params": f"benchmarks/params/robustness-{args.dataset}.yaml",
-        "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; weighted trimmed mean beta = f/n)",
+        "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; the weighted trimmed mean trims the weight share of the f heaviest clients)",
     }  # fmt: skip
     summarise(args.dataset, cells_file, settings)
 

@@ -71,3 +71,38 @@ def test_beta_zero_is_fedavg() -> None:
     out = build_aggregator("weighted_trimmed_mean", beta=0.0)(updates, weights)
 
     torch.testing.assert_close(out, build_aggregator("fedavg")(updates, weights))
+
+
+def test_f_trims_the_share_the_f_heaviest_clients_hold() -> None:
+    """``beta = f/n`` leaks when the f attackers hold more than f/n of the weight; ``f``
+    trims what the f heaviest clients hold, so the two heaviest (attacking) clients'
+    huge values are gone where beta = 2/10 keeps part of them."""
+    values = torch.tensor([[1e6]] * 2 + [[float(i)] for i in range(8)], dtype=torch.float64)
+    weights = torch.tensor([30.0, 30.0] + [10.0] * 8, dtype=torch.float64)  # 60 of 140
+
+    by_count = build_aggregator("weighted_trimmed_mean", beta=2 / 10)(values, weights)
+    by_weight = build_aggregator("weighted_trimmed_mean", f=2)(values, weights)
+    share = 60 / 140
+    expected = build_aggregator("weighted_trimmed_mean", beta=share)(values, weights)
+
+    assert by_count.item() > 1e5  # the attackers' values leak through
+    assert by_weight.item() == pytest.approx(expected.item()) and by_weight.item() < 8
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"beta": 0.1, "f": 1}, "exactly one of beta"),
+        ({}, "exactly one of beta"),
+        ({"f": -1}, "f must be an integer"),
+    ],
+)
+def test_beta_or_f_is_required_and_checked(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_aggregator("weighted_trimmed_mean", **settings)
+
+
+def test_f_whose_clients_hold_half_the_weight_is_refused() -> None:
+    weights = torch.tensor([50.0, 20.0, 20.0, 10.0])
+    with pytest.raises(ValueError, match=r"hold 0\.500 of the weight"):
+        build_aggregator("weighted_trimmed_mean", f=1)(torch.zeros(4, 3), weights)
