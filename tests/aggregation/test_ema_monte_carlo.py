@@ -6,25 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from aggregation import build_aggregator
-
-CLIENTS, REPLICATES = 50, 20_000
-
-
-def estimates(share: float, shift: float = 10.0, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Each estimator's value per replicate: standard normal clients, the first ``share``
-    of them replaced by ``shift`` plus noise (one-sided contamination)."""
-    gen = torch.Generator().manual_seed(seed)
-    values = torch.randn(CLIENTS, REPLICATES, generator=gen, dtype=torch.float64)
-    bad = round(share * CLIENTS)
-    values[:bad] = shift + torch.randn(bad, REPLICATES, generator=gen, dtype=torch.float64)
-    return {
-        "mean": values.mean(0),
-        "median": values.quantile(0.5, dim=0),
-        "ema": build_aggregator("ema")(values),
-    }
+from benchmarks.ema_monte_carlo import CLIENTS, REPLICATES, estimates
 
 
 def test_on_normal_data_ema_is_unbiased_and_nearly_as_efficient_as_the_mean() -> None:

@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -229,6 +229,20 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_started_commands() -> Iterator[None]:
+    """A command a failed test left running is killed by its PID (its server with it)."""
+    yield
+    while _STARTED:
+        command = _STARTED.pop()
+        if command.poll() is None:
+            command.kill()
+            command.wait(timeout=60)
+
+
 def started_command(
     project: Path, medmnist_root: Path, *args: str, ready: Callable[[Path], bool] = training,
     within: float = 300, stderr: int = subprocess.DEVNULL,
@@ -245,6 +259,7 @@ def started_command(
         # script) ignores SIGINT, and its children would inherit that
         preexec_fn=_default_sigint,
     )
+    _STARTED.append(command)
     deadline = time.monotonic() + within
     while not ready(project):
         if time.monotonic() > deadline or command.poll() is not None:
