@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
-import random
-import signal
-import time
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
 from tasks.tracking import Tracker, flatten_params
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def signalled_then_failed() -> Exception:
@@ -50,34 +53,56 @@ def test_a_run_that_dies_is_closed_as_failed_or_killed_not_left_running(tmp_path
     assert run.data.metrics == {"test_acc": 0.5}
 
 
+# Run in a process of its own: an exception raised by a signal handler can land anywhere,
+# also between a lock's acquire and its release (logging's module lock), and would leave
+# the test runner's process wedged for the tests after it.
+INTERRUPTED_WRITES = """
+import itertools, json, random, signal, sys, time
+from mlflow import MlflowClient
+from tasks.tracking import Tracker
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+uri = sys.argv[1]
+delays = random.Random(0)
+signal.signal(signal.SIGALRM, interrupt)
+statuses = []
+for _ in range(20):
+    tracker = Tracker("interrupted", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    delay = delays.uniform(0.02, 0.3)
+    signal.setitimer(signal.ITIMER_REAL, delay)
+    give_up = time.monotonic() + delay + 5
+    try:
+        with tracker.ended_on_failure():
+            for step in itertools.count():
+                tracker.log_metrics({"test_acc": 0.5, "test_auc": 0.5}, step=step)
+                if time.monotonic() > give_up:  # the signal landed in a finalizer,
+                    raise KeyboardInterrupt  # which swallows what it raises
+    except KeyboardInterrupt:
+        pass
+    statuses.append(MlflowClient(uri).get_run(tracker.run_id).info.status)
+print(json.dumps(statuses))
+"""
+
+
 def test_a_run_stopped_halfway_through_a_write_to_sqlite_is_still_closed_killed(tmp_path):
     """Ctrl-C or a worker's SIGTERM lands at any moment, also inside a metric's write; the
     run must still end KILLED rather than stay RUNNING behind the half-done write's lock."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    delays = random.Random(0)
-    statuses = []
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        for _ in range(20):
-            tracker = Tracker("interrupted", uri)
-            tracker.start(run_id=None, run_name="r", tags={})
-            delay = delays.uniform(0.02, 0.3)
-            signal.setitimer(signal.ITIMER_REAL, delay)
-            give_up = time.monotonic() + delay + 5
-            with pytest.raises(KeyboardInterrupt), tracker.ended_on_failure():
-                for step in itertools.count():
-                    tracker.log_metrics({"test_acc": 0.5, "test_auc": 0.5}, step=step)
-                    if time.monotonic() > give_up:  # the signal landed in a finalizer,
-                        raise KeyboardInterrupt  # which swallows what it raises
-            statuses.append(MlflowClient(uri).get_run(tracker.run_id).info.status)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    assert statuses == ["KILLED"] * 20
+
+    result = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WRITES, uri],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["KILLED"] * 20
 
 
 def test_a_run_is_resumed_by_its_id_and_reopened(tmp_path):
