@@ -34,9 +34,7 @@ DOC = REPO / "docs" / "results.md"
 
 # dataset -> the headline metric (BreastMNIST's accuracy sits near its majority share)
 HEADLINE = {"digits": "test_acc", "breastmnist": "test_auc"}
-CORE_ATTACKS = ("label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm")
 LEARNS_BY = 0.02  # a baseline learns when its margin's interval lies above this
-FRACTIONS = (0.1, 0.2, 0.3, 0.4)
 PAIRED_AT = (0.2, 0.4)
 DIRICHLET = ("0.1", "0.5", "1")  # the label-skew regimes' α, as their files name them
 BLOCK = re.compile(
@@ -61,8 +59,9 @@ def load(name: str) -> list[Row]:
     return rows
 
 
-def methods_of(rows: Iterable[Row]) -> list[str]:
-    return list(dict.fromkeys(r["method"] for r in rows))
+def distinct(rows: Iterable[Row], key: str = "method") -> list[Any]:
+    """The values of ``key`` in the rows, in first-seen order."""
+    return list(dict.fromkeys(r[key] for r in rows))
 
 
 def finished(rows: Iterable[Row]) -> list[Row]:
@@ -97,7 +96,7 @@ def baselines(rows: list[Row], metric: str) -> dict[str, tuple[list[float], bool
     """Per method: its no-attack margins over chance per seed, and whether it learns
     (the lower end of the margin's 95 % interval above ``LEARNS_BY``)."""
     out = {}
-    for method in methods_of(rows):
+    for method in distinct(rows):
         clean = [r for r in finished(rows) if r["method"] == method and r["attack"] == "none"]
         margins = [r[metric] - chance(r, metric) for r in clean]
         mean, _, half = interval(margins)
@@ -154,10 +153,10 @@ def headline_block(dataset: str) -> str:
     rows = finished(load(dataset))
     metric = HEADLINE[dataset]
     margins = baselines(rows, metric)
-    fractions = [f for f in FRACTIONS if any(r["fraction"] == f for r in rows)]
+    fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
     header = " | ".join(f"worst at {f:g}" for f in fractions)
     lines = [f"| method | no attack | {header} |", "|---" * (len(fractions) + 2) + "|"]
-    for method in methods_of(rows):
+    for method in distinct(rows):
         clean = by_seed(
             (r for r in rows if r["method"] == method and r["attack"] == "none"), metric
         )
@@ -177,7 +176,7 @@ def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> st
         if r["method"] == method and r["fraction"] == fraction and r["attack"] != "none"
     ]
     attacks = {
-        a: by_seed((r for r in at if r["attack"] == a), metric) for a in methods_of_attack(at)
+        a: by_seed((r for r in at if r["attack"] == a), metric) for a in distinct(at, "attack")
     }
     worst, lowest = worst_per_seed(attacks)
     capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in at)
@@ -191,7 +190,7 @@ def regimes_block(dataset: str) -> str:
     metric = HEADLINE[dataset]
     alphas = [a for a in DIRICHLET if recorded(f"{dataset}-dirichlet-{a}")]
     regimes = {alpha: finished(load(f"{dataset}-dirichlet-{alpha}")) for alpha in alphas}
-    methods = methods_of(next(iter(regimes.values())))
+    methods = distinct(next(iter(regimes.values())))
     header = " | ".join(f"α = {a}: no attack | α = {a}: worst at 0.2" for a in alphas)
     lines = [f"| method | {header} |", "|---" * (2 * len(alphas) + 1) + "|"]
     for method in methods:
@@ -207,10 +206,6 @@ def regimes_block(dataset: str) -> str:
             ]
         lines.append(f"| {method} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
-
-
-def methods_of_attack(rows: Iterable[Row]) -> list[str]:
-    return list(dict.fromkeys(r["attack"] for r in rows))
 
 
 def paired_block(dataset: str) -> str:
@@ -282,7 +277,7 @@ def rates_block(dataset: str) -> str:
         return shown_rate(sum(r[hits] for r in members), sum(trials(r) for r in members))
 
     # left out by the method itself (every method drops non-finite updates: not counted)
-    excluding = [m for m in methods_of(rows) if any(
+    excluding = [m for m in distinct(rows) if any(
         r["fp"] > 0 or r["fn"] < r["attacker_rounds"]
         for r in rows if r["method"] == m and r["attack"] in ("none", "label_flip")
     )]  # fmt: skip
@@ -301,7 +296,7 @@ def rates_block(dataset: str) -> str:
         "| method | trigger → target, clean model | backdoor at 0.2 | backdoor at 0.4 |",
         "|---|---|---|---|",
     ]
-    for m in methods_of(rows):
+    for m in distinct(rows):
         cells = [pooled(m, attack, f, "asr_hits", trigger_images) for attack, f in
                  (("none", 0), ("backdoor", 0.2), ("backdoor", 0.4))]  # fmt: skip
         lines.append(f"| {m} | {' | '.join(cells)} |")
