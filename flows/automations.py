@@ -3,10 +3,18 @@
 1. Prefect's documented zombie-flow automation (docs.prefect.io, "Detect zombie flows"):
    a flow run that stops sending heartbeats for six heartbeat periods is marked Crashed.
    Workers send them every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (the compose
-   stack sets 30: a dead run is Crashed within 180 s).
-2. For every crashed pipeline run, a run of the ``close-crashed-run/fedsieve`` deployment
-   (:mod:`flows.crashed`) on a worker of the pool: its subflow runs Crashed, its MLflow
-   runs KILLED.
+   stack sets 30: a dead run is Crashed within 180 s). The same automation then runs the
+   ``close-crashed-run/fedsieve`` deployment (:mod:`flows.crashed`) for it on a worker of
+   the pool: its subflow runs Crashed, its MLflow runs KILLED.
+2. For every pipeline run that crashed otherwise (its process died while the worker
+   lived, and the worker reported it), the same closing run, on the Crashed event.
+
+Why the zombie automation closes the run itself rather than leave it to the Crashed
+event: the server orders events causally in memory (``prefect.server.events.ordering``),
+and a Crashed event follows the run's earlier state event. After a restart of the whole
+stack the server no longer knows it saw that event, so it holds the Crashed event as
+"arrived early" for its 15-minute lookback before any automation sees it (measured:
+``make container-faults``, docs/operations.md).
 
     python -m flows.automations        # once per server, after `prefect deploy --all`
 
@@ -38,7 +46,10 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
     """The two automations, for workers that send a heartbeat every ``heartbeat_s``."""
     zombie = Automation(
         name="fedsieve: crash zombie flow runs",
-        description=f"A flow run silent for {MISSED_HEARTBEATS} heartbeats is dead: mark it Crashed.",
+        description=(
+            f"A flow run silent for {MISSED_HEARTBEATS} heartbeats is dead: mark it Crashed "
+            f"and run {CLOSE_DEPLOYMENT} for it."
+        ),
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.*"},
@@ -52,12 +63,13 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
             ChangeFlowRunState(
                 state=StateType.CRASHED,
                 message="Flow run marked as crashed due to missing heartbeats.",
-            )
+            ),
+            closing_run(close_deployment_id),
         ],
     )
     close = Automation(
         name="fedsieve: close a crashed run's subflows and MLflow runs",
-        description=f"Runs {CLOSE_DEPLOYMENT} for every crashed pipeline run.",
+        description=f"Runs {CLOSE_DEPLOYMENT} for every pipeline run that crashed.",
         trigger=EventTrigger(
             expect={"prefect.flow-run.Crashed"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
@@ -67,15 +79,19 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
             posture=Posture.Reactive,
             threshold=1,
         ),
-        actions=[
-            RunDeployment(
-                source="selected",
-                deployment_id=close_deployment_id,
-                parameters={"flow_run": "{{ event.resource.id }}"},
-            )
-        ],
+        actions=[closing_run(close_deployment_id)],
     )
     return [zombie, close]
+
+
+def closing_run(close_deployment_id: str) -> RunDeployment:
+    """A run of the closing deployment for the flow run the triggering event is about (a
+    proactive trigger's event is the last one its bucket saw: the run's last heartbeat)."""
+    return RunDeployment(
+        source="selected",
+        deployment_id=close_deployment_id,
+        parameters={"flow_run": "{{ event.resource.id }}"},
+    )
 
 
 def install(heartbeat_s: int) -> list[Automation]:

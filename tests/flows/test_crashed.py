@@ -43,8 +43,10 @@ def test_the_automations_are_prefects_zombie_trigger_and_the_closing_run(prefect
     assert zombie.trigger.after == {"prefect.flow-run.heartbeat"}
     assert zombie.trigger.expect == {"prefect.flow-run.*"}
     assert zombie.trigger.within.total_seconds() == 180  # six missed heartbeats
-    [crash] = zombie.actions
+    crash, closing = zombie.actions  # the zombie's run is closed without its Crashed event
     assert crash.type == "change-flow-run-state" and crash.state.value == "CRASHED"
+    assert closing.type == "run-deployment" and closing.deployment_id == deployment_id
+    assert closing.parameters == {"flow_run": "{{ event.resource.id }}"}
     assert close.trigger.expect == {"prefect.flow-run.Crashed"}
     assert close.trigger.match_related["prefect.resource.name"] == PIPELINE_FLOWS
     [run] = close.actions
