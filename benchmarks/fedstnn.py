@@ -5,9 +5,12 @@ with each trainer (``smp``: the paper's recipe; ``autograd``: this project's var
 :data:`~federated.fedstnn.experiments.TRAINERS`) and ``--seeds`` seeds, each run in a
 worker process of one torch thread. Every finished run is appended to
 ``benchmarks/results/fedstnn-<name>-cells.jsonl`` (git-ignored; a rerun skips what is
-there), the summary (mean, standard deviation and 95 % t-interval per trainer and metric:
-:func:`tasks.comparison.interval`) goes to ``fedstnn-<name>.json``, and seed 0's figures
-to ``fedstnn-<name>-<trainer>-<figure>.png``. Run from the repository root:
+there), every run's metrics to ``fedstnn-<name>-seeds.csv`` (committed: one row per
+trainer and seed, what docs/results.md's FedStNN tables are recomputed from by
+``python -m benchmarks.report``), the summary (mean, standard deviation and 95 %
+t-interval per trainer and metric: :func:`tasks.comparison.interval`) to
+``fedstnn-<name>.json``, and seed 0's figures to
+``fedstnn-<name>-<trainer>-<figure>.png``. Run from the repository root:
 
     python -m benchmarks.fedstnn --experiment 1d_iid [--seeds 5] [--trainers smp autograd]
     python -m benchmarks.fedstnn --experiment image --set rounds=20
@@ -20,6 +23,7 @@ inflate the way it inflates wall time.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import datetime as dt
 import json
@@ -118,8 +122,8 @@ def run_seeds(
             log.write(json.dumps(record) + "\n")
             log.flush()
             done.append(record)
-            m = record["metrics"]
-            shown = {k: round(m[k], 4) for k in SHOWN if k in m}
+            m = record.get("metrics", {})
+            shown = {k: round(m[k], 4) for k in SHOWN if k in m} or record.get("error")
             print(
                 f"  {record['trainer']} seed {record['seed']}: {shown} ({record['cpu_seconds']} s CPU)"
             )
@@ -132,7 +136,25 @@ def run_seeds(
         "trainers": summary(wanted),
     }
     (out / f"fedstnn-{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_seed_rows(out / f"fedstnn-{name}-seeds.csv", wanted)
     return report
+
+
+def write_seed_rows(path: Path, records: list[dict[str, Any]]) -> None:
+    """One row per trainer and seed: every metric (6 significant digits), the CPU
+    seconds, or the error that stopped the run."""
+    metrics = list(dict.fromkeys(k for r in records for k in r.get("metrics", {})))
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(
+            handle, ["trainer", "seed", *metrics, "cpu_seconds", "error"], lineterminator="\n"
+        )
+        writer.writeheader()
+        for record in sorted(records, key=lambda r: (r["trainer"], r["seed"])):
+            values = {k: f"{v:.6g}" for k, v in record.get("metrics", {}).items()}
+            writer.writerow(
+                {"trainer": record["trainer"], "seed": record["seed"], **values,
+                 "cpu_seconds": record["cpu_seconds"], "error": record.get("error", "")}
+            )  # fmt: skip
 
 
 SHOWN = ("mse_over_sigma2", "sigma_rel_error", "coverage_2sigma", "global_iou")

@@ -5,20 +5,22 @@ model and label flipping at 100 % unless stated (``benchmarks/params/robustness-
 otherwise: IID clients, 20 rounds of two local epochs):
 
 - ``table4``: 20 clients, 2 attackers, poisoning rate 10 / 50 / 100 % (the paper's Table
-  4): FedAvg alone and PID-MADE before it with our default threshold and the paper's two;
+  4): FedAvg alone and PID-MADE before it with our two thresholds (``cusum``, the
+  default, and ``robust``) and the paper's two;
 - ``figure4``: 40 clients, attacker fraction 0.1 to 0.5 (the paper's Figure 4), with the
-  mean and the geometric median (the paper's advice against coordinated attackers) as
-  the centroid;
-- ``ablation``: 20 clients, 4 attackers: P (Ki = Kd = 0), PI (Kd = 0) and PID;
-- ``thresholds``: 8 / 20 / 40 / 100 clients, a fifth of them attackers: Chebyshev,
-  Gaussian and robust thresholds.
+  default, the robust threshold, and the geometric median (the paper's advice against
+  coordinated attackers) as the centroid;
+- ``ablation``: 20 clients, 4 attackers: P (Ki = Kd = 0), PI (Kd = 0) and PID, with the
+  robust and the Gaussian thresholds (the CUSUM ignores the gains);
+- ``thresholds``: 8 / 20 / 40 / 100 clients, a fifth of them attackers: the four
+  thresholds.
 
 Every PID-MADE method excludes for good (Algorithm 1). Cells run through
 :func:`benchmarks.robustness.run_cell` (the comparison grid's engine calls) and append to
 ``benchmarks/results/pid-made-paper-cells.jsonl`` (a rerun skips finished cells); the
-summary, mean ± 95 % t-interval over seeds of accuracy, loss, false positives and
-negatives (client-rounds) and of the honest clients ever excluded, goes to
-``pid-made-paper.{json,md}``.
+summary, every seed's accuracy, loss, false positives and negatives (client-rounds),
+honest clients ever excluded and attackers caught, goes to ``pid-made-paper.{json,md}``
+(committed), from which ``python -m benchmarks.report`` builds docs/results.md's tables.
 
     python -m benchmarks.pid_made_paper [--seeds 5] [--experiments table4 ...]
 """
@@ -43,7 +45,8 @@ def pid(**options: Any) -> dict[str, Any]:
 
 
 THRESHOLDS = {
-    "robust": pid(),
+    "cusum": pid(),  # the default
+    "robust": pid(threshold="robust"),
     "chebyshev": pid(threshold="chebyshev"),
     "gaussian": pid(threshold="gaussian"),
 }
@@ -59,7 +62,12 @@ EXPERIMENTS: dict[str, list[tuple[str, int, dict[str, Any], list[float], dict[st
             40,
             {},
             [0.1, 0.2, 0.3, 0.4, 0.5],
-            {"fedavg": FEDAVG, "pid_made": pid(), "pid_made_gm": pid(centroid="geometric_median")},
+            {
+                "fedavg": FEDAVG,
+                "pid_made": pid(),
+                "pid_made_robust": pid(threshold="robust"),
+                "pid_made_gm": pid(centroid="geometric_median"),
+            },
         )
     ],
     "ablation": [
@@ -69,9 +77,9 @@ EXPERIMENTS: dict[str, list[tuple[str, int, dict[str, Any], list[float], dict[st
             {},
             [0.2],
             {
-                "P": pid(ki=0.0, kd=0.0),
-                "PI": pid(kd=0.0),
-                "PID": pid(),
+                "P": pid(ki=0.0, kd=0.0, threshold="robust"),
+                "PI": pid(kd=0.0, threshold="robust"),
+                "PID": pid(threshold="robust"),
                 "P-gaussian": pid(ki=0.0, kd=0.0, threshold="gaussian"),
                 "PI-gaussian": pid(kd=0.0, threshold="gaussian"),
                 "PID-gaussian": pid(threshold="gaussian"),
@@ -132,6 +140,8 @@ def summarise(cells_file: Path) -> None:
             "fn": [m["total_false_negatives"] for m in metrics],
             "honest_excluded": [len(r["excluded"]["honest"]) for r in records],
             "attackers_caught": caught, "last_caught_round": last,
+            **{key: [r["exposure"][key] for r in records]
+               for key in ("attackers", "honest_rounds", "attacker_rounds")},
         }  # fmt: skip
         rows.append(row)
         lines.append(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ema_monte_carlo
+from benchmarks.robustness import BINARY
 from tasks.comparison import interval
 from tasks.statistics import paired_differences, rate_interval, worst_per_seed
 
@@ -32,11 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOC = REPO / "docs" / "results.md"
 
-# dataset -> the headline metric (BreastMNIST's accuracy sits near its majority share)
-HEADLINE = {"digits": "test_acc", "breastmnist": "test_auc"}
+# dataset -> the headline metric (the benchmark's binary datasets: AUC, their accuracy sits
+# near the majority share)
+HEADLINE = {d: "test_auc" if d in BINARY else "test_acc" for d in ("digits", "breastmnist")}
 LEARNS_BY = 0.02  # a baseline learns when its margin's interval lies above this
 PAIRED_AT = (0.2, 0.4)
 DIRICHLET = ("0.1", "0.5", "1")  # the label-skew regimes' α, as their files name them
+GRID_REGIMES = ("cnn", "alie-paper")  # regimes shown as a method x attack table
 BLOCK = re.compile(
     r"(<!-- report:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S
 )
@@ -208,6 +211,34 @@ def regimes_block(dataset: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def regime_grid_block(name: str, dataset: str) -> str:
+    """A regime's subset (``robustness-<dataset>-<regime>``): per method, no attack, each
+    attack at the regime's fraction, and the drop to the worst of them, paired by seed."""
+    rows = finished(load(name))
+    metric = HEADLINE[dataset]
+    margins = baselines(rows, metric)
+    attacks = [a for a in distinct(rows, "attack") if a != "none"]
+    fraction = next(r["fraction"] for r in rows if r["attack"] != "none")
+    header = " | ".join(f"{a} at {fraction:g}" for a in attacks)
+    lines = [
+        f"| method | no attack | {header} | drop to the worst, paired by seed |",
+        "|---" * (len(attacks) + 3) + "|",
+    ]
+    for method in distinct(rows):
+        mine = [r for r in rows if r["method"] == method]
+        clean = by_seed((r for r in mine if r["attack"] == "none"), metric)
+        per_attack = {a: by_seed((r for r in mine if r["attack"] == a), metric) for a in attacks}
+        worst, _ = worst_per_seed(per_attack)
+        drops = [clean[seed] - worst[seed] for seed in clean if seed in worst]
+        capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in mine)
+        cells = [shown(per_attack[a].values()) for a in attacks]
+        flag = ("" if margins[method][1] else " †") + (" ‡" if capped else "")
+        lines.append(
+            f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def paired_block(dataset: str) -> str:
     """At each fraction in ``PAIRED_AT``: the methods ranked by their mean over every
     (attack, seed) all ran, and how many others each is supported to beat or lose to
@@ -307,6 +338,316 @@ def trigger_images(row: Row) -> float:
     return row["trigger_images"]
 
 
+def ablation_block() -> str:
+    """PID-MADE's exclusion tests side by side (benchmarks/pid_made_ablation.py): per
+    dataset, variant and seed group, how often a clean run banned an honest client, how
+    often every attacker was out by round 5, and the score's detection ROC-AUC."""
+    from benchmarks import pid_made_ablation as ablation
+
+    with (RESULTS / "pid-made-ablation-seeds.csv").open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if not r["error"]]
+    by = f"attackers_banned_by_{ablation.CAUGHT_BY}"
+
+    def numbers(group: list[Row], key: str) -> list[float]:
+        return [float(r[key]) for r in group if r[key] != ""]
+
+    lines = [
+        "| dataset | exclusion test | seeds | clean runs banning an honest client "
+        f"| attacked runs with every attacker out by round {ablation.CAUGHT_BY} "
+        "| honest clients banned, attacked runs "
+        + "".join(f"| detection ROC-AUC, round {t} " for t in ablation.AUC_ROUNDS)
+        + "| headline margin over chance: clean / attacked |",
+        "|---" * (7 + len(ablation.AUC_ROUNDS)) + "|",
+    ]
+    for dataset in distinct(rows, "dataset"):
+        for variant in ablation.VARIANTS:
+            for label, tuned in (("0–9 (tuning)", True), ("10–19 (held out)", False)):
+                group = [
+                    r for r in rows
+                    if r["dataset"] == dataset and r["variant"] == variant
+                    and (int(r["seed"]) in ablation.TUNED_ON) == tuned
+                ]  # fmt: skip
+                clean = [r for r in group if r["attack"] == "none"]
+                attacked = [r for r in group if r["attack"] != "none"]
+                if not clean or not attacked:
+                    continue
+                banning = sum(int(r["honest_banned"]) > 0 for r in clean)
+                caught = sum(int(r[by]) == int(r["attackers"]) for r in attacked)
+                metric = HEADLINE[dataset]
+                margins = [
+                    shown(
+                        float(r[metric])
+                        - chance({**r, "majority_share": float(r["majority_share"])}, metric)
+                        for r in runs
+                    )
+                    for runs in (clean, attacked)
+                ]
+                aucs = "".join(f"| {shown(numbers(attacked, f'auc_round_{t}'))} "
+                               for t in ablation.AUC_ROUNDS)  # fmt: skip
+                lines.append(
+                    f"| {dataset} | {variant} | {label} "
+                    f"| {banning}/{len(clean)}: {shown_rate(banning, len(clean))} "
+                    f"| {caught}/{len(attacked)}: {shown_rate(caught, len(attacked))} "
+                    f"| {shown(numbers(attacked, 'honest_banned'), 1)} {aucs}"
+                    f"| {margins[0]} / {margins[1]} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+FEDSTNN_CURVES = {
+    "1d_iid": "1-D IID", "1d_noniid_110": "1-D non-IID, 110 points",
+    "1d_noniid_60": "1-D non-IID, 60 points", "2d": "2-D piecewise",
+}  # fmt: skip
+
+
+def fedstnn_runs(name: str) -> dict[str, list[Row]]:
+    """Per trainer, the finished runs of a FedStNN experiment's per-seed records."""
+    with (RESULTS / f"fedstnn-{name}-seeds.csv").open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if not r["error"]]
+    return {t: [r for r in rows if r["trainer"] == t] for t in distinct(rows, "trainer")}
+
+
+def plain(values: Iterable[Any], digits: int = 3, scale: float = 1.0) -> str:
+    """Mean ± 95 % t half-width, without n (the row's seeds column gives it)."""
+    mean, _, half = interval([float(v) * scale for v in values])
+    return f"{mean:.{digits}f}" + ("" if math.isnan(half) else f" ± {half:.{digits}f}")
+
+
+def fedstnn_block() -> str:
+    """The function-fitting experiments: fit, predicted noise, coverage, per trainer."""
+    lines = [
+        "| experiment | trainer | seeds | MSE / σ² | predicted σ̂ | σ̂ error | 2σ coverage "
+        "| local model MSE / σ² |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, label in FEDSTNN_CURVES.items():
+        for trainer, runs in sorted(fedstnn_runs(name).items()):
+            values = {key: [r[key] for r in runs] for key in runs[0]}
+            lines.append(
+                f"| {label} | {trainer} | {len(runs)} | {plain(values['mse_over_sigma2'])} "
+                f"| {plain(values['sigma_pred'])} (true {float(runs[0]['sigma_true']):g}) "
+                f"| {plain(values['sigma_rel_error'], 1, 100)} % "
+                f"| {plain(values['coverage_2sigma'])} | {plain(values['local_mse_over_sigma2'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def fedstnn_image_block() -> str:
+    """The letters image: IoU of the global model and of each group's model alone."""
+    lines = [
+        "| trainer | seeds | global model | local models alone (F / S / U) | global − best local |",
+        "|---|---|---|---|---|",
+    ]
+    for trainer, runs in sorted(fedstnn_runs("image").items()):
+        local = " / ".join(
+            plain(r[f"group_{i}_{letter}_iou"] for r in runs) for i, letter in enumerate("FSU")
+        )
+        lines.append(
+            f"| {trainer} | {len(runs)} | {plain(r['global_iou'] for r in runs)} | {local} "
+            f"| {plain(r['iou_margin_over_best_local'] for r in runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+PID_PAPER = {
+    "table4": "poisoning rate",
+    "figure4": "attackers",
+    "ablation": "gains",
+    "thresholds": "clients",
+}  # experiment -> what its setting column shows; fmt: skip
+
+
+def pid_paper_block(experiment: str) -> str:
+    """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
+    method, the test accuracy (mean ± t-interval), false positives and negatives as rates
+    of honest and attacker client-rounds, honest clients ever banned and attackers
+    caught as rates of clients (pooled over seeds, Wilson intervals), and the round the
+    last attacker was caught in runs that caught them all (median)."""
+    import json
+
+    rows = json.loads((RESULTS / "pid-made-paper.json").read_text())["rows"]
+    lines = [
+        f"| {PID_PAPER[experiment]} | method | test ACC | FP rate | FN rate "
+        "| honest clients banned | attackers caught | last caught in round (median, seeds) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    from benchmarks.pid_made_paper import EXPERIMENTS
+
+    order = [m for setups in EXPERIMENTS.values() for *_, methods in setups for m in methods]
+    mine = [r for r in rows if r["experiment"].partition(".")[0] == experiment]
+    mine.sort(key=lambda r: (r["fraction"], r["attackers"][0], order.index(r["method"])))
+    for row in mine:
+        label = row["experiment"].partition(".")[2]
+        rounds = row["attacker_rounds"][0] / row["attackers"][0]
+        honest_clients = [h / rounds for h in row["honest_rounds"]]
+        if experiment == "table4":
+            setting = f"{float(label.removeprefix('rate')) * 100:g} %"
+        elif experiment == "thresholds":
+            setting = label.removeprefix("n")
+        elif experiment == "ablation":
+            setting = f"{row['attackers'][0]} of 20"
+        else:
+            setting = f"{row['fraction']:g}"
+        all_caught = [
+            last for last, caught, attackers in
+            zip(row["last_caught_round"], row["attackers_caught"], row["attackers"], strict=True)
+            if caught == attackers and last == last
+        ]  # fmt: skip
+        last = (
+            f"{statistics.median(all_caught):g} ({len(all_caught)}/{len(row['acc'])})"
+            if all_caught
+            else f"– (0/{len(row['acc'])})"
+        )
+        lines.append(
+            f"| {setting} | {row['method']} | {shown(row['acc'], 3)} "
+            f"| {shown_rate(sum(row['fp']), sum(row['honest_rounds']))} "
+            f"| {shown_rate(sum(row['fn']), sum(row['attacker_rounds']))} "
+            f"| {shown_rate(sum(row['honest_excluded']), sum(honest_clients))} "
+            f"| {shown_rate(sum(row['attackers_caught']), sum(row['attackers']))} | {last} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def results_json(name: str) -> dict[str, Any]:
+    import json
+
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+EMA_RULES = {"fedavg": "FedAvg", "median": "median", "trimmed_mean": "trimmed mean",
+             "krum": "Krum", "zeno": "Zeno", "ema": "EMA"}  # fmt: skip
+
+
+def ema_paper_block() -> str:
+    """EMA's experiments (benchmarks/ema_paper.py): test accuracy per rule, no attack and
+    each attack and fraction, mean ± t-interval [seeds]."""
+    rows = results_json("ema-paper")["rows"]
+    scenarios = sorted(
+        {(r["attack"], r["fraction"]) for r in rows}, key=lambda a: (a[0] != "none", a)
+    )
+    names = [
+        ("no attack" if a == "none" else f"{a.replace('_', ' ')}, {f:.0%}") for a, f in scenarios
+    ]
+    lines = [f"| test ACC | {' | '.join(names)} |", "|---" * (len(scenarios) + 1) + "|"]
+    for rule, label in EMA_RULES.items():
+        cell = {(r["attack"], r["fraction"]): r["acc"] for r in rows if r["rule"] == rule}
+        lines.append(f"| {label} | {' | '.join(shown(cell[s], 3) for s in scenarios)} |")
+    return "\n".join(lines) + "\n"
+
+
+def ema_pretest_block() -> str:
+    """The share of coordinates the pre-tests call normal, per seed, as an interval."""
+    runs = results_json("ema-paper")["pretest"]
+    return (
+        "| test (α = 0.05) | coordinates tested | share called normal |\n|---|---|---|\n"
+        + "".join(
+            f"| {label} | {runs[0]['n_tests']:,} | {shown((r[key] * 100 for r in runs), 1)} % |\n"
+            for label, key in (
+                ("Shapiro–Wilk", "shapiro_rate"),
+                ("Anderson–Darling", "anderson_rate"),
+            )
+        )
+    )
+
+
+def noniid_cv_block() -> str:
+    """The CV of client losses on the trained model (benchmarks/noniid_cv.py) per
+    dataset, partition and client count, and how many seeds the threshold calls
+    non-IID."""
+    record = results_json("noniid-cv")
+    runs = [r for r in record["runs"] if r.get("cv_mse") is not None]
+    lines = [
+        "| data | partition | clients (median size) | CV, MSE loss | CV, cross-entropy "
+        f"| seeds called non-IID at {record['threshold']:g} |",
+        "|---|---|---|---|---|---|",
+    ]
+    groups = sorted({(r["dataset"], r["partition"], r["clients"]) for r in runs},
+                    key=lambda g: (g[0], g[1] != "iid", g[1], g[2]))  # fmt: skip
+    for dataset, partition, clients in groups:
+        mine = [
+            r
+            for r in runs
+            if (r["dataset"], r["partition"], r["clients"]) == (dataset, partition, clients)
+        ]
+        sizes = statistics.median(r["median_client_size"] for r in mine)
+        called = sum(r["cv_mse"] > record["threshold"] for r in mine)
+        lines.append(
+            f"| {dataset} | {partition} | {clients} ({sizes:g}) | {plain(r['cv_mse'] for r in mine)} "
+            f"| {plain(r['cv_cross_entropy'] for r in mine)} | {called} of {len(mine)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def fedlag_block() -> str:
+    """FedLag's stability claim (benchmarks/fedlag_stability.py): final test accuracy and
+    its wobble over the last rounds, per Dirichlet α and method."""
+    rows = results_json("fedlag-stability")["rows"]
+    methods = {"fedavg": "FedAvg", "fedprox": "FedProx (μ = 0.01)", "fedlag": "FedLag"}
+    lines = [
+        "| Dirichlet α | " + " | ".join(f"{m}: ACC / wobble" for m in methods.values()) + " |",
+        "|---" * (len(methods) + 1) + "|",
+    ]
+    for alpha in sorted({r["alpha"] for r in rows}):
+        cell = {r["method"]: r for r in rows if r["alpha"] == alpha}
+        shown_methods = [
+            f"{plain(cell[m]['acc'])} / {plain(cell[m]['last_rounds_acc_std'])} [{len(cell[m]['acc'])}]"
+            for m in methods
+        ]
+        lines.append(f"| {alpha:g} | {' | '.join(shown_methods)} |")
+    return "\n".join(lines) + "\n"
+
+
+def privacy_block() -> str:
+    """Central DP-FedAvg at several noise multipliers, per model (benchmarks/privacy.py):
+    ε, test scores and per-site scores, mean ± t-interval [seeds]."""
+    cells = results_json("privacy-breastmnist")["cells"]
+    lines = [
+        "| model | noise multiplier | ε after 20 rounds | test ACC | test AUC "
+        "| worst-site ACC | site ACC std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    models = {"small_cnn": "small CNN", "logreg": "logistic"}
+    settings = distinct(({"key": (c["model"], c["noise_multiplier"])} for c in cells), "key")
+    for model, noise in settings:
+        runs = [
+            c["metrics"] for c in cells if (c["model"], c["noise_multiplier"]) == (model, noise)
+        ]
+        epsilon = runs[0]["privacy_epsilon"]
+        scores = [
+            shown((r[k] for r in runs), 3)
+            for k in ("test_acc", "test_auc", "site_acc_worst", "site_acc_std")
+        ]
+        lines.append(
+            f"| {models.get(model, model)} | {'off' if noise is None else f'{noise:g}'} "
+            f"| {'–' if epsilon is None else f'{epsilon:.4g}'} | {' | '.join(scores)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def default_pipeline_block() -> str:
+    """The committed DVC baseline (``make run``: reports/metrics.json), as a table."""
+    import json
+
+    metrics = json.loads((REPO / "reports" / "metrics.json").read_text())
+    lines = ["| split | AUC | ACC | ECE (15 bins) | Brier |", "|---|---|---|---|---|"]
+    for split in ("test", "val"):
+        values = " | ".join(
+            f"{metrics[f'{split}_{k}']:.3f}" for k in ("auc", "acc", "ece", "brier")
+        )
+        lines.append(f"| {'validation' if split == 'val' else split} | {values} |")
+    lines += [
+        "",
+        "| per site (its own held-out split) | figure |",
+        "|---|---|",
+        f"| worst ACC | {metrics['site_acc_worst']:.3f} (site {metrics['site_worst']}) |",
+        f"| best ACC | {metrics['site_acc_best']:.3f} (site {metrics['site_best']}) |",
+        f"| ACC std over sites | {metrics['site_acc_std']:.3f} |",
+        f"| sites at the 0.8 target | {metrics['sites_at_target']:.0%} |",
+        f"| rounds to the target (pooled test ACC) | {metrics['rounds_to_target']} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
@@ -325,6 +666,29 @@ BLOCKS: dict[str, Callable[[], str]] = (
         )
     }
     | {"ema-monte-carlo": ema_monte_carlo.table}
+    | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
+    | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
+    | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
+    | {
+        f"robustness-{dataset}-{regime}": partial(regime_grid_block, f"{dataset}-{regime}", dataset)
+        for dataset in HEADLINE
+        for regime in GRID_REGIMES
+        if recorded(f"{dataset}-{regime}")
+    }
+    | (
+        {"fedstnn": fedstnn_block, "fedstnn-image": fedstnn_image_block}
+        if all((RESULTS / f"fedstnn-{n}-seeds.csv").exists() for n in [*FEDSTNN_CURVES, "image"])
+        else {}
+    )
+    | {
+        f"pid-made-paper-{experiment}": partial(pid_paper_block, experiment)
+        for experiment in PID_PAPER
+    }
+    | (
+        {"pid-made-ablation": ablation_block}
+        if (RESULTS / "pid-made-ablation-seeds.csv").exists()
+        else {}
+    )
     | {
         f"robustness-{dataset}-noniid": partial(regimes_block, dataset)
         for dataset in HEADLINE

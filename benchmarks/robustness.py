@@ -6,9 +6,10 @@ fractions, over seeds, with 95 % confidence intervals.
         [--methods fedavg median ...] [--regime dirichlet-0.1] [--workers 2]
         [--summarise-only]
 
-``--regime dirichlet-<alpha>`` draws label-skewed clients instead of IID ones and runs a
-subset (eleven rules, no attack and four attacks, a fifth of attackers) into
-``robustness-<dataset>-dirichlet-<alpha>.*``.
+``--regime`` runs a subset in another setting into ``robustness-<dataset>-<regime>.*``:
+``dirichlet-<alpha>`` label-skewed clients (eleven rules, no attack and four attacks, a
+fifth of attackers); ``cnn`` the small CNN on the same clients (eight rules); ``alie-paper``
+ALIE where its authors ran it (51 clients, 12 attacking, a CNN, z = 1.5).
 
 Each cell is a comparison-grid cell (:func:`tasks.grid.grid_cells` builds and validates
 its params; the same engine calls as ``fedsieve compare``, whose cells are tested to give
@@ -37,6 +38,7 @@ import os
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +66,13 @@ BINARY = {"breastmnist"}  # accuracy sits near the majority share there: the gla
 CORE_ATTACKS = ["label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm"]
 FRACTIONS = [0.2, 0.4, 0.1, 0.3]  # in run order: the most telling first
 
-# method -> (aggregate, filters); "f" is filled in per cell. FedLag is left out (one cell
-# takes 320 s on this CPU against ~25 s for the others: benchmarks/results/grid-throughput).
+# method -> (aggregate, filters); "f" is filled in per cell. (FedLag costs about 3 s a cell
+# with the logistic model; with the small CNN, 320 s: benchmarks/results/grid-throughput.)
 TAKES_F = {"krum", "multi_krum", "bulyan", "trimmed_mean", "mda", "meamed", "monna", "dnc"}
 RULES = [
     "fedavg", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median",
     "centered_clipping", "ema", "zeno", "mda", "monna", "meamed", "dnc", "fltrust",
-    "foolsgold", "weighted_median", "weighted_trimmed_mean", "norm_bounded_mean",
+    "foolsgold", "weighted_median", "weighted_trimmed_mean", "norm_bounded_mean", "fedlag",
 ]  # fmt: skip
 # ByzFL's pre-aggregators in front of a rule, told f where they take it
 PREAGGREGATED = {
@@ -79,19 +81,65 @@ PREAGGREGATED = {
     "bucketing_median": ("median", {"name": "bucketing", "s": 2}),
 }
 METHODS = [*RULES, "pid_made_fedavg", *PREAGGREGATED]
-# Heterogeneous clients (label skew, Dirichlet over classes): the regimes NNM, bucketing
-# and ARC were designed for, with a subset of the rules; `--regime dirichlet-0.1` etc.
-REGIMES: dict[str, dict[str, Any]] = {
-    "iid": {},
-    **{
-        f"dirichlet-{alpha:g}": {"scheme": "dirichlet", "alpha": alpha} for alpha in (0.1, 0.5, 1.0)
-    },
-}
 REGIME_METHODS = [
     "fedavg", "median", "trimmed_mean", "krum", "geometric_median", "centered_clipping",
-    "ema", "pid_made_fedavg", "nnm_median", "arc_fedavg", "bucketing_median",
+    "ema", "pid_made_fedavg", "nnm_median", "arc_fedavg", "bucketing_median", "fedlag",
 ]  # fmt: skip
 REGIME_ATTACKS = ["none", "label_flip", "sign_flip", "alie", "ipm"]
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A setting beside the IID logistic one: its changes to the params file (section ->
+    keys) and the subset of the matrix it runs."""
+
+    changes: dict[str, dict[str, Any]]
+    methods: list[str]
+    attacks: list[str]
+    fractions: list[float]
+    attack_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+REGIMES: dict[str, Regime] = {
+    "iid": Regime({}, METHODS, ["none", *CORE_ATTACKS], FRACTIONS),
+    # Heterogeneous clients (label skew, Dirichlet over classes): the regimes NNM,
+    # bucketing and ARC were designed for
+    **{
+        f"dirichlet-{alpha:g}": Regime(
+            {"partition": {"scheme": "dirichlet", "alpha": alpha}},
+            REGIME_METHODS,
+            REGIME_ATTACKS,
+            [0.2],
+        )
+        for alpha in (0.1, 0.5, 1.0)
+    },
+    # A non-convex model: the small CNN (0.42M parameters) on the same 20 IID clients
+    "cnn": Regime(
+        {"model": {"name": "small_cnn"}},
+        [
+            "fedavg",
+            "median",
+            "trimmed_mean",
+            "krum",
+            "geometric_median",
+            "centered_clipping",
+            "pid_made_fedavg",
+            "nnm_median",
+        ],
+        REGIME_ATTACKS,
+        [0.2],
+    ),
+    # ALIE where its authors ran it: 51 clients of which 12 (0.24) attack, a CNN, z = 1.5
+    # (their code's default, github.com/moranant/attacking_distributed_learning), against
+    # no defence and the defences they broke (Krum, Bulyan, the trimmed mean) and the median
+    "alie-paper": Regime(
+        {"model": {"name": "small_cnn"}, "partition": {"num_clients": 51}},
+        ["fedavg", "trimmed_mean", "krum", "bulyan", "median"],
+        ["none", "alie"],
+        [0.24],
+        attack_options={"alie": {"z": 1.5}},
+    ),
+}
 
 
 def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
@@ -116,7 +164,7 @@ def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
 
 def cells_for(
     base: dict[str, Any], methods: list[str], attacks: list[str], fractions: list[float],
-    seeds: int,
+    seeds: int, attack_options: dict[str, dict[str, Any]] | None = None,
 ) -> list[Any]:  # fmt: skip
     """The matrix's cells, scenario by scenario, as validated grid cells."""
     from config.params import Params
@@ -129,7 +177,9 @@ def cells_for(
         for attack in attacks:
             grid = {
                 "methods": {m: method_spec(m, attackers, clients) for m in methods},
-                "attacks": [{"name": attack, **ATTACKS[attack]}],
+                "attacks": [
+                    {"name": attack, **ATTACKS[attack], **(attack_options or {}).get(attack, {})}
+                ],
                 "fractions": [fraction],
                 "seeds": list(range(seeds)),
             }
@@ -143,38 +193,42 @@ def cells_for(
 _DATA: dict[str, Any] = {}
 
 
-def run_cell(cell: Any) -> dict[str, Any]:
-    """One cell through the engine (in a worker process; the dataset loaded once per
-    worker): its final metrics and test accuracy per round, or its error."""
+def trained(cell: Any) -> tuple[Any, Any, Any]:
+    """``cell`` trained through the engine (in a worker process; the dataset loaded once
+    per worker): its federation, final state and dataset."""
     import torch
 
     from federated.data import ensure_medmnist, load_medmnist
     from federated.loop import train
     from tasks.data import data_root
-    from tasks.evaluation import trained_results
     from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
 
     torch.set_num_threads(1)
     params = cell.params
+    key = params.data.dataset
+    if key not in _DATA:
+        root = data_root(params.data.root, REPO)
+        ensure_medmnist(key, root, download=params.data.download, progress=False)
+        _DATA[key] = load_medmnist(key, root)
+    data = _DATA[key]
+    clients, root, _ = partitions_for.fn([cell], data)[partition_key(params)]
+    federation = federation_from_params(params, data, clients, root, validation_every_round=False)
+    return federation, train(federation, federation.initial_state(), params.train.rounds), data
+
+
+def run_cell(cell: Any) -> dict[str, Any]:
+    """One cell: its final metrics and test accuracy per round, or its error."""
+    from tasks.evaluation import trained_results
+
     record: dict[str, Any] = {
         "name": cell.name, "method": cell.method, "attack": cell.attack,
         "fraction": cell.fraction, "seed": cell.seed,
     }  # fmt: skip
     started = time.perf_counter()
     try:
-        key = params.data.dataset
-        if key not in _DATA:
-            root = data_root(params.data.root, REPO)
-            ensure_medmnist(key, root, download=params.data.download, progress=False)
-            _DATA[key] = load_medmnist(key, root)
-        data = _DATA[key]
-        clients, root, _ = partitions_for.fn([cell], data)[partition_key(params)]
-        federation = federation_from_params(
-            params, data, clients, root, validation_every_round=False
-        )
-        state = train(federation, federation.initial_state(), params.train.rounds)
-        record["metrics"] = trained_results(federation, state, params, data)
+        federation, state, data = trained(cell)
+        record["metrics"] = trained_results(federation, state, cell.params, data)
         if cell.attack == "none":  # the trigger's hit rate on a model that never saw it
             record["metrics"]["backdoor_asr"] = clean_trigger_rate(federation, state, data)
         record["accuracy"] = [row["test_acc"] for row in state.history]
@@ -246,12 +300,14 @@ def finished(cells_file: Path) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in rows}
 
 
-def run_matrix(cells: list[Any], cells_file: Path, workers: int) -> None:
+def run_matrix(cells: list[Any], cells_file: Path, workers: int, runner: Any = run_cell) -> None:
+    """Every cell not yet in ``cells_file`` through ``runner`` in ``workers`` processes,
+    each record appended as it finishes."""
     done = finished(cells_file)
     todo = [cell for cell in cells if cell.name not in done]
     print(f"robustness: {len(cells)} cells, {len(done)} already done, {len(todo)} to run")
     with ProcessPoolExecutor(max_workers=workers) as pool, cells_file.open("a") as out:
-        futures = [pool.submit(run_cell, cell) for cell in todo]
+        futures = [pool.submit(runner, cell) for cell in todo]
         for count, future in enumerate(as_completed(futures), 1):
             record = future.result()
             out.write(json.dumps(record) + "\n")
@@ -425,21 +481,25 @@ def main() -> None:
     parser.add_argument("--regime", default="iid", choices=list(REGIMES))
     parser.add_argument("--summarise-only", action="store_true")
     args = parser.parse_args()
-    iid = args.regime == "iid"  # the full matrix; a regime runs its subset at 0.2
-    args.attacks = args.attacks or (["none", *CORE_ATTACKS] if iid else REGIME_ATTACKS)
-    args.fractions = args.fractions or (FRACTIONS if iid else [0.2])
-    args.methods = args.methods or (METHODS if iid else REGIME_METHODS)
+    regime = REGIMES[args.regime]
+    args.attacks = args.attacks or regime.attacks
+    args.fractions = args.fractions or regime.fractions
+    args.methods = args.methods or regime.methods
 
     base = yaml.safe_load((PARAMS / f"robustness-{args.dataset}.yaml").read_text())
-    base["partition"] |= REGIMES[args.regime]
+    for section, changes in regime.changes.items():
+        base[section] = {**base.get(section, {}), **changes}
     name = args.dataset if args.regime == "iid" else f"{args.dataset}-{args.regime}"
     cells_file = RESULTS / f"robustness-{name}-cells.jsonl"
     if not args.summarise_only:
-        cells = cells_for(base, args.methods, args.attacks, args.fractions, args.seeds)
+        cells = cells_for(
+            base, args.methods, args.attacks, args.fractions, args.seeds, regime.attack_options
+        )
         run_matrix(cells, cells_file, args.workers)
     settings = {
         "params": f"benchmarks/params/robustness-{args.dataset}.yaml",
-        "partition": REGIMES[args.regime] or "as the params file (IID)",
+        "changes": regime.changes or "none (IID clients, the params file's model)",
+        "attack_options": regime.attack_options,
         "f": "the true number of attackers (Bulyan capped at (n-3)/4; Zeno b = f; the weighted trimmed mean trims the weight share of the f heaviest clients)",
     }  # fmt: skip
     command = f"python -m benchmarks.robustness --dataset {args.dataset}" + (

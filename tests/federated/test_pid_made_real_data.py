@@ -35,4 +35,4 @@ def test_the_defaults_ban_every_label_flipper_early_and_no_honest_client() -> No
     assert set(banned_in) == set(federation.threat.malicious) and len(banned_in) == 4
     assert max(banned_in.values()) <= 3
     pid_notes = {row["message"] for row in state.trail if row["reason"] == "pid_made"}
-    assert any(note.startswith("robust threshold median") for note in pid_notes)
+    assert any(note.startswith("cusum of the robust z") for note in pid_notes)

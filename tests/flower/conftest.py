@@ -38,7 +38,8 @@ BASE_PARAMS: dict[str, Any] = {
     "data": {"dataset": "digits"},
     "model": {"name": "logreg"},
     "train": {"rounds": 2, "local_epochs": 2, "lr": 0.05, "device": "cpu", "backend": "sequential"},
-    "filters": [{"name": "pid_made"}],
+    # the per-round robust threshold: it can ban in round 1 of these two-round runs
+    "filters": [{"name": "pid_made", "threshold": "robust"}],
     "noniid": {"every": 0, "final": False},
     "eval": {"every": 2},
 }

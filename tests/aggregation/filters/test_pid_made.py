@@ -38,7 +38,8 @@ def test_registered_as_pid_made_with_the_paper_defaults() -> None:
 
     assert "pid_made" in list_filters()
     assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
-    assert (filt.threshold, filt.centroid, filt.exclusion) == ("robust", "mean", "permanent")
+    assert (filt.threshold, filt.centroid, filt.exclusion) == ("cusum", "mean", "permanent")
+    assert (filt.drift, filt.h, filt.spending) == (3.0, 8.0, "rounds")
 
 
 def test_docstring_example_over_three_rounds() -> None:
@@ -67,7 +68,8 @@ def test_docstring_example_over_three_rounds() -> None:
     assert r3.reason == "pid_made"
 
     assert state["round"] == 3
-    assert state["history"][3] == {"integral": 5.0, "last": 1.0, "rounds": 3}
+    # (the CUSUM is kept whatever the threshold: round 1's z of 4 added 4 - 3, then spent)
+    assert state["history"][3] == {"integral": 5.0, "last": 1.0, "rounds": 3, "cusum": 0.0}
     assert state["banned"] == []
 
 
@@ -100,12 +102,12 @@ def test_unsampled_client_keeps_its_history_and_resumes_from_its_last_distance()
     (_,), state = run(filt, [ROUNDS[0]])  # client 3: D = 3
 
     (_,), state = run(filt, [[0.0, 3.0, 0.0]], ids=[0, 1, 2], state=state)
-    assert state["history"][3] == {"integral": 3.0, "last": 3.0, "rounds": 1}
+    assert state["history"][3] == {"integral": 3.0, "last": 3.0, "rounds": 1, "cusum": 1.0}
 
     (back,), state = run(filt, [[0.0, 0.0, 0.0, 2.0]], state=state)  # mean 0.5, D3 = 1.5
     assert back.columns["i_term"][3] == pytest.approx(0.5 * 3.0)
     assert back.columns["d_term"][3] == pytest.approx(0.05 * (1.5 - 3.0))
-    assert state["history"][3] == {"integral": 4.5, "last": 1.5, "rounds": 2}
+    assert state["history"][3] == {"integral": 4.5, "last": 1.5, "rounds": 2, "cusum": 2.0}
 
 
 @pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
@@ -314,7 +316,14 @@ def test_client_ids_must_match_rows_and_be_distinct() -> None:
         ({"kp": math.nan}, "kp"),
         ({"alpha": 0.0}, r"alpha must be in the open interval \(0, 1\)"),
         ({"alpha": 1.0}, "alpha"),
-        ({"threshold": "student"}, "threshold must be one of robust, chebyshev, gaussian, k"),
+        (
+            {"threshold": "student"},
+            "threshold must be one of cusum, robust, chebyshev, gaussian, k",
+        ),
+        ({"spending": "all"}, "spending must be one of rounds, none"),
+        ({"spending": "none", "threshold": "gaussian"}, "only used with threshold='robust'"),
+        ({"drift": -1.0}, "drift must be finite and >= 0"),
+        ({"h": 0.0}, "h must be finite and > 0"),
         ({"centroid": "median"}, "centroid must be one of mean, geometric_median"),
         ({"exclusion": "forever"}, "exclusion must be one of permanent, round"),
         ({"threshold": "k"}, "threshold='k' needs k"),
@@ -333,7 +342,7 @@ def test_robust_threshold_by_hand() -> None:
     # so the mean absolute deviation 0.4 is the scale; round 1's share of alpha with
     # permanent exclusion is 6 * 0.05 / pi^2, split over m = 10 clients, and the MAD of 10
     # scores counts as 0.45 * 10 degrees of freedom -> client 9 excluded, and banned for good
-    filt = PIDMADE()
+    filt = PIDMADE(threshold="robust")
     k = student_t.ppf(1 - 6 * 0.05 / math.pi**2 / 10, df=0.45 * 10)
 
     [decision], state = run(filt, [[0.0] * 9 + [5.0]], ids=list(range(10)))
@@ -345,32 +354,40 @@ def test_robust_threshold_by_hand() -> None:
 
 
 def test_the_robust_threshold_spends_alpha_over_rounds_only_when_exclusion_is_permanent() -> None:
-    permanent, per_round = PIDMADE(), PIDMADE(exclusion="round")
+    permanent, per_round = (
+        PIDMADE(threshold="robust"),
+        PIDMADE(threshold="robust", exclusion="round"),
+    )
 
     assert sum(permanent.round_alpha(t) for t in range(1, 100_000)) == pytest.approx(0.05, 1e-4)
     assert per_round.round_alpha(7) == 0.05
     assert permanent.k_value_for(20, 10) > permanent.k_value_for(20, 1) > per_round.k_value_for(20)
 
 
-@pytest.mark.parametrize(
-    ("clients", "attackers"), [(5, 1), (20, 4), (20, 8), (100, 30), (1000, 200)]
-)
-def test_the_defaults_ban_every_attacker_and_no_honest_client_at_any_size(
-    clients: int, attackers: int
+@pytest.mark.parametrize(("threshold", "seeds_banning"), [("cusum", 1), ("robust", 2)])
+@pytest.mark.parametrize(("clients", "attackers"), [(20, 4), (20, 8), (100, 30), (1000, 200)])
+def test_our_thresholds_ban_every_attacker_and_honest_clients_rarely_at_any_size(
+    clients: int, attackers: int, threshold: str, seeds_banning: int
 ) -> None:
     # the same sign-flipped update from every attacker: no attacker's z-score can exceed
-    # sqrt((1 - p) / p), so the paper's mean + k std rules miss them at these shares
-    gen = torch.Generator().manual_seed(clients)
-    ids = list(range(clients))
-    mask = malicious_mask(ids, set(range(attackers)))
-    filt = PIDMADE()
-    state = filt.init_state()
+    # sqrt((1 - p) / p), so the paper's mean + k std rules miss them at these shares.
+    # Both aim at a small chance that any honest client is ever banned (with no attack,
+    # over 20 rounds and 200 seeds: 0 % for cusum at 20 clients, 11 % for robust). Below
+    # about 8 scored clients a MAD is too noisy for either (5 clients, one attacker
+    # banned: an honest client banned in 4-5 of 10 seeds), as docs/configuration.md says.
+    mask = malicious_mask(list(range(clients)), set(range(attackers)))
+    honest_bans = 0
+    for seed in range(10):
+        gen = torch.Generator().manual_seed(clients * 100 + seed)
+        filt = PIDMADE(threshold=threshold)
+        state = filt.init_state()
+        for _ in range(10):
+            updates = build_attack("sign_flip").apply(honest_round(gen, n=clients, d=200), mask)
+            _, state = filt.step(state, updates, list(range(clients)))
+        assert set(range(attackers)) <= set(state["banned"]), seed
+        honest_bans += len(state["banned"]) > attackers
 
-    for _ in range(10):
-        updates = build_attack("sign_flip").apply(honest_round(gen, n=clients, d=200), mask)
-        _, state = filt.step(state, updates, ids)
-
-    assert state["banned"] == list(range(attackers))
+    assert honest_bans <= seeds_banning
 
 
 def test_identical_attackers_hide_from_the_papers_thresholds_not_from_the_robust_one() -> None:
@@ -387,6 +404,70 @@ def test_identical_attackers_hide_from_the_papers_thresholds_not_from_the_robust
             warnings.simplefilter("ignore")
             decision, _ = filt.step(filt.init_state(), updates, ids)
         assert decision.keep.all(), threshold
-    robust = PIDMADE()
+    robust = PIDMADE(threshold="robust")
     decision, _ = robust.step(robust.init_state(), updates, ids)
     assert decision.keep.tolist() == [False] * 8 + [True] * 12
+
+
+def test_a_fixed_k_keeps_the_first_rounds_multiplier_in_every_round() -> None:
+    spent, fixed = PIDMADE(threshold="robust"), PIDMADE(threshold="robust", spending="none")
+
+    assert (
+        fixed.k_value_for(20, 1)
+        == fixed.k_value_for(20, 20)
+        == PIDMADE(threshold="robust", exclusion="round").k_value_for(20)
+    )
+    assert spent.k_value_for(20, 1) > fixed.k_value_for(20, 1)  # alpha / m against its share
+
+
+def test_cusum_by_hand_needs_more_than_one_round_of_evidence() -> None:
+    # 10 clients, 1-D: nine at 0 and one at 5 -> D = [0.5 x 9, 4.5], median 0.5, MAD 0, so
+    # the mean absolute deviation 0.4 is the scale and the outlier's z is 10: it adds
+    # min(10, 3 + 8) - 3 = 7 <= h = 8 (kept), then 7 more in round 2 (14 > 8: excluded)
+    filt = PIDMADE()  # the default
+    ids = list(range(10))
+
+    (r1, r2), state = run(filt, [[0.0] * 9 + [5.0]] * 2, ids=ids)
+
+    assert r1.columns["z"].tolist() == pytest.approx([0.0] * 9 + [10.0])
+    assert r1.scores.tolist() == pytest.approx([0.0] * 9 + [7.0])
+    assert r1.threshold == 8.0 and r1.keep.all()
+    assert "cusum" in r1.note and "drift 3" in r1.note
+    assert r2.scores.tolist() == pytest.approx([0.0] * 9 + [14.0])
+    assert r2.keep.tolist() == [True] * 9 + [False]
+    assert state["banned"] == [9] and state["history"][9]["cusum"] == pytest.approx(14.0)
+
+
+def test_cusum_forgives_one_bad_round_that_the_per_round_threshold_bans_for_good() -> None:
+    # an honest client far out in round 1 only (a small site's first update), and an
+    # attacker far out in every round
+    gen = torch.Generator().manual_seed(3)
+    ids = list(range(20))
+    spiked = honest_round(gen)
+    spiked[5] += 0.8 * torch.randn(spiked.shape[1], generator=gen) / math.sqrt(spiked.shape[1])
+    rounds = [spiked] + [honest_round(gen) for _ in range(5)]
+    outcomes = {}
+    for name, filt in {"robust": PIDMADE(threshold="robust"), "cusum": PIDMADE()}.items():
+        state = filt.init_state()
+        for updates in rounds:
+            updates = updates.clone()
+            updates[0] = -3.0 * updates[1:].mean(0)  # the attacker, every round
+            _, state = filt.step(state, updates, ids)
+        outcomes[name] = state["banned"]
+
+    assert outcomes["robust"] == [0, 5]
+    assert outcomes["cusum"] == [0]
+
+
+def test_cusum_leaves_a_wild_update_out_of_its_round_without_banning_its_client() -> None:
+    # client 9's first update is hundreds of robust deviations out: left out of round 1
+    # (it would wreck the mean) with S = h, not banned; back in line, it is kept
+    honest = [0.0, 0.1, -0.1, 0.2, -0.2, 0.05, -0.05, 0.15, -0.15]
+    filt = PIDMADE()
+
+    (r1, r2), state = run(filt, [[*honest, 50.0], [*honest, 0.0]], ids=list(range(10)))
+
+    assert r1.columns["z"][9] > 100 and r1.scores[9] == pytest.approx(8.0)
+    assert r1.keep.tolist() == [True] * 9 + [False]
+    assert r2.keep.all() and state["banned"] == []
+    assert "left out of its round" in r1.note

@@ -1,0 +1,80 @@
+"""What the evidence benchmarks count and which cells they run: the PID-MADE ablation's
+detection record from a trail, and the regimes' settings (the small CNN; ALIE where its
+authors ran it)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from benchmarks import pid_made_ablation, robustness
+
+
+def trail_row(round_: int, client: int, malicious: bool, score: float, excluded: bool):
+    return {
+        "round": round_, "client": client, "malicious": malicious, "score": score,
+        "excluded": excluded, "reason": "pid_made" if excluded else "", "distance": score,
+    }  # fmt: skip
+
+
+def test_the_ablation_counts_bans_by_round_five_and_ranks_clients_by_score():
+    # clients 0 and 1 attack; 0 is banned in round 2, 1 only in round 7; honest 3 in round 1
+    trail = []
+    for t in range(1, 21):
+        for client, bad, score in [
+            (0, True, 9.0),
+            (1, True, 2.5),
+            (2, False, 1.0),
+            (3, False, 3.0),
+        ]:
+            first = {0: 2, 1: 7, 3: 1}.get(client)
+            trail.append(trail_row(t, client, bad, score, first is not None and t >= first))
+
+    record = pid_made_ablation.detection(trail)
+
+    assert record["attackers"] == 2 and record["attackers_banned"] == 2
+    assert record["attackers_banned_by_5"] == 1 and record["honest_banned"] == 1
+    # scores 9, 2.5 (attackers) against 1, 3 (honest): 3 of 4 pairs ranked right
+    assert record["auc_round_1"] == record["auc_round_5"] == pytest.approx(0.75)
+
+
+def test_a_clean_run_has_no_detection_auc():
+    trail = [trail_row(t, c, False, float(c), False) for t in range(1, 21) for c in range(4)]
+
+    record = pid_made_ablation.detection(trail)
+
+    assert record["attackers"] == 0 and record["honest_banned"] == 0
+    assert record["auc_round_5"] is None
+
+
+def regime_cells(dataset: str, name: str):
+    regime = robustness.REGIMES[name]
+    base = yaml.safe_load((robustness.PARAMS / f"robustness-{dataset}.yaml").read_text())
+    for section, changes in regime.changes.items():
+        base[section] = {**base.get(section, {}), **changes}
+    return robustness.cells_for(
+        base, regime.methods, regime.attacks, regime.fractions, 2, regime.attack_options
+    )
+
+
+def test_alie_runs_in_its_papers_setting():
+    cells = regime_cells("digits", "alie-paper")
+    attacked = [c for c in cells if c.attack == "alie"]
+
+    assert {c.params.partition.num_clients for c in cells} == {51}
+    assert {c.params.model.name for c in cells} == {"small_cnn"}
+    assert {c.params.attack.z for c in attacked} == {1.5}
+    assert {c.params.attack.fraction for c in attacked} == {0.24}  # 12 of 51
+    bulyan = next(c for c in attacked if c.method == "bulyan")
+    assert bulyan.params.aggregate.model_dump()["f"] == 12  # n >= 4f + 3 holds exactly
+
+
+def test_the_cnn_regime_changes_the_model_only():
+    cells = regime_cells("breastmnist", "cnn")
+    iid = regime_cells("breastmnist", "iid")
+
+    assert {c.params.model.name for c in cells} == {"small_cnn"}
+    assert {c.params.partition.model_dump_json() for c in cells} == {
+        c.params.partition.model_dump_json() for c in iid
+    }
+    assert {c.method for c in cells} < {c.method for c in iid}
