@@ -21,6 +21,7 @@ from tasks.training import (
     RunOutputs,
     build_federation,
     halt_if_bound_exceeded,
+    halt_if_tracking_lost,
     load_checkpoint,
     resumed_state,
     train_federation,
@@ -50,6 +51,7 @@ def train_flow(
         resume_run_id=checkpoint["run_id"] if checkpoint else None,
         parent_run_id=parent_run_id,
         run_name=run_name,
+        history=checkpoint["state"]["history"] if checkpoint else (),
     )
     with tracker.ended_on_failure():
         data = load_verified_dataset(params.data, workdir)
@@ -61,6 +63,7 @@ def train_flow(
             model = selected_model(params, data.info, state)
             write_training_reports(paths, model, state, params, tracker)
             halt_if_bound_exceeded(state)
+            halt_if_tracking_lost(tracker, state)
             return write_run_info(paths, tracker, state, digest)
         split = paths.partition
         federation = build_federation(
@@ -74,4 +77,5 @@ def train_flow(
         trained_noniid = trained_model_noniid(federation, model, params)
         write_training_reports(paths, model, state, params, tracker, trained_noniid)
         halt_if_bound_exceeded(state)  # fail closed: reports written, the run closed FAILED
+        halt_if_tracking_lost(tracker, state)
     return write_run_info(paths, tracker, state, digest)

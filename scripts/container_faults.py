@@ -19,6 +19,10 @@ round, and must end as docs/operations.md says:
    run's calls wait (retried for about two minutes) and it ends FINISHED with all rounds.
 5. The whole stack stopped and started (``compose stop``, ``compose start``): the run is
    Crashed and closed as in 1, and resumes to FINISHED with all rounds.
+6. PostgreSQL stopped for longer than a worker's calls are retried (240 s): the run ends
+   (never Running for good) and its MLflow run is closed, not RUNNING; resumed once the
+   database is back, it continues into the same MLflow run, which is given the rounds
+   its tracking lost (from the checkpoint) and ends FINISHED with all 12.
 
 Needs a Docker engine with Compose, ``make setup`` (the host's ``.venv`` is the client)
 and the stack's image (built here). Prints each fault's timings; ``--results`` writes
@@ -254,6 +258,36 @@ def database_outage(stack: Stack, seconds: int = 50) -> None:
             raise StepError(f"a health probe passed with PostgreSQL away: {record}")
 
 
+def long_outage(stack: Stack, seconds: int = 240) -> None:
+    from mlflow import MlflowClient
+
+    with fault(f"PostgreSQL stopped for {seconds} s, past the calls' retries") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        injected = time.monotonic()
+        stack.docker("stop", "postgres")
+        time.sleep(seconds)
+        stack.docker("start", "postgres")
+        wait_for("both probes healthy again", lambda: all(probes(stack).values()), 300, 3)
+        record["flow_run"] = wait_for(
+            "the run to end", lambda: flow_run_state(flow_run, final=True), 900
+        )
+        record["ended_after_s"] = round(time.monotonic() - injected, 1)
+        client = MlflowClient()
+        record["mlflow_run"] = wait_for(
+            "its MLflow run closed",
+            lambda: (status := client.get_run(run_id).info.status) != "RUNNING" and status,
+            300,
+        )
+        record["rounds_before_resume"] = rounds_logged(run_id)
+        worker_log = stack("logs", "--no-color", "worker").stdout
+        record["tracking_failed_midway"] = "further tracking calls are skipped" in worker_log
+        record["tracking_recovered_at_the_end"] = "is back (it failed" in worker_log
+        resumed = start_run(resume=True)
+        ends_finished(resumed, run_id, "the long outage, resumed")
+        record["resumed_into_the_same_run_with_every_round"] = True
+
+
 def whole_stack_restarted(stack: Stack) -> None:
     with fault("the whole stack stopped and started") as record:
         flow_run = start_run()
@@ -271,6 +305,7 @@ FAULTS: dict[str, Callable[[Stack], None]] = {
     "3-postgres-kill": postgres_killed,
     "4-database-outage": database_outage,
     "5-stack-restart": whole_stack_restarted,
+    "6-long-outage": long_outage,
 }
 
 

@@ -43,6 +43,7 @@ __all__ = [
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
 METRICS_PER_BATCH = 1000
 log = logging.getLogger("fedsieve.tracking")
+ROUND_KEY = "clients_sampled"  # a metric every round's report holds
 T = TypeVar("T")
 
 
@@ -245,6 +246,38 @@ class Tracker:
                 "logging metrics", lambda b=batch: self._client.log_batch(self.run_id, metrics=b)
             )
 
+    def log_missing_rounds(self, history: Sequence[Mapping[str, float]]) -> list[int]:
+        """The rounds of ``history`` the run does not hold (their tracking failed, say
+        through a database outage longer than the client's retries), logged now; which.
+        A round is held when its ``ROUND_KEY`` (logged every round) is."""
+        logged = self._guarded(
+            "reading the rounds the run holds",
+            lambda: {m.step for m in self._client.get_metric_history(self.run_id, ROUND_KEY)},
+        )
+        if logged is None:
+            return []
+        missing = [row for row in history if int(row["round"]) not in logged]
+        self.log_history(missing)
+        return [int(row["round"]) for row in missing]
+
+    def recovered(self, history: Sequence[Mapping[str, float]]) -> bool:
+        """Whether the run's tracking holds every round of ``history``: true unless its
+        tracking failed after the run was opened and the store still does not answer.
+        When it answers again, the rounds it lost are logged now and tracking resumes.
+        (A run whose store never answered was never tracked: nothing to recover.)"""
+        if self.failed is None or self.run_id is None:
+            return True
+        lost_at = self.failed
+        self.failed = None  # one more try
+        backfilled = self.log_missing_rounds(history)
+        if self.failed is not None:
+            return False
+        log.warning(
+            "MLflow tracking at %s is back (it failed: %s); rounds %s logged from the "
+            "run's history", self.uri, lost_at, backfilled,
+        )  # fmt: skip
+        return True
+
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():
             self._guarded(
@@ -396,9 +429,11 @@ def open_training_run(
     resume_run_id: str | None,
     parent_run_id: str | None,
     run_name: str | None,
+    history: Sequence[Mapping[str, float]] = (),
 ) -> Tracker:
     """The pipeline run's MLflow run (resumed, or created with its params and tags; a
-    named child of ``parent_run_id`` for a comparison cell), with the partition report."""
+    named child of ``parent_run_id`` for a comparison cell), with the partition report.
+    A resumed run is given the rounds of the checkpoint's ``history`` it lacks."""
     tracker = Tracker(params.tracking.experiment)
     tracker.tags = run_tags(params, paths.root)
     if parent_run_id is not None:
@@ -409,6 +444,13 @@ def open_training_run(
         tracker.log_params(flatten_params(params.model_dump(mode="json")))
     else:  # resumed: the run now belongs to this flow run (what closes it, should it die)
         tracker.set_tags(prefect_run_tag())
+        if history:
+            backfilled = tracker.log_missing_rounds(history)
+            if backfilled:
+                log.info(
+                    "the MLflow run lacked rounds %s (their tracking failed): logged now from the checkpoint",
+                    backfilled,
+                )
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
     if tracker.run_id != resume_run_id:

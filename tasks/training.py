@@ -21,7 +21,7 @@ from config.assembly import (
     local_training,
     resolve_device,
 )
-from config.errors import RunHalted
+from config.errors import RunHalted, ServiceError
 from config.params import Params
 from federated.attacks import (
     Attack,
@@ -60,6 +60,7 @@ __all__ = [
     "federation_config",
     "federation_from_params",
     "halt_if_bound_exceeded",
+    "halt_if_tracking_lost",
     "load_checkpoint",
     "local_training",
     "malicious_clients",
@@ -491,6 +492,19 @@ def record_budget_spent(tracker: Tracker, reason: str | None) -> None:
 
 
 @task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)
+def halt_if_tracking_lost(tracker: Tracker, state: ServerState) -> None:
+    """A run whose tracking failed midway (a database outage longer than the client's
+    retries) ends failed here, its reports and checkpoint written, unless the store
+    answers again by now (its lost rounds are then logged): never Completed with an
+    MLflow run that lacks rounds. ``--resume`` later logs them from the checkpoint."""
+    if not tracker.recovered(state.history):
+        raise ServiceError(
+            f"MLflow tracking failed during the run ({tracker.failed}); reports/ and the "
+            "checkpoint are kept: run again with --resume once the tracking server answers, "
+            "and the lost rounds are logged from the checkpoint"
+        )
+
+
 def halt_if_bound_exceeded(state: ServerState) -> None:
     """Fail closed: a run whose round left out more clients than ``train.max_excluded``
     ends here, after its reports are written, with that round's one-line reason."""

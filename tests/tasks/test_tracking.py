@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
+from config.errors import ServiceError
 from tasks.tracking import Tracker, flatten_params
+from tasks.training import halt_if_tracking_lost
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,6 +124,56 @@ def test_a_run_is_resumed_by_its_id_and_reopened(tmp_path):
     assert again.run_id == first.run_id
     assert client.get_run(first.run_id).info.status == "FINISHED"
     assert [m.value for m in client.get_metric_history(first.run_id, "test_acc")] == [0.5, 0.6]
+
+
+def test_a_resumed_run_is_given_the_rounds_its_tracking_lost(tmp_path):
+    # rounds 3 and 4 trained and checkpointed while the store was away: the resume logs
+    # them from the checkpoint's history, and nothing twice
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    history = [
+        {"round": r, "clients_sampled": 10.0, "test_acc": 0.5 + r / 100} for r in (1, 2, 3, 4)
+    ]
+    first = Tracker("lost", uri)
+    first.start(run_id=None, run_name="r", tags={})
+    for row in history[:2]:
+        first.log_metrics({k: v for k, v in row.items() if k != "round"}, step=row["round"])
+    first.end("KILLED")
+
+    again = Tracker("lost", uri)
+    again.start(run_id=first.run_id, run_name="r", tags={})
+    backfilled = again.log_missing_rounds(history)
+
+    client = MlflowClient(uri)
+    assert backfilled == [3, 4]
+    assert [m.step for m in client.get_metric_history(first.run_id, "test_acc")] == [1, 2, 3, 4]
+    assert again.log_missing_rounds(history) == []  # all there now
+
+
+def test_tracking_lost_midway_recovers_its_rounds_when_the_store_answers_again(tmp_path):
+    # the store goes away after round 1 (the tracker fails and goes quiet), rounds 2-3 train
+    # on; at the end the store is back: the lost rounds are logged from the history
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    history = [{"round": r, "clients_sampled": 10.0, "test_acc": r / 10} for r in (1, 2, 3)]
+    tracker = Tracker("outage", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    tracker.log_metrics({"clients_sampled": 10.0, "test_acc": 0.1}, step=1)
+    away = db.rename(tmp_path / "away.db")
+    db.mkdir()  # what answers at the store's path now cannot be opened
+    tracker.log_metrics({"clients_sampled": 10.0, "test_acc": 0.2}, step=2)
+    assert tracker.failed is not None
+
+    assert not tracker.recovered(history)  # still away: the run must not end as if tracked
+    state = SimpleNamespace(history=history)
+    with pytest.raises(ServiceError, match="run again with --resume once the tracking server"):
+        halt_if_tracking_lost(tracker, state)
+    db.rmdir()
+    away.rename(db)
+    assert tracker.recovered(history) and tracker.failed is None
+    halt_if_tracking_lost(tracker, state)  # tracked in full: the run may end
+
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(tracker.run_id, "test_acc")]
+    assert steps == [1, 2, 3]
 
 
 def test_params_metrics_tables_and_nan_are_logged_as_mlflow_shows_them(tmp_path):
