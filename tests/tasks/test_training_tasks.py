@@ -2,12 +2,13 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from config.params import load_params
+from config.params import Params, load_params
 from federated.data import load_medmnist
 from federated.partition import build_partitioner
-from tasks.training import build_federation, train_rounds
+from tasks.training import build_federation, few_local_steps, train_rounds
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 PARAMS = ["partition.num_clients=3", "model.name=small_cnn"]
@@ -33,3 +34,16 @@ def test_train_backend_picks_how_clients_are_trained_auto_is_sequential_on_cpu(
         assert federation.executor.max_parallel == 2
     state = train_rounds.fn(federation, federation.initial_state(), 1)
     assert state.history[-1]["clients_kept"] == 3
+
+
+def test_a_setting_whose_clients_take_too_few_steps_is_warned_about():
+    # 20 BreastMNIST clients of 22 images at batch 32: two SGD steps a round
+    params = Params.model_validate({"train": {"batch_size": 32, "local_epochs": 2}})
+    small = [np.arange(22)] * 19 + [np.arange(30)]
+
+    warning = few_local_steps(params, small)
+
+    assert warning is not None and "22 images" in warning and "2 SGD step(s)" in warning
+    assert "lower train.batch_size or raise train.local_epochs" in warning
+    roomy = Params.model_validate({"train": {"batch_size": 16, "local_epochs": 2}})
+    assert few_local_steps(roomy, small) is None  # four steps
