@@ -648,6 +648,34 @@ def default_pipeline_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def loopback_block() -> str:
+    """Real sites on loopback beside Flower's FedAvg and the simulation
+    (benchmarks/federation_loopback.py)."""
+    r = results_json("federation-loopback")
+    mb = r["mb_per_site_round"]
+    rows = [
+        (f"max \\|sites − simulation\\| (final global model, {r['rounds']} rounds)",
+         f"**{r['max_abs_diff_vs_simulation']:.1g}**" + (" (bit-identical)" if r["max_abs_diff_vs_simulation"] == 0 else ""), "≤ 1e-6"),
+        (f"{r['sites']} sites × {r['rounds']} rounds end to end: at the sites / simulated",
+         f"{r['end_to_end_s']:.0f} s / {r['simulated_end_to_end_s']:.1f} s", ""),
+        ("fedsieve, seconds per round", f"{r['round_s']:.1f}", ""),
+        ("Flower's FedAvg, seconds per round", f"{r['flower_fedavg_round_s']:.1f}", ""),
+        ("`round_time_over_flower_fedavg`", f"**{r['round_time_over_flower_fedavg']:.2f}**", "≤ 1.1"),
+        ("the same round simulated in-process", f"{r['simulated_round_s']:.2f} s", ""),
+        ("`round_overhead_s` (sites − simulated)", f"{r['round_overhead_s']:.1f} s", ""),
+        ("MB per site and round, hub → site (train + scoring) / site → hub",
+         f"{mb['to_site']:.2f} / {mb['from_site']:.2f}", ""),
+        ("an unregistered key", "refused" if r["unregistered_refused"] else "**accepted**", ""),
+        (f"a ResNet-50-sized vector ({r['transport_94mb']['megabytes']:g} MB) to "
+         f"{r['transport_94mb']['sites']} sites and back",
+         f"{r['transport_94mb']['round_trip_s']:.1f} s, "
+         + ("intact" if r["transport_94mb"]["echoed_intact"] else "**damaged**"), "crosses"),
+    ]  # fmt: skip
+    lines = ["| measure | figure | goal |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines) + "\n"
+
+
 def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
@@ -669,6 +697,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
+    | {"federation-loopback": loopback_block}
     | {
         f"robustness-{dataset}-{regime}": partial(regime_grid_block, f"{dataset}-{regime}", dataset)
         for dataset in HEADLINE
