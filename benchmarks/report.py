@@ -705,8 +705,13 @@ BLOCKS: dict[str, Callable[[], str]] = (
         if recorded(f"{dataset}-{regime}")
     }
     | (
-        {"fedstnn": fedstnn_block, "fedstnn-image": fedstnn_image_block}
-        if all((RESULTS / f"fedstnn-{n}-seeds.csv").exists() for n in [*FEDSTNN_CURVES, "image"])
+        {"fedstnn": fedstnn_block}
+        if all((RESULTS / f"fedstnn-{n}-seeds.csv").exists() for n in FEDSTNN_CURVES)
+        else {}
+    )
+    | (
+        {"fedstnn-image": fedstnn_image_block}
+        if (RESULTS / "fedstnn-image-seeds.csv").exists()
         else {}
     )
     | {
