@@ -340,10 +340,16 @@ class Tracker:
             raise
 
     def end(self, status: str = "FINISHED") -> None:
-        """Close the run (once: later calls do nothing)."""
+        """Close the run (once: later calls do nothing). The close is tried even after an
+        earlier call failed (a signal halfway through a write, an outage): it is the one
+        call that keeps a dead run from showing RUNNING, and the store may answer again."""
+        earlier = self.failed
+        if earlier is not None and self.run_id is not None and not self._ended:
+            self.failed = None  # one more try, for the close
         self._guarded(
             "closing the run", lambda: self._client.set_terminated(self.run_id, status=status)
         )
+        self.failed = earlier or self.failed  # the first failure stays on record
         self._ended = True
 
 
