@@ -463,9 +463,7 @@ def pid_paper_block(experiment: str) -> str:
     of honest and attacker client-rounds, honest clients ever banned and attackers
     caught as rates of clients (pooled over seeds, Wilson intervals), and the round the
     last attacker was caught in runs that caught them all (median)."""
-    import json
-
-    rows = json.loads((RESULTS / "pid-made-paper.json").read_text())["rows"]
+    rows = results_json("pid-made-paper")["rows"]
     lines = [
         f"| {PID_PAPER[experiment]} | method | test ACC | FP rate | FN rate "
         "| honest clients banned | attackers caught | last caught in round (median, seeds) |",
