@@ -1,38 +1,48 @@
 """Benchmark: cross-device federations, fedsieve's engine against Flower's simulation
-(CPU), and a 10,000-client federation of the small CNN.
+(CPU), a round's profile, and federations of 10,000 and 100,000 clients.
 
     python -m benchmarks.cross_device [--rounds 100] [--skip-flower] [--skip-scale]
 
 1. FLUTE's LR-MNIST comparison shape (its README: Flower 30 min 14 s, FLUTE 3 min 20 s):
    MNIST-shaped data, 60,000 training and 10,000 test images of 28×28 grey in 10
-   classes, synthetic because MNIST cannot be obtained on these machines (each class a
-   fixed random smooth pattern, each image its class's pattern plus pixel noise, as
-   uint8, seeded); 1,000 IID clients (60 images each), 10 sampled per round, 100 rounds,
-   multinomial logistic regression, one local epoch of plain SGD (lr 0.05, batch 10),
-   FedAvg, the global model evaluated on the test split after every round. Both sides
-   start from the same initial weights, train the same sampled clients on the same
-   batches (the engine's sampling and batch order) and read the same data file, so
-   their accuracy per round agrees up to float rounding. Each side runs in its own
-   process, timed from process start to exit: fedsieve's engine (``Federation`` with
-   ``train.backend: auto``, which batches this convolution-free model on a CPU) and
-   Flower 1.32's ``run_simulation`` with 1,000 supernodes on Ray, in its own
-   environment (benchmarks/.venv-flower, made by ``benchmarks.flower_race``).
-2. 10,000 clients holding 10 synthetic 28×28 grey images each (a class pattern plus
-   noise, 10 classes), 100 sampled per round, 50 rounds, the small CNN, one local epoch
-   (batch 10), FedAvg, evaluation on 2,000 test images every round: wall time and the
-   process's peak resident memory.
+   classes, synthetic because MNIST cannot be obtained on these machines, with
+   overlapping classes so that the model learns over rounds (each class a smooth random
+   pattern pulled towards the classes' mean, each image its class's pattern plus pixel
+   noise, as uint8, seeded); 1,000 IID clients (60 images each), 10 sampled per round,
+   100 rounds, multinomial logistic regression, one local epoch of plain SGD (lr 0.05,
+   batch 10), FedAvg, the global model's test loss and accuracy after every round. Both
+   sides start from the same initial weights, train the same sampled clients on the same
+   batches (the engine's sampling and batch order) and read the same data file, so their
+   accuracy per round agrees up to float rounding. Each side runs in its own process,
+   timed from process start to exit and, inside, from the first round to the last:
+   fedsieve's engine (``Federation`` with ``train.backend: auto``, which batches this
+   convolution-free model on a CPU, and ``round_scores: accuracy``) and Flower 1.32's
+   ``run_simulation`` with 1,000 supernodes on Ray, in its own environment
+   (benchmarks/.venv-flower, made by ``python -m benchmarks.flower_race --setup``).
+2. A round's profile: the LR-MNIST run and ten rounds of the 10,000-client one under
+   cProfile, the time split into sampling, data gathering (the batched backend's
+   concatenation and batch schedule), local steps, aggregation, evaluation and the rest
+   of the round (the trail, metrics, the next state), plus what precedes the rounds.
+3. 10,000 clients holding 10 synthetic 28×28 grey images each (the same generator),
+   100 sampled per round, 50 rounds, the small CNN, one local epoch (batch 10), FedAvg,
+   test loss and accuracy on 2,000 images every round: wall time and the process's peak
+   resident memory.
+4. 100,000 clients of 10 images: the partition and one round of 1,000 clients (the same
+   model and training), wall time and peak resident memory.
 
-Writes ``benchmarks/results/cross-device-cpu.json`` with ``flower_s``, ``fedsieve_s``,
-``flower_over_fedsieve`` (target >= 50), the accuracies per round of both sides, and the
-10,000-client run's ``wall_s`` and ``peak_rss_gb`` (targets: 600 s and 4 GB).
+Clients are views of one training tensor put in partition order (no copy per client).
+Writes ``benchmarks/results/cross-device-cpu.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as dt
+import itertools
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -47,63 +57,163 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "cross-device-cpu.json"
 FLOWER_PYTHON = REPO / "benchmarks" / ".venv-flower" / "bin" / "python"
 LR, BATCH = 0.05, 10
+SEPARATION = 0.07  # class patterns' distance from their mean: small enough to overlap
+TARGETS = {
+    "lr_mnist_fedsieve_s": 2.0,
+    "flower_over_fedsieve": 15,
+    "ten_thousand_wall_s": 20,
+    "ten_thousand_peak_gb": 4,
+    "hundred_thousand_wall_s": 30,
+    "hundred_thousand_peak_gb": 4,
+}
+# The profile's phases: which function's cumulative time each is (file, function name)
+PHASES = {
+    "sampling": ("federated/server.py", "sample_clients"),
+    "data gathering": ("federated/batched.py", ("_chunk_data", "_schedule", "_to_device")),
+    "local training": ("federated/server.py", "_train_clients"),
+    "aggregation": ("federated/server.py", "_aggregate"),
+    "evaluation": ("federated/server.py", "_scores"),
+    "round": ("federated/server.py", "run_round"),
+    "run": ("benchmarks/cross_device.py", "engine_run"),
+}
 
 
 def synthetic_digits(
-    train: int, test: int, seed: int, *, classes: int = 10, noise: float = 60.0
+    train: int,
+    test: int,
+    seed: int,
+    *,
+    classes: int = 10,
+    noise: float = 60.0,
+    separation: float = SEPARATION,
 ) -> dict[str, np.ndarray]:
     """MNIST-shaped arrays (MedMNIST's npz layout): each class a smooth random 28×28
-    pattern, each image its class's pattern plus Gaussian pixel noise, as uint8."""
+    pattern moved to ``separation`` of its distance from the classes' mean (1: apart,
+    small: overlapping), each image its class's pattern plus Gaussian pixel noise, uint8."""
     rng = np.random.default_rng(seed)
     coarse = rng.uniform(0, 255, size=(classes, 7, 7))
+    coarse = coarse.mean(axis=0) + separation * (coarse - coarse.mean(axis=0))
     patterns = coarse.repeat(4, axis=1).repeat(4, axis=2)  # (classes, 28, 28)
     arrays = {}
     for split, count in (("train", train), ("test", test)):
         labels = rng.integers(0, classes, size=count)
-        images = patterns[labels] + rng.normal(0, noise, size=(count, 28, 28))
-        arrays[f"{split}_images"] = np.clip(images, 0, 255).astype(np.uint8)
+        images = np.empty((count, 28, 28), dtype=np.uint8)
+        for start in range(0, count, 50_000):  # float64 a chunk at a time
+            rows = labels[start : start + 50_000]
+            noisy = patterns[rows] + rng.normal(0, noise, size=(len(rows), 28, 28))
+            images[start : start + len(rows)] = np.clip(noisy, 0, 255)
+        arrays[f"{split}_images"] = images
         arrays[f"{split}_labels"] = labels.reshape(-1, 1).astype(np.uint8)
     return arrays
 
 
-def engine_run(
-    data: str, clients: int, per_round: int, rounds: int, model: str, threads: int
-) -> None:
-    """fedsieve's engine on the workload (run in a subprocess; prints JSON)."""
+def normalised(images: np.ndarray, rows: np.ndarray | None = None, chunk: int = 65536) -> Any:
+    """``images[rows]`` (uint8 ``(N, 28, 28)``) as float32 ``(N, 1, 28, 28)`` in [-1, 1],
+    converted a chunk at a time so only the float copy is whole."""
+    import torch
+
+    rows = np.arange(len(images)) if rows is None else rows
+    out = torch.empty((len(rows), 1, *images.shape[1:]), dtype=torch.float32)
+    for start in range(0, len(rows), chunk):
+        block = torch.from_numpy(images[rows[start : start + chunk]]).float()
+        out[start : start + chunk, 0] = block.div_(127.5).sub_(1.0)  # (x/255 - 0.5)/0.5
+    return out
+
+
+def build_federation(
+    data: str, clients: int, per_round: int, rounds: int, model: str
+) -> tuple[Any, float]:
+    """The workload's federation (clients as views of one tensor in partition order) and
+    the seconds its partition took."""
     import torch
 
     from aggregation import build_aggregator
     from federated.client import ClientData, LocalTraining
-    from federated.loop import train
     from federated.partition import build_partitioner
     from federated.seeding import seeded_init
     from federated.server import Defence, EvaluationSets, Execution, Federation, FederationConfig
     from models import build_model
 
-    torch.set_num_threads(threads)
     with np.load(data) as arrays:
-        split = {k: torch.from_numpy(arrays[k]) for k in arrays.files}
-    images = (split["train_images"].float().unsqueeze(1) / 255.0 - 0.5) / 0.5
-    labels = split["train_labels"].reshape(-1).long()
-    test = ((split["test_images"].float().unsqueeze(1) / 255.0 - 0.5) / 0.5,
-            split["test_labels"].reshape(-1).long())  # fmt: skip
-    parts = build_partitioner("iid")(labels.numpy(), clients, seed=0)
+        train_images, train_labels = arrays["train_images"], arrays["train_labels"].reshape(-1)
+        test = (normalised(arrays["test_images"]),
+                torch.from_numpy(arrays["test_labels"].reshape(-1).astype(np.int64)))  # fmt: skip
+    started = time.perf_counter()
+    parts = build_partitioner("iid")(train_labels, clients, seed=0)
+    partition_s = time.perf_counter() - started
+    order = np.concatenate(parts)
+    images = normalised(train_images, order)
+    labels = torch.from_numpy(train_labels[order].astype(np.int64))
+    del train_images
+    bounds = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).tolist()
     federation = Federation(
         model=seeded_init(0, lambda: build_model(model, in_channels=1, num_classes=10)),
-        clients=[ClientData(i, images[p], labels[p]) for i, p in enumerate(parts)],
+        clients=[
+            ClientData(i, images[a:b], labels[a:b])
+            for i, (a, b) in enumerate(itertools.pairwise(bounds))
+        ],
         local=LocalTraining(epochs=1, lr=LR, momentum=0.0, batch_size=BATCH),
-        config=FederationConfig(rounds=rounds, client_fraction=per_round / clients, seed=0),
+        config=FederationConfig(
+            rounds=rounds, client_fraction=per_round / clients, seed=0, round_scores="accuracy"
+        ),
         defence=Defence(rule=build_aggregator("fedavg")),
         evaluation=EvaluationSets(test=test),
         execution=Execution(backend="auto"),
     )
+    return federation, partition_s
+
+
+def engine_run(
+    data: str, clients: int, per_round: int, rounds: int, model: str, threads: int
+) -> dict[str, Any]:
+    """fedsieve's engine on the workload (run in a subprocess; prints JSON): accuracy per
+    round, the seconds of the partition and of the rounds, peak resident memory."""
+    import torch
+
+    from federated.loop import train
+
+    torch.set_num_threads(threads)
+    federation, partition_s = build_federation(data, clients, per_round, rounds, model)
     accuracy: list[float] = []
+    started = time.perf_counter()
     train(
         federation, federation.initial_state(), rounds,
         on_round=lambda report, _state: accuracy.append(report.metrics["test_acc"]),
     )  # fmt: skip
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # ru_maxrss is in kB
-    print(json.dumps({"batched": federation.batched, "acc": accuracy, "peak_rss_gb": peak_gb}))
+    result = {
+        "batched": federation.batched,
+        "acc": accuracy,
+        "partition_s": round(partition_s, 2),
+        "rounds_s": round(time.perf_counter() - started, 2),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,  # kB
+    }
+    print(json.dumps(result))
+    return result
+
+
+def profile_breakdown(*args: Any) -> dict[str, Any]:
+    """:func:`engine_run` under cProfile, its time split into the round's phases (cProfile
+    slows Python-heavy code more than arithmetic, so the shares are approximate)."""
+    profiler = cProfile.Profile()
+    profiler.runcall(engine_run, *args)
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    seconds = dict.fromkeys(PHASES, 0.0)
+    for (path, _line, name), (_calls, _prim, _tottime, cumtime, _callers) in stats.items():
+        for phase, (suffix, names) in PHASES.items():
+            if path.endswith(suffix) and name in ((names,) if isinstance(names, str) else names):
+                seconds[phase] += cumtime
+    seconds["local steps"] = seconds.pop("local training") - seconds["data gathering"]
+    round_total, run_total = seconds.pop("round"), seconds.pop("run")
+    phases = ["sampling", "data gathering", "local steps", "aggregation", "evaluation"]
+    seconds["rest of the round"] = round_total - sum(seconds[p] for p in phases)
+    seconds["before the rounds"] = run_total - round_total
+    result = {
+        "profiled_s": round(run_total, 2),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "share": {k: round(v / run_total, 3) for k, v in seconds.items()},
+    }
+    print(json.dumps(result))
+    return result
 
 
 def timed_process(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
@@ -117,21 +227,25 @@ def timed_process(command: list[str], env: dict[str, str] | None = None) -> tupl
     return seconds, done.stdout
 
 
-def engine_command(*args: Any) -> list[str]:
-    code = f"from benchmarks.cross_device import engine_run; engine_run(*{args!r})"
-    return [sys.executable, "-c", code]
+def engine_process(function: str, *args: Any) -> tuple[float, dict[str, Any]]:
+    """``function(*args)`` of this module in a fresh process: its wall seconds from start
+    to exit and the JSON it printed last."""
+    code = f"from benchmarks.cross_device import {function}; {function}(*{args!r})"
+    wall, stdout = timed_process([sys.executable, "-c", code])
+    return wall, json.loads(stdout.strip().splitlines()[-1])
 
 
-def lr_mnist(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    data = tmp / "lr-mnist.npz"
-    np.savez(data, **synthetic_digits(60_000, 10_000, seed=0))
-    wall, stdout = timed_process(
-        engine_command(str(data), 1000, 10, args.rounds, "logreg", args.threads)
-    )
-    engine = json.loads(stdout.strip().splitlines()[-1])
-    result: dict[str, Any] = {"fedsieve_s": round(wall, 2), "fedsieve_batched": engine["batched"],
-                              "fedsieve_acc": engine["acc"]}  # fmt: skip
-    print(f"fedsieve engine: {wall:.1f} s, final accuracy {engine['acc'][-1]:.4f}", flush=True)
+def lr_mnist(args: argparse.Namespace, data: Path, tmp: Path) -> dict[str, Any]:
+    wall, engine = engine_process("engine_run", str(data), 1000, 10, args.rounds, "logreg",
+                                  args.threads)  # fmt: skip
+    result: dict[str, Any] = {
+        "fedsieve_s": round(wall, 2),
+        "fedsieve_rounds_s": engine["rounds_s"],
+        "fedsieve_batched": engine["batched"],
+        "fedsieve_acc": engine["acc"],
+    }
+    print(f"fedsieve: {wall:.1f} s ({engine['rounds_s']} s of rounds), "
+          f"final accuracy {engine['acc'][-1]:.4f}", flush=True)  # fmt: skip
     if args.skip_flower:
         return result
     if not FLOWER_PYTHON.exists():
@@ -143,32 +257,36 @@ def lr_mnist(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                "--out", str(out), "--rounds", str(args.rounds), "--threads", str(args.threads),
                "--batch", str(BATCH), "--lr", str(LR)]  # fmt: skip
     wall, _ = timed_process(command)
-    flower = json.loads(out.read_text())
-    flower_acc = [
-        row["acc"] for row in sorted(flower["rounds"], key=lambda r: r["round"]) if row["round"] > 0
-    ]
-    print(f"flower: {wall:.1f} s, final accuracy {flower_acc[-1]:.4f}", flush=True)
+    rounds = sorted(json.loads(out.read_text())["rounds"], key=lambda r: r["round"])
+    flower_acc = [row["acc"] for row in rounds if row["round"] > 0]
+    flower_rounds_s = rounds[-1]["time"] - rounds[0]["time"]  # the initial evaluation to the last
+    print(f"flower: {wall:.1f} s ({flower_rounds_s:.1f} s of rounds), "
+          f"final accuracy {flower_acc[-1]:.4f}", flush=True)  # fmt: skip
     return result | {
         "flower_s": round(wall, 2),
+        "flower_rounds_s": round(flower_rounds_s, 2),
         "flower_acc": flower_acc,
         "flower_over_fedsieve": round(wall / result["fedsieve_s"], 1),
+        "flower_over_fedsieve_rounds": round(flower_rounds_s / engine["rounds_s"], 1),
         "max_abs_acc_difference": max(
             abs(a - b) for a, b in zip(flower_acc, engine["acc"], strict=True)
         ),
     }
 
 
-def ten_thousand_clients(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    data = tmp / "scale.npz"
-    np.savez(data, **synthetic_digits(100_000, 2_000, seed=1))
-    wall, stdout = timed_process(
-        engine_command(str(data), 10_000, 100, 50, "small_cnn", args.threads)
-    )
-    engine = json.loads(stdout.strip().splitlines()[-1])
-    peak_gb = engine["peak_rss_gb"]
-    print(f"10,000 clients: {wall:.1f} s, peak RSS {peak_gb:.2f} GB", flush=True)
-    return {"wall_s": round(wall, 1), "peak_rss_gb": round(peak_gb, 2),
-            "batched": engine["batched"], "final_acc": engine["acc"][-1], "acc": engine["acc"]}  # fmt: skip
+def scale_run(data: Path, clients: int, per_round: int, rounds: int, threads: int) -> dict:
+    wall, engine = engine_process("engine_run", str(data), clients, per_round, rounds,
+                                  "small_cnn", threads)  # fmt: skip
+    print(f"{clients:,} clients, {rounds} rounds: {wall:.1f} s, "
+          f"peak RSS {engine['peak_rss_gb']:.2f} GB", flush=True)  # fmt: skip
+    return {
+        "wall_s": round(wall, 1),
+        "partition_s": engine["partition_s"],
+        "rounds_s": engine["rounds_s"],
+        "peak_rss_gb": round(engine["peak_rss_gb"], 2),
+        "batched": engine["batched"],
+        "acc": engine["acc"],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -188,17 +306,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lr_mnist_settings": {"train": 60_000, "test": 10_000, "clients": 1000, "per_round": 10,
                               "rounds": args.rounds, "model": "logreg", "local_epochs": 1,
                               "lr": LR, "batch": BATCH, "momentum": 0.0, "threads": args.threads,
-                              "data": "synthetic MNIST-shaped (class patterns + noise), seed 0"},
+                              "round_scores": "accuracy",
+                              "data": f"synthetic MNIST-shaped, class separation {SEPARATION}, "
+                                      "noise 60, seed 0"},
     }  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="cross-device-") as tmp:
-        report["lr_mnist"] = lr_mnist(args, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="cross-device-") as name:
+        tmp = Path(name)
+        lr_data = tmp / "lr-mnist.npz"
+        np.savez(lr_data, **synthetic_digits(60_000, 10_000, seed=0))
+        report["lr_mnist"] = lr_mnist(args, lr_data, tmp)
+        report["profile"] = {"lr_mnist": engine_process(
+            "profile_breakdown", str(lr_data), 1000, 10, args.rounds, "logreg", args.threads)[1]}  # fmt: skip
         if not args.skip_scale:
-            report["ten_thousand_clients"] = ten_thousand_clients(args, Path(tmp))
-    report["targets"] = {
-        "flower_over_fedsieve": 50,
-        "ten_thousand_wall_s": 600,
-        "ten_thousand_peak_gb": 4,
-    }
+            scale_data = tmp / "scale.npz"
+            np.savez(scale_data, **synthetic_digits(100_000, 2_000, seed=1, separation=0.25))
+            report["profile"]["ten_thousand_10_rounds"] = engine_process(
+                "profile_breakdown", str(scale_data), 10_000, 100, 10, "small_cnn", args.threads
+            )[1]
+            report["ten_thousand_clients"] = scale_run(scale_data, 10_000, 100, 50, args.threads)
+            scale_data.unlink()
+            huge_data = tmp / "huge.npz"
+            np.savez(huge_data, **synthetic_digits(1_000_000, 2_000, seed=2, separation=0.25))
+            report["hundred_thousand_clients"] = scale_run(
+                huge_data, 100_000, 1000, 1, args.threads
+            )
+    report["targets"] = TARGETS
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(report, indent=2) + "\n")
     return report

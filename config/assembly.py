@@ -73,6 +73,7 @@ def federation_config(params: Params) -> FederationConfig:
         max_excluded=train.max_excluded,
         site_every=params.eval.every,
         target_acc=params.eval.target_acc,
+        round_scores=params.eval.round_scores,
     )
 
 

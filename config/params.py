@@ -280,6 +280,17 @@ class EvalParams(_Section):
     # the model the run ends with: the last round's, or the best validation AUC round's
     select: Literal["last", "best_val"] = "last"
     every: int = Field(1, ge=1)  # score the sites' local test splits every N rounds (and the last)
+    # each round's test scores: loss, ACC, AUC, ECE, Brier (full), or loss and ACC only
+    # (accuracy: a cross-device run's rounds; the last round is always scored fully)
+    round_scores: Literal["full", "accuracy"] = "full"
+
+    @model_validator(mode="after")
+    def _select_needs_auc(self) -> EvalParams:
+        if self.select == "best_val" and self.round_scores != "full":
+            raise ValueError(
+                "select: best_val picks the round by validation AUC; it needs round_scores: full"
+            )
+        return self
 
 
 class PrivacyParams(_Section):

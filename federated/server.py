@@ -127,6 +127,9 @@ class FederationConfig:
     max_excluded: int | float | None = None
     site_every: int = 1  # score the sites' local test splits every N rounds (and the last)
     target_acc: float = 0.8  # per-site evaluation: the share of sites reaching it
+    # what every round scores on the test (and validation) split: loss, ACC, AUC, ECE and
+    # Brier ("full"), or loss and ACC ("accuracy"; the last round is always scored fully)
+    round_scores: Literal["full", "accuracy"] = "full"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_excluded, bool) or (
@@ -149,6 +152,14 @@ class FederationConfig:
             raise ValueError("server_lr must be > 0 and min_clients >= 1")
         if self.site_every < 1:
             raise ValueError(f"site_every must be >= 1, got {self.site_every}")
+        if self.round_scores not in ("full", "accuracy"):
+            raise ValueError(
+                f"round_scores must be 'full' or 'accuracy', got {self.round_scores!r}"
+            )
+        if self.round_scores == "accuracy" and self.select == "best_val":
+            raise ValueError(
+                "select='best_val' picks by validation AUC: it needs round_scores='full'"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,11 +438,13 @@ class Federation:
         best = state.best_vector
         return self._load(best if best is not None else state.global_vector)
 
-    def _scores(self, model: nn.Module, split: tuple[Tensor, Tensor]) -> dict[str, float]:
+    def _scores(
+        self, model: nn.Module, split: tuple[Tensor, Tensor], *, full: bool = True
+    ) -> dict[str, float]:
         images, targets = split
         return evaluate(
             model, images, targets, multi_label=self.evaluation.multi_label,
-            batch_size=self.config.eval_batch_size,
+            batch_size=self.config.eval_batch_size, full=full,
         )  # fmt: skip
 
     def evaluate(
@@ -912,9 +925,14 @@ class Federation:
         """Test (and validation) scores of the new global model, the round's counts and
         detections; keeps the best validation round when ``select="best_val"``."""
         model = self.global_model(new_state)  # loaded once for both splits
-        metrics = {f"test_{k}": v for k, v in self._scores(model, self.evaluation.test).items()}
-        if self.evaluation.val is not None:
-            metrics |= {f"val_{k}": v for k, v in self._scores(model, self.evaluation.val).items()}
+        full = self.config.round_scores == "full" or round_number == self.config.rounds
+        splits = {"test": self.evaluation.test, "val": self.evaluation.val}
+        metrics = {
+            f"{name}_{k}": v
+            for name, split in splits.items()
+            if split is not None
+            for k, v in self._scores(model, split, full=full).items()
+        }
         if self.threat.backdoor_test is not None:
             triggered, target = self.threat.backdoor_test
             metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)

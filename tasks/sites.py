@@ -12,6 +12,7 @@ setup-flower``): its CLI is ``$FEDSIEVE_FLOWER_BIN/flwr``, by default the projec
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -127,7 +128,7 @@ def _follow(
                         "round %d: test acc %.4f auc %.4f",
                         report.round,
                         metrics["test_acc"],
-                        metrics["test_auc"],
+                        metrics.get("test_auc", math.nan),
                     )
         if done:
             return

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -500,10 +501,11 @@ class RoundProgress:
         metrics = report.metrics
         self.clients.reset()
         self.bar.update(1)
-        self.bar.set_postfix(acc=f"{metrics['test_acc']:.3f}", auc=f"{metrics['test_auc']:.3f}")
+        auc = metrics.get("test_auc", math.nan)  # not scored under eval.round_scores: accuracy
+        self.bar.set_postfix(acc=f"{metrics['test_acc']:.3f}", auc=f"{auc:.3f}")
         get_run_logger().info(
             "round %d/%d: test loss %.4f acc %.4f auc %.4f",
-            report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], metrics["test_auc"],
+            report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], auc,
         )  # fmt: skip
 
 

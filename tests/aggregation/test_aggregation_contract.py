@@ -223,6 +223,22 @@ def test_non_finite_rows_are_dropped_before_the_rule(name: str, aggregate: Aggre
     torch.testing.assert_close(out, clean, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_finite_rows_whose_sum_overflows_are_kept(dtype: torch.dtype) -> None:
+    """The check sums each row first: a sum that overflows must not cost a finite row its
+    place, and opposite infinities (a NaN sum) must still drop theirs."""
+    big = torch.finfo(dtype).max
+    updates = torch.zeros(4, 8, dtype=dtype)
+    updates[0] = big  # finite, its sum is +Inf
+    updates[1, :2] = torch.tensor([float("inf"), -float("inf")], dtype=dtype)
+    updates[2, 7] = float("nan")
+    updates[3] = -big
+
+    _, _, keep = drop_non_finite(updates, torch.ones(4, dtype=dtype))
+
+    assert keep.tolist() == [True, False, False, True]
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     values=arrays(

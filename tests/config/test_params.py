@@ -48,6 +48,7 @@ BAD = [
     ("train.roundz=3", "train.roundz", "keys allowed in train: rounds"),
     ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),
     ("compare.methods={fedavg: {}", "compare.methods", "not valid YAML"),  # unclosed
+    ("eval.round_scores=auc", "eval.round_scores", "'full' or 'accuracy'"),
 ]
 
 
@@ -106,3 +107,11 @@ def test_the_same_settings_are_taken_where_they_are_read():
 
     assert params.privacy.noise_multiplier == 1.5 and params.partition.alpha == 0.1
     assert params.attack.fraction == 0.3 and params.noniid.z == 3
+
+
+def test_best_val_selection_refuses_rounds_scored_without_the_auc():
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, ["eval.select=best_val", "eval.round_scores=accuracy"])
+
+    message = str(error.value)
+    assert "\n" not in message and "it needs round_scores: full" in message

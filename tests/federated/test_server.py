@@ -499,3 +499,29 @@ def test_the_accounted_sampling_must_be_the_federations(medmnist_root):
             medmnist_root, privacy=_privacy(per_round=2),
             config=FederationConfig(rounds=1, client_fraction=1.0),
         )  # fmt: skip
+
+
+def test_accuracy_round_scores_skip_the_auc_until_the_last_round(medmnist_root):
+    """A cross-device run's rounds score loss and ACC only (the same numbers as a full
+    score); the last round is scored fully, so the run's final AUC is there."""
+    data = load_medmnist("breastmnist", medmnist_root)
+    val = to_tensors(data.val, data.info)
+    full = run(make_federation(medmnist_root, rounds=3, val=val), 3)
+    light = run(
+        make_federation(
+            medmnist_root, val=val, config=FederationConfig(rounds=3, round_scores="accuracy")
+        ),
+        3,
+    )
+
+    for split in ("test", "val"):
+        assert [r[f"{split}_acc"] for r in light.history] == [
+            r[f"{split}_acc"] for r in full.history
+        ]
+        assert [r[f"{split}_loss"] for r in light.history] == [
+            r[f"{split}_loss"] for r in full.history
+        ]
+    assert all("test_auc" not in r and "test_ece" not in r for r in light.history[:2])
+    assert light.history[-1] == full.history[-1]
+    with pytest.raises(ValueError, match="needs round_scores='full'"):
+        FederationConfig(rounds=1, select="best_val", round_scores="accuracy")
