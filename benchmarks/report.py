@@ -674,6 +674,102 @@ def loopback_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def ratio_check(value: float, goal: float, *, at_most: bool) -> str:
+    met = value <= goal if at_most else value >= goal
+    return f"{'≤' if at_most else '≥'} {goal:g} " + ("✓" if met else "✗")
+
+
+def cross_device_block() -> str:
+    """The cross-device runs (benchmarks/cross_device.py) against their goals: process
+    wall time and the rounds' own time, both sides, and the large federations."""
+    r = results_json("cross-device-cpu")
+    lr, goals = r["lr_mnist"], r["targets"]
+    rows = [
+        ("LR-MNIST shape, fedsieve, process start to exit",
+         f"**{lr['fedsieve_s']:.2f} s**", ratio_check(lr["fedsieve_s"], goals["lr_mnist_fedsieve_s"], at_most=True)),
+        ("... of which its 100 rounds", f"{lr['fedsieve_rounds_s']:.2f} s", ""),
+    ]  # fmt: skip
+    if "flower_s" in lr:
+        rows += [
+            ("LR-MNIST shape, Flower, process start to exit", f"{lr['flower_s']:.2f} s", ""),
+            ("... of which its 100 rounds", f"{lr['flower_rounds_s']:.2f} s", ""),
+            ("`flower_over_fedsieve` (processes)", f"**{lr['flower_over_fedsieve']:.1f}**",
+             ratio_check(lr["flower_over_fedsieve"], goals["flower_over_fedsieve"], at_most=False)),
+            ("Flower over fedsieve, the rounds alone", f"{lr['flower_over_fedsieve_rounds']:.1f}", ""),
+            ("accuracy, round 1 → 100 (fedsieve / Flower)",
+             f"{lr['fedsieve_acc'][0]:.3f} → {lr['fedsieve_acc'][-1]:.3f} / "
+             f"{lr['flower_acc'][0]:.3f} → {lr['flower_acc'][-1]:.3f}", ""),
+            ("largest accuracy difference in any round", f"{lr['max_abs_acc_difference']:.1g}", "sampling noise"),
+        ]  # fmt: skip
+    for key, label, goal in (
+        ("ten_thousand_clients", "10,000 clients, 50 rounds of 100, small CNN", "ten_thousand"),
+        ("hundred_thousand_clients", "100,000 clients, partition + 1 round of 100", "hundred_thousand"),
+    ):  # fmt: skip
+        if key not in r:
+            continue
+        run = r[key]
+        rows += [
+            (f"{label}: process start to exit", f"**{run['wall_s']:.1f} s**",
+             ratio_check(run["wall_s"], goals[f"{goal}_wall_s"], at_most=True)),
+            ("... partition / rounds", f"{run['partition_s']:.2f} s / {run['rounds_s']:.1f} s", ""),
+            ("... peak resident memory", f"{run['peak_rss_gb']:.2f} GB",
+             ratio_check(run["peak_rss_gb"], goals[f"{goal}_peak_gb"], at_most=True)),
+        ]  # fmt: skip
+    lines = ["| measure | figure | goal |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cross_device_profile_block() -> str:
+    """Where a cross-device run's time goes, by phase (cProfile, benchmarks/cross_device.py)."""
+    profiles = results_json("cross-device-cpu")["profile"]
+    names = {
+        "lr_mnist": "LR-MNIST, 100 rounds",
+        "ten_thousand_10_rounds": "10,000 clients, 10 rounds",
+    }
+    present = [k for k in names if k in profiles]
+    phases = list(profiles[present[0]]["seconds"])
+    lines = ["| phase | " + " | ".join(names[k] for k in present) + " |",
+             "|---" * (len(present) + 1) + "|"]  # fmt: skip
+    for phase in phases:
+        cells = [
+            f"{profiles[k]['seconds'][phase]:.2f} s ({100 * profiles[k]['share'][phase]:.0f} %)"
+            for k in present
+        ]
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| profiled run | "
+        + " | ".join(f"{profiles[k]['profiled_s']:.2f} s" for k in present)
+        + " |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def flower_race_block() -> str:
+    """The Flower race (benchmarks/flower_race.py): per contestant, the process's time
+    from start to exit and a round's time, medians over the repeats."""
+    import statistics
+
+    r = results_json("flower-race-cpu")
+    contestants = {f"fedsieve engine ({b})": e for b, e in r["fedsieve_engine"].items()}
+    contestants["Flower 1.32 `run_simulation`"] = r["flower"]
+    lines = ["| contestant | process, start to exit | a round (median) | before the first round |",
+             "|---|---|---|---|"]  # fmt: skip
+    for name, entry in contestants.items():
+        runs = entry["runs"]
+        flower = "before_first_client_s" in runs[0]
+        # Flower's first round also starts Ray's client actors: its rounds from the second on
+        rounds = [t for run in runs for t in (run["round_s"][1:] if flower else run["round_s"])]
+        before = [run["before_first_client_s" if flower else "startup_s"] for run in runs]
+        lines.append(
+            f"| {name} | {statistics.median(run['wall_s'] for run in runs):.2f} s | "
+            f"{statistics.median(rounds):.3f} s | {statistics.median(before):.2f} s |"
+        )
+    lines.append(f"\n{len(runs)} repeats; `flower_over_fedsieve` (processes): "
+                 f"**{r['flower_over_fedsieve']}** (goal ≥ 4).")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
@@ -695,7 +791,12 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
-    | {"federation-loopback": loopback_block}
+    | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
+    | (
+        {"cross-device": cross_device_block, "cross-device-profile": cross_device_profile_block}
+        if "profile" in results_json("cross-device-cpu")
+        else {}
+    )
     | {
         f"robustness-{dataset}-{regime}": partial(regime_grid_block, f"{dataset}-{regime}", dataset)
         for dataset in HEADLINE

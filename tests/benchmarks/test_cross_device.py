@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import cross_device
 
@@ -46,3 +47,12 @@ def test_the_profile_accounts_for_the_run_by_phase(task):
     assert all(value >= 0 for value in seconds.values())
     assert sum(seconds.values()) == pytest.approx(profile["profiled_s"], abs=0.01)
     assert seconds["local steps"] > 0 and seconds["evaluation"] > 0
+
+
+def test_clients_kept_as_bytes_train_as_the_float_images_do(task, capsys):
+    floats = cross_device.engine_run(task, 100, 10, 5, "logreg", 1)
+    as_bytes = cross_device.engine_run(task, 100, 10, 5, "logreg", 1, True)
+
+    federation, _ = cross_device.build_federation(task, 100, 10, 1, "logreg", as_bytes=True)
+    assert federation.clients[0].images.dtype == torch.uint8
+    assert as_bytes["acc"] == pytest.approx(floats["acc"], abs=0.01)
