@@ -2,6 +2,7 @@
 (CPU), a round's profile, and federations of 10,000 and 100,000 clients.
 
     python -m benchmarks.cross_device [--rounds 100] [--skip-flower] [--skip-scale]
+                                      [--device cpu|cuda]
 
 1. FLUTE's LR-MNIST comparison shape (its README: Flower 30 min 14 s, FLUTE 3 min 20 s):
    MNIST-shaped data, 60,000 training and 10,000 test images of 28×28 grey in 10
@@ -34,7 +35,9 @@ Clients are views of one training tensor put in partition order (no copy per cli
 in the runs of 10,000 and 100,000 clients that tensor holds the images as bytes and the
 model's first layer scales them (``byte_images_model``), as a cross-device simulator
 keeps many clients' data.
-Writes ``benchmarks/results/cross-device-cpu.json``.
+Writes ``benchmarks/results/cross-device-cpu.json`` (``--device cuda``: the engine on the
+GPU, its backend batching every model there, Flower left out: its environment is made on
+this machine; ``cross-device-cuda.json``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +81,6 @@ PHASES = {
     "aggregation": ("federated/server.py", "_aggregate"),
     "evaluation": ("federated/server.py", "_scores"),
     "round": ("federated/server.py", "run_round"),
-    "run": ("benchmarks/cross_device.py", "engine_run"),
 }
 
 
@@ -138,12 +141,22 @@ def normalised(images: np.ndarray, rows: np.ndarray | None = None, chunk: int = 
     return out
 
 
-def build_federation(
-    data: str, clients: int, per_round: int, rounds: int, model: str, as_bytes: bool = False
-) -> tuple[Any, float]:
-    """The workload's federation (clients as views of one tensor in partition order; with
-    ``as_bytes``, uint8 images and :func:`byte_images_model`) and the seconds its
-    partition took."""
+@dataclass(frozen=True)
+class Workload:
+    """One run's shape: the data file, the federation's size, the model, where it runs."""
+
+    data: str
+    clients: int
+    per_round: int
+    rounds: int
+    model: str
+    as_bytes: bool = False  # uint8 images and :func:`byte_images_model`
+    device: str = "cpu"
+
+
+def build_federation(work: Workload) -> tuple[Any, float]:
+    """The workload's federation (clients as views of one tensor in partition order) and
+    the seconds its partition took."""
     import torch
 
     from aggregation import build_aggregator
@@ -154,36 +167,40 @@ def build_federation(
     from models import build_model
 
     def inputs(images: np.ndarray, rows: np.ndarray | None = None) -> Any:
-        if not as_bytes:
+        if not work.as_bytes:
             return normalised(images, rows)
         return torch.from_numpy(images if rows is None else images[rows]).unsqueeze(1)
 
-    with np.load(data) as arrays:
+    device = work.device
+    with np.load(work.data) as arrays:
         train_images, train_labels = arrays["train_images"], arrays["train_labels"].reshape(-1)
-        test = (inputs(arrays["test_images"]),
-                torch.from_numpy(arrays["test_labels"].reshape(-1).astype(np.int64)))  # fmt: skip
+        test = (inputs(arrays["test_images"]).to(device),
+                torch.from_numpy(arrays["test_labels"].reshape(-1).astype(np.int64)).to(device))  # fmt: skip
     started = time.perf_counter()
-    parts = build_partitioner("iid")(train_labels, clients, seed=0)
+    parts = build_partitioner("iid")(train_labels, work.clients, seed=0)
     partition_s = time.perf_counter() - started
     order = np.concatenate(parts)
-    images = inputs(train_images, order)
-    labels = torch.from_numpy(train_labels[order].astype(np.int64))
+    images = inputs(train_images, order).to(device)
+    labels = torch.from_numpy(train_labels[order].astype(np.int64)).to(device)
     del train_images
     network = (
-        (lambda: byte_images_model(model))
-        if as_bytes
-        else (lambda: build_model(model, in_channels=1, num_classes=10))
+        (lambda: byte_images_model(work.model))
+        if work.as_bytes
+        else (lambda: build_model(work.model, in_channels=1, num_classes=10))
     )
     bounds = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).tolist()
     federation = Federation(
-        model=seeded_init(0, network),
+        model=seeded_init(0, network).to(device),
         clients=[
             ClientData(i, images[a:b], labels[a:b])
             for i, (a, b) in enumerate(itertools.pairwise(bounds))
         ],
         local=LocalTraining(epochs=1, lr=LR, momentum=0.0, batch_size=BATCH),
         config=FederationConfig(
-            rounds=rounds, client_fraction=per_round / clients, seed=0, round_scores="accuracy"
+            rounds=work.rounds,
+            client_fraction=work.per_round / work.clients,
+            seed=0,
+            round_scores="accuracy",
         ),
         defence=Defence(rule=build_aggregator("fedavg")),
         evaluation=EvaluationSets(test=test),
@@ -192,27 +209,21 @@ def build_federation(
     return federation, partition_s
 
 
-def engine_run(
-    data: str,
-    clients: int,
-    per_round: int,
-    rounds: int,
-    model: str,
-    threads: int,
-    as_bytes: bool = False,
-) -> dict[str, Any]:
-    """fedsieve's engine on the workload (run in a subprocess; prints JSON): accuracy per
-    round, the seconds of the partition and of the rounds, peak resident memory."""
+def engine_run(workload: dict[str, Any], threads: int) -> dict[str, Any]:
+    """fedsieve's engine on the workload (a :class:`Workload`'s fields; run in a
+    subprocess, prints JSON): accuracy per round, the seconds of the partition and of the
+    rounds, peak resident memory."""
     import torch
 
     from federated.loop import train
 
     torch.set_num_threads(threads)
-    federation, partition_s = build_federation(data, clients, per_round, rounds, model, as_bytes)
+    work = Workload(**workload)
+    federation, partition_s = build_federation(work)
     accuracy: list[float] = []
     started = time.perf_counter()
     train(
-        federation, federation.initial_state(), rounds,
+        federation, federation.initial_state(), work.rounds,
         on_round=lambda report, _state: accuracy.append(report.metrics["test_acc"]),
     )  # fmt: skip
     result = {
@@ -222,23 +233,34 @@ def engine_run(
         "rounds_s": round(time.perf_counter() - started, 2),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,  # kB
     }
+    if work.device == "cuda":
+        result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1024**3
     print(json.dumps(result))
     return result
 
 
-def profile_breakdown(*args: Any) -> dict[str, Any]:
+def profile_breakdown(workload: dict[str, Any], threads: int) -> dict[str, Any]:
     """:func:`engine_run` under cProfile, its time split into the round's phases (cProfile
     slows Python-heavy code more than arithmetic, so the shares are approximate)."""
     profiler = cProfile.Profile()
-    profiler.runcall(engine_run, *args)
+    started = time.perf_counter()
+    profiler.runcall(engine_run, workload, threads)
+    wall = time.perf_counter() - started
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    if not any(name == "run_round" for _path, _line, name in stats):
+        sample = [key for key in stats if "federated" in key[0]][:3]
+        print(f"cProfile recorded {len(stats)} functions, none the round's: {sample}",
+              file=sys.stderr)  # fmt: skip
+        result = {"profiled_s": round(wall, 2), "error": "cProfile saw no round"}
+        print(json.dumps(result))
+        return result
     seconds = dict.fromkeys(PHASES, 0.0)
     for (path, _line, name), (_calls, _prim, _tottime, cumtime, _callers) in stats.items():
         for phase, (suffix, names) in PHASES.items():
             if path.endswith(suffix) and name in ((names,) if isinstance(names, str) else names):
                 seconds[phase] += cumtime
     seconds["local steps"] = seconds.pop("local training") - seconds["data gathering"]
-    round_total, run_total = seconds.pop("round"), seconds.pop("run")
+    round_total, run_total = seconds.pop("round"), wall  # the whole call, profiled
     phases = ["sampling", "data gathering", "local steps", "aggregation", "evaluation"]
     seconds["rest of the round"] = round_total - sum(seconds[p] for p in phases)
     seconds["before the rounds"] = run_total - round_total
@@ -271,8 +293,8 @@ def engine_process(function: str, *args: Any) -> tuple[float, dict[str, Any]]:
 
 
 def lr_mnist(args: argparse.Namespace, data: Path, tmp: Path) -> dict[str, Any]:
-    wall, engine = engine_process("engine_run", str(data), 1000, 10, args.rounds, "logreg",
-                                  args.threads)  # fmt: skip
+    work = Workload(str(data), 1000, 10, args.rounds, "logreg", device=args.device)
+    wall, engine = engine_process("engine_run", asdict(work), args.threads)
     result: dict[str, Any] = {
         "fedsieve_s": round(wall, 2),
         "fedsieve_rounds_s": engine["rounds_s"],
@@ -281,7 +303,7 @@ def lr_mnist(args: argparse.Namespace, data: Path, tmp: Path) -> dict[str, Any]:
     }
     print(f"fedsieve: {wall:.1f} s ({engine['rounds_s']} s of rounds), "
           f"final accuracy {engine['acc'][-1]:.4f}", flush=True)  # fmt: skip
-    if args.skip_flower:
+    if args.skip_flower or args.device == "cuda":  # Flower's environment is this machine's
         return result
     if not FLOWER_PYTHON.exists():
         raise SystemExit(
@@ -309,10 +331,9 @@ def lr_mnist(args: argparse.Namespace, data: Path, tmp: Path) -> dict[str, Any]:
     }
 
 
-def scale_run(data: Path, clients: int, per_round: int, rounds: int, threads: int) -> dict:
-    wall, engine = engine_process("engine_run", str(data), clients, per_round, rounds,
-                                  "small_cnn", threads, True)  # fmt: skip
-    print(f"{clients:,} clients, {rounds} rounds: {wall:.1f} s, "
+def scale_run(work: Workload, threads: int) -> dict:
+    wall, engine = engine_process("engine_run", asdict(work), threads)
+    print(f"{work.clients:,} clients, {work.rounds} rounds: {wall:.1f} s, "
           f"peak RSS {engine['peak_rss_gb']:.2f} GB", flush=True)  # fmt: skip
     return {
         "wall_s": round(wall, 1),
@@ -321,7 +342,7 @@ def scale_run(data: Path, clients: int, per_round: int, rounds: int, threads: in
         "peak_rss_gb": round(engine["peak_rss_gb"], 2),
         "batched": engine["batched"],
         "acc": engine["acc"],
-    }
+    } | ({"peak_gpu_gb": round(engine["peak_gpu_gb"], 2)} if "peak_gpu_gb" in engine else {})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -330,14 +351,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-flower", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
-    from benchmarks.common import cpu_environment
+    import torch
+
+    from benchmarks.common import cpu_environment, versions
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA device")
+    environment = cpu_environment()
+    if args.device == "cuda":
+        environment = {
+            "device": {"kind": "cuda", "name": torch.cuda.get_device_name(0),
+                       "cpu_count": os.cpu_count()},
+            "versions": versions(cuda=torch.version.cuda),
+        }  # fmt: skip
 
     report: dict[str, Any] = {
         "benchmark": "cross_device",
         "command": " ".join(["python -m benchmarks.cross_device", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **cpu_environment(),
+        **environment,
         "lr_mnist_settings": {"train": 60_000, "test": 10_000, "clients": 1000, "per_round": 10,
                               "rounds": args.rounds, "model": "logreg", "local_epochs": 1,
                               "lr": LR, "batch": BATCH, "momentum": 0.0, "threads": args.threads,
@@ -350,29 +384,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lr_data = tmp / "lr-mnist.npz"
         np.savez(lr_data, **synthetic_digits(60_000, 10_000, seed=0))
         report["lr_mnist"] = lr_mnist(args, lr_data, tmp)
-        report["profile"] = {"lr_mnist": engine_process(
-            "profile_breakdown", str(lr_data), 1000, 10, args.rounds, "logreg", args.threads)[1]}  # fmt: skip
+        # cProfile sees a GPU's kernels only where the host waits for them: CPU runs only
+        profiled = args.device == "cpu"
+        if profiled:
+            work = Workload(str(lr_data), 1000, 10, args.rounds, "logreg")
+            report["profile"] = {
+                "lr_mnist": engine_process("profile_breakdown", asdict(work), args.threads)[1]
+            }
         if not args.skip_scale:
             scale_data = tmp / "scale.npz"
             np.savez(scale_data, **synthetic_digits(100_000, 2_000, seed=1, separation=0.25))
-            report["profile"]["ten_thousand_10_rounds"] = engine_process(
-                "profile_breakdown",
-                str(scale_data),
-                10_000,
-                100,
-                10,
-                "small_cnn",
+            if profiled:
+                work = Workload(str(scale_data), 10_000, 100, 10, "small_cnn", as_bytes=True)
+                report["profile"]["ten_thousand_10_rounds"] = engine_process(
+                    "profile_breakdown", asdict(work), args.threads
+                )[1]
+            report["ten_thousand_clients"] = scale_run(
+                Workload(str(scale_data), 10_000, 100, 50, "small_cnn", True, args.device),
                 args.threads,
-                True,
-            )[1]
-            report["ten_thousand_clients"] = scale_run(scale_data, 10_000, 100, 50, args.threads)
+            )
             scale_data.unlink()
             huge_data = tmp / "huge.npz"
             np.savez(huge_data, **synthetic_digits(1_000_000, 2_000, seed=2, separation=0.25))
-            report["hundred_thousand_clients"] = scale_run(huge_data, 100_000, 100, 1, args.threads)
+            report["hundred_thousand_clients"] = scale_run(
+                Workload(str(huge_data), 100_000, 100, 1, "small_cnn", True, args.device),
+                args.threads,
+            )
     report["targets"] = TARGETS
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    out = OUT.with_name(f"cross-device-{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

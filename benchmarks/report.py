@@ -679,10 +679,10 @@ def ratio_check(value: float, goal: float, *, at_most: bool) -> str:
     return f"{'≤' if at_most else '≥'} {goal:g} " + ("✓" if met else "✗")
 
 
-def cross_device_block() -> str:
+def cross_device_block(device: str = "cpu") -> str:
     """The cross-device runs (benchmarks/cross_device.py) against their goals: process
     wall time and the rounds' own time, both sides, and the large federations."""
-    r = results_json("cross-device-cpu")
+    r = results_json(f"cross-device-{device}")
     lr, goals = r["lr_mnist"], r["targets"]
     rows = [
         ("LR-MNIST shape, fedsieve, process start to exit",
@@ -715,6 +715,8 @@ def cross_device_block() -> str:
             ("... peak resident memory", f"{run['peak_rss_gb']:.2f} GB",
              ratio_check(run["peak_rss_gb"], goals[f"{goal}_peak_gb"], at_most=True)),
         ]  # fmt: skip
+        if "peak_gpu_gb" in run:
+            rows.append(("... peak GPU memory (allocated)", f"{run['peak_gpu_gb']:.2f} GB", ""))
     lines = ["| measure | figure | goal |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"
@@ -795,6 +797,11 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | (
         {"cross-device": cross_device_block, "cross-device-profile": cross_device_profile_block}
         if "profile" in results_json("cross-device-cpu")
+        else {}
+    )
+    | (
+        {"cross-device-cuda": partial(cross_device_block, "cuda")}
+        if (RESULTS / "cross-device-cuda.json").exists()
         else {}
     )
     | {

@@ -18,8 +18,14 @@ def task(tmp_path_factory):
     return str(path)
 
 
+def workload(task: str, rounds: int = 1, as_bytes: bool = False) -> dict:
+    """100 clients of the task, 10 a round, the logistic model."""
+    return {"data": task, "clients": 100, "per_round": 10, "rounds": rounds,
+            "model": "logreg", "as_bytes": as_bytes}  # fmt: skip
+
+
 def test_the_task_has_a_learning_curve_not_a_first_round_answer(task, capsys):
-    result = cross_device.engine_run(task, 100, 10, 15, "logreg", 1)
+    result = cross_device.engine_run(workload(task, rounds=15), 1)
 
     accuracy = result["acc"]
     assert len(accuracy) == 15 and result["batched"]
@@ -29,7 +35,7 @@ def test_the_task_has_a_learning_curve_not_a_first_round_answer(task, capsys):
 
 
 def test_clients_share_one_tensor_in_partition_order(task):
-    federation, _ = cross_device.build_federation(task, 100, 10, 1, "logreg")
+    federation, _ = cross_device.build_federation(cross_device.Workload(**workload(task)))
 
     first, last = federation.clients[0], federation.clients[-1]
     assert first.images.untyped_storage().data_ptr() == last.images.untyped_storage().data_ptr()
@@ -37,7 +43,7 @@ def test_clients_share_one_tensor_in_partition_order(task):
 
 
 def test_the_profile_accounts_for_the_run_by_phase(task):
-    profile = cross_device.profile_breakdown(task, 100, 10, 3, "logreg", 1)
+    profile = cross_device.profile_breakdown(workload(task, rounds=3), 1)
 
     seconds = profile["seconds"]
     assert set(seconds) == {
@@ -50,9 +56,11 @@ def test_the_profile_accounts_for_the_run_by_phase(task):
 
 
 def test_clients_kept_as_bytes_train_as_the_float_images_do(task, capsys):
-    floats = cross_device.engine_run(task, 100, 10, 5, "logreg", 1)
-    as_bytes = cross_device.engine_run(task, 100, 10, 5, "logreg", 1, True)
+    floats = cross_device.engine_run(workload(task, rounds=5), 1)
+    as_bytes = cross_device.engine_run(workload(task, rounds=5, as_bytes=True), 1)
 
-    federation, _ = cross_device.build_federation(task, 100, 10, 1, "logreg", as_bytes=True)
+    federation, _ = cross_device.build_federation(
+        cross_device.Workload(**workload(task, as_bytes=True))
+    )
     assert federation.clients[0].images.dtype == torch.uint8
     assert as_bytes["acc"] == pytest.approx(floats["acc"], abs=0.01)
