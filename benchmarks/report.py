@@ -767,9 +767,160 @@ def flower_race_block() -> str:
             f"| {name} | {statistics.median(run['wall_s'] for run in runs):.2f} s | "
             f"{statistics.median(rounds):.3f} s | {statistics.median(before):.2f} s |"
         )
-    lines.append(f"\n{len(runs)} repeats; `flower_over_fedsieve` (processes): "
-                 f"**{r['flower_over_fedsieve']}** (goal ≥ 4).")  # fmt: skip
+    kinds = {"warm": "own server, warm", "running_server": "against a running server"}
+    for kind, label in kinds.items():
+        walls = r["fedsieve_run"][kind]["walls_s"]
+        lines.append(f"| `fedsieve run` ({label}) | {statistics.median(walls):.2f} s "
+                     f"({min(walls):.1f}–{max(walls):.1f}) | | |")  # fmt: skip
+    lines.append(f"\n{len(runs)} repeats; `flower_over_fedsieve` (processes, the faster "
+                 f"engine backend): **{r['flower_over_fedsieve']}** by the medians, "
+                 f"{r['flower_over_fedsieve_min_of_repeats']} by the fastest runs (goal ≥ 4).")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def table(header: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
+    """A markdown table of ``rows`` under ``header``."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def overhead_block() -> str:
+    """What a user waits for beside the training (benchmarks/overhead.py)."""
+    r = results_json("overhead-cpu")
+    run, dvc = r["attribution_fedsieve_run"], r["dvc"]
+    goal = run["target_overhead_s"]
+    return table(("measure", "figure", "goal"), [
+        ("`make run` (`fedsieve dvc repro`: all DVC stages, one Prefect server)",
+         f"{dvc['make_run_fedsieve_dvc_repro_s']:.1f} s", "≤ 60 s " + ("✓" if dvc["make_run_fedsieve_dvc_repro_s"] <= 60 else "✗")),
+        (f"`fedsieve run` ({r['rounds']} rounds), own temporary server: wall", f"{run['wall_s']:.1f} s", ""),
+        ("of which training and evaluation", f"{run['compute_s']:.1f} s", ""),
+        ("overhead beside the compute", f"**{run['overhead_s']:.1f} s**", ratio_check(run["overhead_s"], goal, at_most=True)),
+        ("the same against an already running Prefect server", f"{run['running_server_wall_s']:.1f} s", ""),
+        ("importing torch / Prefect / MLflow / the pipeline's flows",
+         " / ".join(f"{r['imports'][k]:.1f} s" for k in ("import_torch_s", "import_prefect_s", "import_mlflow_s", "import_flows.pipeline_s")), ""),
+        ("starting a Prefect server", f"{r['prefect']['server_start_s']:.1f} s", ""),
+        ("MLflow: store and run created / model logged and registered",
+         f"{r['mlflow_tracker']['store_and_run_created']:.1f} s / {r['mlflow_tracker']['log_and_register_model']:.1f} s", ""),
+    ])  # fmt: skip
+
+
+def federation_smoke_block() -> str:
+    """The hub's compose stack and three site containers (scripts/federation_smoke.py)."""
+    r = results_json("federation-smoke")
+    steps = list(r["steps_s"].items())
+    site, hub = r["images"]["fedsieve-site:cpu"], r["images"]["fedsieve:cpu"]
+    rows = [
+        ("site image", f"{site['gb']} GB: environment layer {site['layers_mb']['environment']:,.0f} MB, "
+         f"source layer {site['layers_mb']['source']} MB (what a source edit ships)"),
+        ("hub image", f"{hub['gb']} GB: environment {hub['layers_mb']['environment']:,.0f} MB, "
+         f"Flower's CLI {hub['layers_mb']['flower_cli']:.0f} MB, source {hub['layers_mb']['source']} MB"),
+        *((step, f"{seconds:.0f} s") for step, seconds in steps),
+        ("the whole smoke", f"{r['total_s']:.0f} s"),
+        ("max \\|sites in containers − in-process simulation\\|", f"**{r['max_abs_diff_vs_simulation']}**"),
+        *((check, "yes" if ok else "**no**") for check, ok in r["checks"].items()),
+    ]  # fmt: skip
+    return table(("measure", "figure"), rows)
+
+
+def grid_throughput_block() -> str:
+    """A comparison grid's cells against the engine alone (benchmarks/grid_throughput.py)."""
+    r = results_json("grid-throughput-cpu")
+    one, goals = r["one_cell"], r["targets"]
+    return table(("measure", "figure", "goal"), [
+        ("grid wall time / engine-only wall time for the same cells",
+         f"{r['grid_wall_s']} s / {r['engine_only_s']} s = **{r['grid_over_engine']}**",
+         ratio_check(r["grid_over_engine"], goals["grid_over_engine"], at_most=True)),
+        ("cells per hour", f"**{r['cells_per_hour']}**", ratio_check(r["cells_per_hour"], goals["cells_per_hour"], at_most=False)),
+        ("compute floor: training images / best measured local throughput",
+         f"{r['compute_floor']['floor_cells_per_hour']} cells/h", ""),
+        ("one cell: time beside local training (screen, aggregation, evaluation, tracking)",
+         f"{100 * one['beside_training_share_of_training']:.0f} %", "< 30 % " + ("✓" if one["beside_training_share_of_training"] < 0.3 else "✗")),
+        *((f"engine only, {k.replace('x', ' cells × ')} thread(s)", f"{v['wall_s']} s ({v['cells_per_hour']} cells/h)", "")
+          for k, v in r["engine_only_by_cells_x_threads"].items()),
+        *((f"local training images/s, {k.replace('x', ' cells × ')} thread(s)", f"{v:,.0f}", "")
+          for k, v in r["local_training_images_per_s"].items()),
+    ])  # fmt: skip
+
+
+RULE_NAMES = {"fedavg": "FedAvg", "ema": "EMA", "krum": "Krum", "multi_krum": "Multi-Krum",
+              "fedlag": "FedLag (exact)", "zeno": "Zeno", "bulyan": "Bulyan"}  # fmt: skip
+
+
+def aggregation_block(device: str) -> str:
+    """Per rule, the median time of a call per client count (benchmarks/aggregation.py),
+    with the memory floor's multiple and the goal where one was set."""
+    r = results_json(f"aggregation-{device}")
+    rows = r["results"]
+    counts = sorted({row["n"] for row in rows})
+    rules = sorted({row["rule"] for row in rows}, key=lambda rule: min(
+        row["median_ms"] for row in rows if row["rule"] == rule))  # fmt: skip
+    cell = {(row["rule"], row["n"]): row for row in rows}
+    goal_n = 50 if 50 in counts else counts[-1]
+    out = []
+    for rule in rules:
+        times = [f"{cell[rule, n]['median_ms']:,.1f}" if (rule, n) in cell else "–" for n in counts]
+        at = cell.get((rule, goal_n), {})
+        goal = at.get("target_ms")
+        check = ratio_check(at["median_ms"], goal, at_most=True) if goal else ""
+        floor = f"{at['x_floor']:.1f}×" if at else "–"
+        out.append((RULE_NAMES.get(rule, rule.replace("_", " ")), *times, floor, check))
+    header = (
+        "rule",
+        *(f"n = {n} (ms)" for n in counts),
+        f"× floor at n = {goal_n}",
+        f"goal at n = {goal_n} (ms)",
+    )
+    return table(header, out)  # fmt: skip
+
+
+def pid_cost_block() -> str:
+    """PID-MADE's scoring cost beside Krum and the geometric median (benchmarks/pid_cost.py)."""
+    r = results_json("pid-cost-cpu")
+
+    def ms(value: float) -> str:
+        return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"
+
+    rows = [(row["n"], *(ms(row[k]["median_ms"]) for k in ("pid_made", "krum", "geometric_median")))
+            for row in r["results"]]  # fmt: skip
+    fits = r["fits"]
+    rows.append(("log-log slope, n ≥ 20",
+                 *(f"{fits[k]['n_ge_20']['loglog_slope']:.2f}" for k in ("pid_made", "krum", "geometric_median"))))  # fmt: skip
+    return table(("clients", "PID-MADE", "Krum", "geometric median"), rows)
+
+
+def round_speed_block(device: str) -> str:
+    """Batched against sequential client training (benchmarks/round_speed.py)."""
+    r = results_json("round-speed-cuda" if device == "cuda" else "round-speed-cpu-quick")
+    cnn = r["small_cnn_round"]
+    rows = [(f"small-CNN round, {cnn['clients']} clients, batched vs sequential",
+             f"**{cnn['batched']['median_s']} s vs {cnn['sequential']['median_s']} s: {cnn['batched_speedup']}×**",
+             f"≥ {cnn['target_speedup_h100']:g}× on an H100 " + ("✓" if cnn["batched_speedup"] >= cnn["target_speedup_h100"] else "✗") if device == "cuda" else "")]  # fmt: skip
+    resnet = r.get("resnet18_round_vs_centralized_epoch")
+    if resnet:  # the goals were set for an H100
+        rows.append(("ResNet-18 batched round vs one centralized epoch",
+                     f"**{resnet['batched_round']['median_s']} s vs {resnet['centralized_epoch']['median_s']} s: {resnet['round_over_epoch']}×**",
+                     ratio_check(resnet["round_over_epoch"], resnet["target_round_over_epoch"], at_most=True) if device == "cuda" else ""))  # fmt: skip
+    memory = r.get("resnet18_100_clients_memory", {})
+    if "peak_allocated_gb" in memory or "deltas_gb" in memory:
+        rows.append((f"{memory['clients']}-client ResNet-18 batched round: the updates kept",
+                     f"{memory['deltas_gb']} GB, {memory['round_s']} s", ""))  # fmt: skip
+    return table(("figure", "measured", "goal"), rows)
+
+
+def speed_notes_block() -> str:
+    """The single measurements of the pre-test and the portable-numerics pin."""
+    pre, pin = results_json("pretest-cpu"), results_json("portable-numerics")
+    pinned, unpinned = pin["results"]["pinned"], pin["results"]["unpinned"]
+    return table(("measure", "figure", "goal"), [
+        (f"normality pre-test, {pre['n_coords']:,} coordinates × {pre['n_clients']} clients, both tests",
+         f"**{pre['seconds']:.1f} s wall**, {pre['cpu_seconds']:.1f} s CPU", ratio_check(pre["seconds"], pre["target_seconds"], at_most=True)),
+        ("the default pipeline's round, portable numerics pinned / not pinned (median)",
+         f"{pinned['seconds_per_round_median']:.2f} s / {unpinned['seconds_per_round_median']:.2f} s "
+         f"({pin['slowdown_median']:.2f}×; best rounds {pin['slowdown_best']:.2f}×)", ""),
+        ("weights hashes over the processes, pinned / not pinned",
+         f"{len(pinned['weights_sha256'])} / {len(unpinned['weights_sha256'])}", "1 each"),
+    ])  # fmt: skip
 
 
 def recorded(name: str) -> bool:
@@ -794,6 +945,17 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
+    | {
+        "pipeline-overhead": overhead_block,
+        "federation-smoke": federation_smoke_block,
+        "grid-throughput": grid_throughput_block,
+        "aggregation-cpu": partial(aggregation_block, "cpu"),
+        "aggregation-cuda": partial(aggregation_block, "cuda"),
+        "pid-cost": pid_cost_block,
+        "round-speed-cuda": partial(round_speed_block, "cuda"),
+        "round-speed-cpu": partial(round_speed_block, "cpu"),
+        "speed-notes": speed_notes_block,
+    }
     | (
         {"cross-device": cross_device_block, "cross-device-profile": cross_device_profile_block}
         if "profile" in results_json("cross-device-cpu")
