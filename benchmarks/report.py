@@ -923,6 +923,26 @@ def speed_notes_block() -> str:
     ])  # fmt: skip
 
 
+def resnet18_block() -> str:
+    """The ResNet-18 federation (``make bench-resnet18``): the selected round, the last
+    round and the swing of test accuracy, from its JSON and per-round CSV."""
+    import csv
+
+    r = results_json("resnet18-breastmnist-cpu")
+    m = r["metrics"]
+    with (RESULTS / "resnet18-breastmnist-rounds.csv").open() as handle:
+        rounds = [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(handle)]
+    last, late = rounds[-1], [row["test_acc"] for row in rounds if row["round"] >= 10]
+    return table(("measure", "figure"), [
+        (f"selected round (best validation AUC of {int(m['rounds'])})", f"**{int(m['selected_round'])}**"),
+        ("its test ACC / AUC", f"**{m['test_acc']:.3f} / {m['test_auc']:.3f}**"),
+        ("its validation ACC / AUC", f"{m['val_acc']:.3f} / {m['val_auc']:.3f}"),
+        (f"the last round's test ACC / AUC (round {int(last['round'])})", f"{last['test_acc']:.3f} / {last['test_auc']:.3f}"),
+        ("test ACC from round 10 on, lowest – highest", f"{min(late):.3f} – {max(late):.3f}"),
+        ("wall time, 2-core CPU", f"{r['wall_s'] / 60:.0f} min ({r['note']})"),
+    ])  # fmt: skip
+
+
 def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
@@ -955,6 +975,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
         "round-speed-cuda": partial(round_speed_block, "cuda"),
         "round-speed-cpu": partial(round_speed_block, "cpu"),
         "speed-notes": speed_notes_block,
+        "resnet18-breastmnist": resnet18_block,
     }
     | (
         {"cross-device": cross_device_block, "cross-device-profile": cross_device_profile_block}
