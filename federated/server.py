@@ -56,7 +56,7 @@ from aggregation.mean import FedAvg
 from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
-from federated.batched import batched_pays, batched_unsupported_reason
+from federated.batched import auto_max_parallel, batched_pays, batched_unsupported_reason
 from federated.client import (
     ClientData,
     ClientUpdate,
@@ -395,7 +395,11 @@ class Federation:
         )
         if not batched:
             return sequential
-        return BatchedExecutor(sequential=sequential, max_parallel=execution.max_parallel)
+        max_parallel = execution.max_parallel
+        if max_parallel is None:  # sized to free memory once, not every round
+            sample = next(c for c in self.clients if isinstance(c, ClientData)).images
+            max_parallel = auto_max_parallel(self.model, sample, self.local.batch_size)
+        return BatchedExecutor(sequential=sequential, max_parallel=max_parallel)
 
     @property
     def batched(self) -> bool:

@@ -195,7 +195,9 @@ def test_support_check_names_what_the_batched_backend_cannot_train():
         )
 
 
-def federation(medmnist_root, backend: str, *, broken_client=None) -> Federation:
+def federation(
+    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2
+) -> Federation:
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("dirichlet", alpha=1.0)(data.train.targets, 4, seed=0)
@@ -212,8 +214,17 @@ def federation(medmnist_root, backend: str, *, broken_client=None) -> Federation
         config=FederationConfig(rounds=2, seed=0),
         defence=Defence(rule=build_aggregator("fedavg")),
         evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
-        execution=Execution(backend=backend, max_parallel=2),  # type: ignore[arg-type]
+        execution=Execution(backend=backend, max_parallel=max_parallel),  # type: ignore[arg-type]
     )
+
+
+def test_a_federation_sizes_its_batched_chunks_once_and_keeps_the_size(medmnist_root):
+    fed = federation(medmnist_root, "batched", max_parallel=None)
+    size = fed.executor.max_parallel
+
+    run_rounds(fed, 2)
+
+    assert isinstance(size, int) and size >= 1 and fed.executor.max_parallel == size
 
 
 def run_rounds(fed: Federation, rounds: int):
