@@ -239,6 +239,62 @@ def engine_run(workload: dict[str, Any], threads: int) -> dict[str, Any]:
     return result
 
 
+def arithmetic_floor(threads: int, clients: int = 100, images: int = 10, test: int = 2000) -> dict:
+    """The 10,000-client round's arithmetic and this machine's speed at it: the FLOPs of
+    ``clients`` one-step trainings on ``images`` images (forward and backward) and of a
+    ``test``-image scoring pass of the small CNN, counted by torch's ``FlopCounterMode``,
+    and the best of 5 timed scoring passes; the round's floor is their quotient."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from federated.layout import use_fast_layout_
+    from federated.metrics import logits_of
+    from models import build_model
+
+    torch.set_num_threads(threads)
+    model = use_fast_layout_(build_model("small_cnn", in_channels=1, num_classes=10), "cpu")
+    scoring = torch.randn(test, 1, 28, 28)
+    with FlopCounterMode(display=False) as counter:
+        logits_of(model, scoring)
+    scoring_flops = counter.get_total_flops()
+    batch, labels = torch.randn(images, 1, 28, 28), torch.randint(0, 10, (images,))
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model.train()(batch), labels).backward()
+    step_flops = counter.get_total_flops()
+
+    def best_of(work: Any, repeats: int) -> float:
+        work()  # warm-up
+        timings = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            work()
+            timings.append(time.perf_counter() - started)
+        return min(timings)
+
+    scoring_s = best_of(lambda: logits_of(model, scoring), 5)
+    weights = list(model.parameters())
+    step_s = best_of(
+        lambda: torch.autograd.grad(
+            torch.nn.functional.cross_entropy(model.train()(batch), labels), weights
+        ),
+        50,
+    )
+    rate = scoring_flops / scoring_s
+    round_flops = clients * step_flops + scoring_flops
+    result = {
+        "client_step_gflop": round(step_flops / 1e9, 3),
+        "scoring_gflop": round(scoring_flops / 1e9, 2),
+        "scoring_s": round(scoring_s, 3),
+        "gflop_per_s": round(rate / 1e9, 1),
+        "round_floor_s": round(round_flops / rate, 3),
+        "client_step_s": round(step_s, 4),
+        "client_step_gflop_per_s": round(step_flops / step_s / 1e9, 1),
+        "round_client_by_client_s": round(clients * step_s + scoring_s, 3),
+    }
+    print(json.dumps(result))
+    return result
+
+
 def profile_breakdown(workload: dict[str, Any], threads: int) -> dict[str, Any]:
     """:func:`engine_run` under cProfile, its time split into the round's phases (cProfile
     slows Python-heavy code more than arithmetic, so the shares are approximate)."""
@@ -403,6 +459,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 Workload(str(scale_data), 10_000, 100, 50, "small_cnn", True, args.device),
                 args.threads,
             )
+            if args.device == "cpu":  # what 50 such rounds cost in arithmetic alone here
+                floor = engine_process("arithmetic_floor", args.threads)[1]
+                floor["fifty_rounds_floor_s"] = round(50 * floor["round_floor_s"], 1)
+                floor["fifty_rounds_client_by_client_s"] = round(
+                    50 * floor["round_client_by_client_s"], 1
+                )
+                report["ten_thousand_clients"]["floor"] = floor
             scale_data.unlink()
             huge_data = tmp / "huge.npz"
             np.savez(huge_data, **synthetic_digits(1_000_000, 2_000, seed=2, separation=0.25))

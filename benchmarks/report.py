@@ -717,6 +717,16 @@ def cross_device_block(device: str = "cpu") -> str:
         ]  # fmt: skip
         if "peak_gpu_gb" in run:
             rows.append(("... peak GPU memory (allocated)", f"{run['peak_gpu_gb']:.2f} GB", ""))
+        if "floor" in run:
+            floor = run["floor"]
+            rows += [
+                ("... its 50 rounds' arithmetic at this CPU's best measured rate "
+                 f"({floor['gflop_per_s']:g} GFLOP/s, a {floor['scoring_gflop']:g}-GFLOP scoring pass)",
+                 f"{floor['fifty_rounds_floor_s']:.1f} s", ""),
+                (f"... the same, each client's step timed alone ({1000 * floor['client_step_s']:.1f} ms, "
+                 f"{floor['client_step_gflop_per_s']:g} GFLOP/s)",
+                 f"{floor['fifty_rounds_client_by_client_s']:.1f} s", ""),
+            ]  # fmt: skip
     lines = ["| measure | figure | goal |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"

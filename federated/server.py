@@ -719,7 +719,9 @@ class Federation:
         outcome.kept_ids = [ids[p] for p in positions.tolist()]
         if len(outcome.kept_ids) < self.config.min_clients:
             return outcome
-        kept, kept_weights = stacked[positions], weights[positions]
+        kept, kept_weights = stacked, weights  # everyone kept: no copy of the round
+        if len(positions) < len(ids):
+            kept, kept_weights = stacked[positions], weights[positions]
         if (
             self.defence.privacy is not None
         ):  # DP-FedAvg: clipped (by the server, centrally), equal weights
