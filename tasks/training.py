@@ -517,7 +517,7 @@ def record_budget_spent(tracker: Tracker, reason: str | None) -> None:
         tracker.set_tags({"stopped_early": reason})
 
 
-@task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)
+@task(name="halt-if-tracking-lost", cache_policy=NO_CACHE)
 def halt_if_tracking_lost(tracker: Tracker, state: ServerState) -> None:
     """A run whose tracking failed midway (a database outage longer than the client's
     retries) ends failed here, its reports and checkpoint written, unless the store
@@ -531,6 +531,7 @@ def halt_if_tracking_lost(tracker: Tracker, state: ServerState) -> None:
         )
 
 
+@task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)
 def halt_if_bound_exceeded(state: ServerState) -> None:
     """Fail closed: a run whose round left out more clients than ``train.max_excluded``
     ends here, after its reports are written, with that round's one-line reason."""
