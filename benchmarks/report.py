@@ -646,6 +646,13 @@ def default_pipeline_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def table(header: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
+    """A markdown table of ``rows`` under ``header``."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def loopback_block() -> str:
     """Real sites on loopback beside Flower's FedAvg and the simulation
     (benchmarks/federation_loopback.py)."""
@@ -669,9 +676,7 @@ def loopback_block() -> str:
          f"{r['transport_94mb']['round_trip_s']:.1f} s, "
          + ("intact" if r["transport_94mb"]["echoed_intact"] else "**damaged**"), "crosses"),
     ]  # fmt: skip
-    lines = ["| measure | figure | goal |", "|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    return "\n".join(lines) + "\n"
+    return table(("measure", "figure", "goal"), rows)
 
 
 def ratio_check(value: float, goal: float, *, at_most: bool) -> str:
@@ -727,9 +732,7 @@ def cross_device_block(device: str = "cpu") -> str:
                  f"{floor['client_step_gflop_per_s']:g} GFLOP/s)",
                  f"{floor['fifty_rounds_client_by_client_s']:.1f} s", ""),
             ]  # fmt: skip
-    lines = ["| measure | figure | goal |", "|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    return "\n".join(lines) + "\n"
+    return table(("measure", "figure", "goal"), rows)
 
 
 def cross_device_profile_block() -> str:
@@ -740,21 +743,13 @@ def cross_device_profile_block() -> str:
         "ten_thousand_10_rounds": "10,000 clients, 10 rounds",
     }
     present = [k for k in names if k in profiles]
-    phases = list(profiles[present[0]]["seconds"])
-    lines = ["| phase | " + " | ".join(names[k] for k in present) + " |",
-             "|---" * (len(present) + 1) + "|"]  # fmt: skip
-    for phase in phases:
-        cells = [
-            f"{profiles[k]['seconds'][phase]:.2f} s ({100 * profiles[k]['share'][phase]:.0f} %)"
-            for k in present
-        ]
-        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    lines.append(
-        "| profiled run | "
-        + " | ".join(f"{profiles[k]['profiled_s']:.2f} s" for k in present)
-        + " |"
-    )
-    return "\n".join(lines) + "\n"
+    rows = [
+        (phase, *(f"{profiles[k]['seconds'][phase]:.2f} s ({100 * profiles[k]['share'][phase]:.0f} %)"
+                  for k in present))
+        for phase in profiles[present[0]]["seconds"]
+    ]  # fmt: skip
+    rows.append(("profiled run", *(f"{profiles[k]['profiled_s']:.2f} s" for k in present)))
+    return table(("phase", *(names[k] for k in present)), rows)
 
 
 def flower_race_block() -> str:
@@ -765,34 +760,26 @@ def flower_race_block() -> str:
     r = results_json("flower-race-cpu")
     contestants = {f"fedsieve engine ({b})": e for b, e in r["fedsieve_engine"].items()}
     contestants["Flower 1.32 `run_simulation`"] = r["flower"]
-    lines = ["| contestant | process, start to exit | a round (median) | before the first round |",
-             "|---|---|---|---|"]  # fmt: skip
+    rows = []
     for name, entry in contestants.items():
         runs = entry["runs"]
         flower = "before_first_client_s" in runs[0]
         # Flower's first round also starts Ray's client actors: its rounds from the second on
         rounds = [t for run in runs for t in (run["round_s"][1:] if flower else run["round_s"])]
         before = [run["before_first_client_s" if flower else "startup_s"] for run in runs]
-        lines.append(
-            f"| {name} | {statistics.median(run['wall_s'] for run in runs):.2f} s | "
-            f"{statistics.median(rounds):.3f} s | {statistics.median(before):.2f} s |"
-        )
+        rows.append((name, f"{statistics.median(run['wall_s'] for run in runs):.2f} s",
+                     f"{statistics.median(rounds):.3f} s", f"{statistics.median(before):.2f} s"))  # fmt: skip
     kinds = {"warm": "own server, warm", "running_server": "against a running server"}
     for kind, label in kinds.items():
         walls = r["fedsieve_run"][kind]["walls_s"]
-        lines.append(f"| `fedsieve run` ({label}) | {statistics.median(walls):.2f} s "
-                     f"({min(walls):.1f}–{max(walls):.1f}) | | |")  # fmt: skip
-    lines.append(f"\n{len(runs)} repeats; `flower_over_fedsieve` (processes, the faster "
-                 f"engine backend): **{r['flower_over_fedsieve']}** by the medians, "
-                 f"{r['flower_over_fedsieve_min_of_repeats']} by the fastest runs (goal ≥ 4).")  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def table(header: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:
-    """A markdown table of ``rows`` under ``header``."""
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+        rows.append((f"`fedsieve run` ({label})", f"{statistics.median(walls):.2f} s "
+                     f"({min(walls):.1f}–{max(walls):.1f})", "", ""))  # fmt: skip
+    header = ("contestant", "process, start to exit", "a round (median)", "before the first round")
+    return table(header, rows) + (
+        f"\n{len(runs)} repeats; `flower_over_fedsieve` (processes, the faster engine backend): "
+        f"**{r['flower_over_fedsieve']}** by the medians, "
+        f"{r['flower_over_fedsieve_min_of_repeats']} by the fastest runs (goal ≥ 4).\n"
+    )
 
 
 def overhead_block() -> str:
