@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from aggregation import build_aggregator, build_filter, build_preaggregator
-from config.params import Params, eval_batch_size, privacy_budget
+from config.params import DataParams, Params, eval_batch_size, privacy_budget
 from federated.client import ClientData, LocalTraining
-from federated.data import DatasetInfo
+from federated.data import DatasetInfo, dataset_info
 from federated.seeding import seeded_init
 from federated.server import Defence, FederationConfig, NonIIDCheck
 from models import build_model
@@ -17,6 +17,7 @@ from models import build_model
 __all__ = [
     "build_defence",
     "build_global_model",
+    "dataset_info_of",
     "federation_config",
     "local_training",
     "resolve_device",
@@ -31,6 +32,13 @@ def resolve_device(choice: str) -> torch.device:
             "train.device is 'cuda' but no CUDA device is available; use auto or cpu"
         )
     return torch.device(choice)
+
+
+def dataset_info_of(data: DataParams) -> DatasetInfo:
+    """What the model and the sites need to know of the run's dataset (image size,
+    channels, classes, task), from params alone: no data file is opened, so a hub that
+    holds no images can build its model and its sites' task from it."""
+    return dataset_info(data.dataset, data.size)
 
 
 def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:

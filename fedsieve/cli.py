@@ -206,13 +206,13 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace, workdir: Path) -> int:
     """The training plan the params send every site, for the sites' operators to read and
     pin (``fedsieve-site --plan``); a site refuses any task that departs from it."""
-    from federated.data import dataset_info
+    from config.assembly import dataset_info_of
     from flowerapp.hub import site_task
     from flowerapp.plan import write_plan
 
     params = checked_params(args, workdir)
     out = workdir / args.out
-    digest = write_plan(out, site_task(params, dataset_info(params.data.dataset, params.data.size)))
+    digest = write_plan(out, site_task(params, dataset_info_of(params.data)))
     print(f"{out}: the sites' training plan, sha256 {digest}")
     return 0
 

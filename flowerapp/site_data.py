@@ -1,7 +1,8 @@
 """A site's data file: MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
-the site trains on) and ``test_images``/``test_labels`` (its held-out split, scored every
-``eval.every`` rounds; may be empty). An official MedMNIST file is one (its ``val`` split
-is not read). :func:`write_site_files` writes one such file per client of a partition."""
+the site trains on), ``test_images``/``test_labels`` (its held-out split, scored every
+``eval.every`` rounds; may be empty) and, optionally, ``val_images``/``val_labels`` (its
+validation split, for choosing the final model at the sites; empty when absent). An
+official MedMNIST file is one. :func:`write_site_files` writes one such file per client of a partition."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from federated.data import DatasetInfo, MedMNISTData, Split, to_tensors
 __all__ = ["SiteData", "SiteDataError", "load_site_data", "write_site_files"]
 
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
+OPTIONAL = ("val_images", "val_labels")
 
 
 class SiteDataError(ValueError):
@@ -27,11 +29,12 @@ class SiteDataError(ValueError):
 
 @dataclass(frozen=True)
 class SiteData:
-    """A site's two splits, uint8 images ``(N, H, W[, 3])`` and labels ``(N, L)``."""
+    """A site's splits, uint8 images ``(N, H, W[, 3])`` and labels ``(N, L)``."""
 
     path: Path
     train: Split
     test: Split
+    val: Split
 
     @property
     def channels(self) -> int:
@@ -73,7 +76,9 @@ def load_site_data(path: Path | str) -> SiteData:
     path = Path(path)
     try:
         with np.load(path) as archive:
-            arrays = {name: archive[name] for name in archive.files if name in ARRAYS}
+            arrays = {
+                name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL
+            }
     except Exception as error:  # missing, not a zip, truncated, ...
         raise SiteDataError(
             f"{path}: not a readable .npz data file ({type(error).__name__}: {error})"
@@ -83,8 +88,11 @@ def load_site_data(path: Path | str) -> SiteData:
         raise SiteDataError(
             f"{path}: missing {', '.join(missing)}; a site file has {', '.join(ARRAYS)}"
         )
+    if not all(name in arrays for name in OPTIONAL):
+        empty = arrays["test_images"][:0]
+        arrays |= {"val_images": empty, "val_labels": arrays["test_labels"][:0]}
     splits = {}
-    for split in ("train", "test"):
+    for split in ("train", "test", "val"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
             raise SiteDataError(
@@ -100,8 +108,10 @@ def load_site_data(path: Path | str) -> SiteData:
         splits[split] = Split(images=images, labels=labels.astype(np.int64))
     if len(splits["train"]) == 0:
         raise SiteDataError(f"{path}: train_images is empty; a site needs images to train on")
-    if len(splits["test"]) and splits["test"].images.shape[1:] != splits["train"].images.shape[1:]:
-        raise SiteDataError(f"{path}: test_images and train_images differ in shape")
+    for split in ("test", "val"):
+        images = splits[split].images
+        if len(images) and images.shape[1:] != splits["train"].images.shape[1:]:
+            raise SiteDataError(f"{path}: {split}_images and train_images differ in shape")
     return SiteData(path=path, **splits)
 
 

@@ -23,9 +23,9 @@ from typing import Any, ClassVar, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from config.assembly import dataset_info_of
 from config.environment import DEFAULT_TRACKING_URI, tracking_uri
 from config.params import Params, params_hash, privacy_unaccounted
-from federated.data import dataset_info
 from tasks.reports import ProjectPaths
 
 __all__ = [
@@ -460,7 +460,7 @@ def open_training_run(
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
     if tracker.run_id != resume_run_id:
-        info = dataset_info(params.data.dataset, params.data.size)
+        info = dataset_info_of(params.data)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
         if paths.partition.exists():  # real sites hold their own (federation.sites)
             digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
