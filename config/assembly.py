@@ -38,7 +38,23 @@ def dataset_info_of(data: DataParams) -> DatasetInfo:
     """What the model and the sites need to know of the run's dataset (image size,
     channels, classes, task), from params alone: no data file is opened, so a hub that
     holds no images can build its model and its sites' task from it."""
-    return dataset_info(data.dataset, data.size)
+    own = data.own
+    if own is None:
+        return dataset_info(data.dataset, data.size)
+    return DatasetInfo(
+        flag=data.dataset,
+        task="multi-label, binary-class" if own.task == "multi-label" else own.task,
+        n_channels=own.channels,
+        n_classes=len(own.classes),
+        labels=tuple(own.classes),
+        url=own.path or "",
+        md5="",  # the images' SHA-256 is taken where they are read
+        n_samples={},
+        size=data.size,
+        mean=own.mean,
+        std=own.std,
+        resample=own.resample,
+    )
 
 
 def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:

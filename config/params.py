@@ -52,27 +52,78 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class OwnDataParams(_Section):
+    """A dataset of the user's own images: its declared schema (federated/own_data.py)."""
+
+    # a folder holding labels.csv (file, label[, split]) or an .npz in MedMNIST's layout,
+    # relative to the project; at real sites each site names its own (fedsieve-site --data)
+    path: str | None = None
+    task: Literal["binary-class", "multi-class", "multi-label"]
+    classes: list[str] = Field(min_length=1)  # class names; a label is a name or its index
+    channels: Literal[1, 3] = 1  # grey or RGB, after conversion
+    # Pillow's filter bringing an image to data.size pixels (not applied at that size)
+    resample: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear"
+    mean: float = 0.5  # a tensor's pixels are (x / 255 - mean) / std
+    std: float = Field(0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _classes_fit_task(self) -> OwnDataParams:
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError("data.own.classes must be distinct names")
+        if self.task == "binary-class" and len(self.classes) != 2:
+            raise ValueError("a binary-class task has exactly two classes")
+        if self.task == "multi-class" and len(self.classes) < 2:
+            raise ValueError("a multi-class task has at least two classes")
+        return self
+
+
+OWN_SIZES = (8, 1024)  # image sizes an own dataset may declare
+
+
 class DataParams(_Section):
-    dataset: str = "breastmnist"  # any 2-D 28x28 MedMNIST flag
+    # a dataset of your own images (its schema); absent: a MedMNIST flag or digits
+    own: OwnDataParams | None = None
+    # any 2-D MedMNIST flag or digits; with data.own, the name of your dataset
+    dataset: str = "breastmnist"
     root: str = "data/medmnist"  # overridden by the MEDMNIST_ROOT environment variable
     download: bool = True
-    # image size in pixels: 28 (MedMNIST) or MedMNIST+'s 64, 128, 224 (<flag>_<size>.npz)
-    size: Literal[28, 64, 128, 224] = 28
+    # image size in pixels: 28 (MedMNIST) or MedMNIST+'s 64, 128, 224 (<flag>_<size>.npz);
+    # with data.own, any size from 8 to 1024 (images are resized to it)
+    size: int = 28
 
     @field_validator("size")
     @classmethod
-    def _digits_at_28(cls, value: int, info: ValidationInfo) -> int:
+    def _known_size(cls, value: int, info: ValidationInfo) -> int:
+        from federated.data import SIZES
+
+        if info.data.get("own") is not None:
+            if not OWN_SIZES[0] <= value <= OWN_SIZES[1]:
+                raise ValueError(f"own images are resized to {OWN_SIZES[0]}..{OWN_SIZES[1]} pixels")
+            return value
+        if value not in SIZES:
+            raise ValueError(
+                f"not a MedMNIST size; allowed: {', '.join(map(str, SIZES))} (any size with data.own)"
+            )
         if info.data.get("dataset") == "digits" and value != 28:
             raise ValueError("digits exists at 28 pixels only")
         return value
 
     @field_validator("dataset")
     @classmethod
-    def _known_dataset(cls, value: str) -> str:
+    def _known_dataset(cls, value: str, info: ValidationInfo) -> str:
         from federated.data import list_datasets
 
-        if value not in list_datasets():
-            raise ValueError(f"unknown dataset; allowed: {', '.join(list_datasets())}")
+        if info.data.get("own") is None:
+            if value not in list_datasets():
+                raise ValueError(
+                    f"unknown dataset; allowed: {', '.join(list_datasets())}, or your own "
+                    "images with data.own"
+                )
+        elif value in list_datasets() or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError(
+                "with data.own this names your dataset: letters, digits, _ . - and not a "
+                "MedMNIST flag"
+            )
         return value
 
 
@@ -372,6 +423,16 @@ class Params(_Section):
         return self
 
     @model_validator(mode="after")
+    def _own_images_here(self) -> Params:
+        own = self.data.own
+        if own is not None and own.path is None and self.federation.runtime == "simulation":
+            raise ValueError(
+                "data.own.path is not set: a simulation reads the images here; name the folder "
+                "(labels.csv inside) or the .npz"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _nothing_ignored(self) -> Params:
         """A setting the run would not read is refused, not dropped: a user who set
         ``privacy.noise_multiplier`` with privacy off believes the model is private."""
@@ -415,6 +476,15 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
             (key, "privacy.mode is off (the run would not be private: choose central or local)")
             for key in given(params.privacy, "privacy")
             if key != "privacy.mode"
+        ]
+    if params.data.own is not None:
+        ignored += [
+            (
+                f"data.{key}",
+                "data.own names the images (MedMNIST's folder and download are not read)",
+            )
+            for key in ("root", "download")
+            if key in params.data.model_fields_set
         ]
     partition, takes = params.partition, PARTITIONERS.parameters(params.partition.scheme)
     ignored += [
@@ -633,4 +703,6 @@ def params_hash(params: Params) -> str:
     payload = params.model_dump(mode="json", exclude={"tracking", "compare"})
     if params.federation.runtime == "simulation":  # the simulated runs' hashes stay as they were
         payload.pop("federation")
+    if params.data.own is None:  # likewise for MedMNIST runs
+        payload["data"].pop("own")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

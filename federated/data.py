@@ -68,6 +68,10 @@ class DatasetInfo:
     md5: str
     n_samples: dict[str, int]
     size: int = 28  # image height and width in pixels
+    # a tensor's pixels are (x / 255 - mean) / std: MedMNIST's Normalize(mean=.5, std=.5)
+    mean: float = 0.5
+    std: float = 0.5
+    resample: str = "bilinear"  # Pillow's filter bringing an own image to ``size`` pixels
 
     @property
     def multi_label(self) -> bool:
@@ -226,10 +230,13 @@ class Split:
 
 @dataclass(frozen=True)
 class MedMNISTData:
+    """A dataset's three splits (a MedMNIST file's, or a user's own images')."""
+
     info: DatasetInfo
     train: Split
     val: Split
     test: Split
+    sha256: str = ""  # own images: the SHA-256 of the table and files read (MedMNIST: its md5)
 
 
 def load_medmnist(flag: str, root: Path, size: int = 28) -> MedMNISTData:
@@ -295,12 +302,12 @@ def load_digits() -> MedMNISTData:
 def to_tensors(
     split: Split, info: DatasetInfo, *, device: torch.device | str = "cpu"
 ) -> tuple[Tensor, Tensor]:
-    """Images as float32 ``(N, C, H, W)`` normalised to [-1, 1] (MedMNIST's
-    ``Normalize(mean=.5, std=.5)``); targets as int64 ``(N,)`` or float32 ``(N, L)``."""
+    """Images as float32 ``(N, C, H, W)`` normalised by the dataset's mean and std (MedMNIST's
+    ``Normalize(mean=.5, std=.5)``: [-1, 1]); targets as int64 ``(N,)`` or float32 ``(N, L)``."""
     images = torch.from_numpy(split.images).to(device=device, dtype=torch.float32)
     # (N, H, W) -> (N, 1, H, W); (N, H, W, 3) -> (N, 3, H, W)
     images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
-    images = (images / 255.0 - 0.5) / 0.5
+    images = (images / 255.0 - info.mean) / info.std
     targets = torch.from_numpy(split.targets).to(device=device)
     targets = targets.float() if info.multi_label else targets.long()
     return images, targets

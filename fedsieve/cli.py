@@ -174,17 +174,14 @@ def _add_sites(parser: argparse.ArgumentParser) -> None:
 def _sites(args: argparse.Namespace, workdir: Path) -> int:
     """The params' partition (the simulated clients' data, local test splits included) as
     one data file per site, for a loopback or pilot federation (docs/federation.md)."""
-    from federated.data import ensure_medmnist, load_medmnist
     from flowerapp.site_data import write_site_files
-    from tasks.data import data_root
+    from tasks.data import read_dataset
     from tasks.partition import split_partition
 
     params = checked_params(args, workdir)
     if params.partition.root_size:
         raise UsageError("fedsieve sites: partition.root_size must be 0 (sites hold all data)")
-    root = data_root(params.data.root, workdir)
-    ensure_medmnist(params.data.dataset, root, size=params.data.size, download=params.data.download)
-    data = load_medmnist(params.data.dataset, root, params.data.size)
+    data = read_dataset(params.data, workdir)
     partition = params.partition
     split = split_partition(
         data.train.targets, partition.scheme, partition.num_clients, params.seed,

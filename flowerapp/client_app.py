@@ -17,6 +17,7 @@ before starting).
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import cache
 from typing import Any
@@ -35,7 +36,7 @@ from federated.metrics import evaluate, loss_function
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import vector_record
-from flowerapp.site_data import SiteData, SiteDataError, load_site_data
+from flowerapp.site_data import SiteData, SiteDataError, load_site_data, task_dataset
 from models import build_model
 
 __all__ = ["app"]
@@ -43,6 +44,8 @@ __all__ = ["app"]
 log = logging.getLogger("flwr")
 app = ClientApp()
 DEVICE = torch.device("cpu")
+SCHEMA_KEYS = ("dataset", "task", "class_names", "channels", "classes", "size", "resample",
+               "mean", "std")  # fmt: skip
 
 
 class TaskRefused(ValueError):
@@ -50,8 +53,9 @@ class TaskRefused(ValueError):
 
 
 @cache
-def _site_data(path: str) -> SiteData:
-    return load_site_data(path)
+def _site_data(path: str, schema: str) -> SiteData:
+    """The site's data, read once per schema (a folder's images are read in the task's)."""
+    return load_site_data(path, task_dataset(json.loads(schema)))
 
 
 @cache
@@ -98,13 +102,10 @@ def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> 
 
 
 def _info(task: dict[str, Any]) -> DatasetInfo:
-    """Enough of a dataset's description for :func:`federated.data.to_tensors`."""
-    task_kind = "multi-label, binary-class" if task["multi_label"] else "multi-class"
-    return DatasetInfo(
-        flag="site", task=task_kind, n_channels=int(task["channels"]),
-        n_classes=int(task["classes"]), labels=(), url="", md5="", n_samples={},
-        size=int(task["size"]),
-    )  # fmt: skip
+    try:
+        return task_dataset(task)
+    except (KeyError, TypeError, ValueError) as error:
+        raise TaskRefused(f"the task's data schema is incomplete ({error})") from None
 
 
 def _answer(msg: Message, context: Context, work: Any) -> Message:
@@ -114,10 +115,12 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
         task = dict(msg.content["task"])
         _check_approved(task, context)
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
-        data = _site_data(str(context.node_config["data-file"]))
+        _info(task)  # a task without its data's schema is refused before any file is read
+        schema = json.dumps({key: task[key] for key in SCHEMA_KEYS}, sort_keys=True)
+        data = _site_data(str(context.node_config["data-file"]), schema)
         model = _task_model(task, data, global_vector)
         return Message(work(task, data, global_vector, model), reply_to=msg)
-    except TaskRefused as error:
+    except (TaskRefused, SiteDataError) as error:
         log.error("task refused: %s", error)
         reason = f"refused: {error}"
     except Exception as error:  # a broken site answers with its error, it does not crash

@@ -56,10 +56,17 @@ def site_task(params: Params, info: DatasetInfo) -> dict[str, Any]:
     local = local_training(params)
     return {
         "model": params.model.name,
+        # the data's schema: what a site's images become before the model sees them
+        "dataset": info.flag,
+        "task": info.task,
+        "class_names": list(info.labels),
         "channels": info.n_channels,
         "classes": info.n_classes,
         "size": info.size,
         "multi_label": info.multi_label,
+        "resample": info.resample,
+        "mean": info.mean,
+        "std": info.std,
         "epochs": local.epochs,
         "lr": local.lr,
         "momentum": local.momentum,

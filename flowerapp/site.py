@@ -22,7 +22,7 @@ from pathlib import Path
 
 from flowerapp.flwr_config import config_pairs
 from flowerapp.plan import PlanError, plan_digest, read_plan
-from flowerapp.site_data import SiteDataError, load_site_data
+from flowerapp.site_data import SiteDataError, load_site_data, task_dataset
 
 __all__ = ["main", "supernode_command"]
 
@@ -49,7 +49,10 @@ def supernode_command(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsieve-site", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="the site's .npz data file")
+    parser.add_argument(
+        "--data", type=Path, required=True,
+        help="the site's images: a folder with labels.csv (file, label[, split]) or an .npz",
+    )  # fmt: skip
     parser.add_argument(
         "--plan", type=Path, required=True, help="the training plan this site approved (plan.json)"
     )
@@ -59,9 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clientappio-port", type=int, default=9094)
     args = parser.parse_args(argv)
     try:
-        data = load_site_data(args.data)
         plan = read_plan(args.plan)
-    except (SiteDataError, PlanError) as error:
+        data = load_site_data(args.data, task_dataset(plan))
+        data.check_fits(
+            channels=int(plan["channels"]), size=int(plan["size"]),
+            classes=int(plan["classes"]), multi_label=bool(plan["multi_label"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as error:  # SiteDataError, PlanError, a bad plan
+        if not isinstance(error, SiteDataError | PlanError):
+            error = PlanError(f"plan {args.plan}: not a training plan ({error!r} missing or bad)")
         print(f"fedsieve-site: error: {error}", file=sys.stderr)
         return 2
     for name, path in (("--ca", args.ca), ("--key", args.key)):

@@ -1,4 +1,5 @@
-"""A site's data file: MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
+"""A site's data: a folder of its own images with a label table (:mod:`federated.own_data`,
+read in the schema of the plan the site approved), or a file in MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
 the site trains on), ``test_images``/``test_labels`` (its held-out split, scored every
 ``eval.every`` rounds; may be empty) and, optionally, ``val_images``/``val_labels`` (its
 validation split, for choosing the final model at the sites; empty when absent). An
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from federated.data import DatasetInfo, MedMNISTData, Split, to_tensors
+from federated.data import DataError, DatasetInfo, MedMNISTData, Split, to_tensors
+from federated.own_data import load_own_images
 
-__all__ = ["SiteData", "SiteDataError", "load_site_data", "write_site_files"]
+__all__ = ["SiteData", "SiteDataError", "load_site_data", "task_dataset", "write_site_files"]
 
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
 OPTIONAL = ("val_images", "val_labels")
@@ -51,7 +54,7 @@ class SiteData:
                 f"{self.path.name}: images are {self.size}x{self.size} with {self.channels} "
                 f"channel(s); the task's model takes {size}x{size} with {channels}"
             )
-        labels = self.train.labels
+        labels = np.concatenate([s.labels for s in (self.train, self.val, self.test) if len(s)])
         if multi_label and labels.shape[1] != classes:
             raise SiteDataError(
                 f"{self.path.name}: {labels.shape[1]} labels per image; the task has {classes}"
@@ -71,17 +74,30 @@ class SiteData:
         )
 
 
-def load_site_data(path: Path | str) -> SiteData:
-    """Read and check a site's data file; :class:`SiteDataError` names what is wrong."""
+def task_dataset(task: Mapping[str, Any]) -> DatasetInfo:
+    """The data's schema a task (or an approved plan) carries: how the site's images are
+    read and what the model takes."""
+    return DatasetInfo(
+        flag=str(task["dataset"]), task=str(task["task"]), n_channels=int(task["channels"]),
+        n_classes=int(task["classes"]), labels=tuple(str(c) for c in task["class_names"]),
+        url="", md5="", n_samples={}, size=int(task["size"]), mean=float(task["mean"]),
+        std=float(task["std"]), resample=str(task["resample"]),
+    )  # fmt: skip
+
+
+def load_site_data(path: Path | str, schema: DatasetInfo | None = None) -> SiteData:
+    """Read and check a site's data: a folder of images (with ``labels.csv``) read in
+    ``schema``, or an ``.npz`` file; :class:`SiteDataError` names what is wrong."""
     path = Path(path)
+    if path.suffix != ".npz":
+        return _load_site_folder(path, schema)
     try:
-        with np.load(path) as archive:
-            arrays = {
-                name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL
-            }
-    except Exception as error:  # missing, not a zip, truncated, ...
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL}
+    except Exception as error:  # missing, not a zip, truncated, pickled objects, ...
         raise SiteDataError(
-            f"{path}: not a readable .npz data file ({type(error).__name__}: {error})"
+            f"{path}: not a readable .npz file of arrays ({type(error).__name__}); a site's "
+            "data is a folder with labels.csv or an .npz in MedMNIST's layout"
         ) from None
     missing = [name for name in ARRAYS if name not in arrays]
     if missing:
@@ -112,6 +128,23 @@ def load_site_data(path: Path | str) -> SiteData:
         images = splits[split].images
         if len(images) and images.shape[1:] != splits["train"].images.shape[1:]:
             raise SiteDataError(f"{path}: {split}_images and train_images differ in shape")
+    return SiteData(path=path, **splits)
+
+
+def _load_site_folder(path: Path, schema: DatasetInfo | None) -> SiteData:
+    """A folder's ``train``, ``val`` and ``test`` rows (every row trains when its table has
+    no split column)."""
+    if schema is None:
+        raise SiteDataError(
+            f"{path}: a folder of images is read in the schema of the approved plan; give --plan"
+        )
+    try:
+        images = load_own_images(path, schema)
+    except DataError as error:
+        raise SiteDataError(str(error)) from None
+    splits = {name: images.split(name) for name in ("train", "val", "test")}
+    if not len(splits["train"]):
+        raise SiteDataError(f"{path}: no train rows; a site needs images to train on")
     return SiteData(path=path, **splits)
 
 

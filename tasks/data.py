@@ -1,4 +1,5 @@
-"""Dataset tasks: a verified local file (downloaded when allowed) and its arrays."""
+"""Dataset tasks: a verified local file (downloaded when allowed), or the user's own
+images, and their arrays."""
 
 from __future__ import annotations
 
@@ -9,16 +10,33 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from config.assembly import dataset_info_of
 from config.params import DataParams
 from federated.data import MedMNISTData, ensure_medmnist, load_medmnist
+from federated.own_data import load_own_dataset
 
-__all__ = ["data_root", "ensure_dataset", "load_dataset", "load_verified_dataset"]
+__all__ = [
+    "data_root",
+    "ensure_dataset",
+    "load_dataset",
+    "load_own_images",
+    "load_verified_dataset",
+    "own_data_path",
+    "read_dataset",
+]
 
 
 def data_root(configured: str, workdir: Path) -> Path:
     """``MEDMNIST_ROOT`` when set, else ``data.root`` (relative to the project)."""
     root = Path(os.environ.get("MEDMNIST_ROOT") or configured)
     return root if root.is_absolute() else workdir / root
+
+
+def own_data_path(data: DataParams, workdir: Path) -> Path:
+    """``data.own.path``, relative to the project."""
+    assert data.own is not None and data.own.path is not None
+    path = Path(data.own.path).expanduser()
+    return path if path.is_absolute() else workdir / path
 
 
 @task(name="ensure-dataset", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -31,9 +49,28 @@ def load_dataset(flag: str, root: Path, size: int = 28) -> MedMNISTData:
     return load_medmnist(flag, root, size)
 
 
+@task(name="load-own-images", cache_policy=NO_CACHE)
+def load_own_images(data: DataParams, workdir: Path) -> MedMNISTData:
+    """The user's own images, read and checked against their declared schema."""
+    return load_own_dataset(own_data_path(data, workdir), dataset_info_of(data))
+
+
+def read_dataset(data: DataParams, workdir: Path) -> MedMNISTData:
+    """The run's dataset outside a flow (preflight, ``fedsieve sites``): the same checks."""
+    if data.own is not None:
+        return load_own_dataset(own_data_path(data, workdir), dataset_info_of(data))
+    root = data_root(data.root, workdir)
+    ensure_medmnist(
+        data.dataset, root, size=data.size, download=data.download, progress=sys.stderr.isatty()
+    )
+    return load_medmnist(data.dataset, root, data.size)
+
+
 def load_verified_dataset(data: DataParams, workdir: Path) -> MedMNISTData:
-    """Every stage's preamble: the md5-checked file (downloaded when allowed), then its
-    splits, as two Prefect tasks."""
+    """Every stage's preamble: the user's own images, or the md5-checked MedMNIST file
+    (downloaded when allowed) and its splits, as Prefect tasks."""
+    if data.own is not None:
+        return load_own_images(data, workdir)
     root = data_root(data.root, workdir)
     ensure_dataset(data.dataset, root, data.download, data.size)
     return load_dataset(data.dataset, root, data.size)

@@ -1,7 +1,8 @@
 """Preflight: everything that can be known before training, checked before anything runs.
 
 The folders a run writes (reports, artifacts, a SQLite tracking store) writable by this
-user, the data file (present or downloaded, md5-checked), a feasible partition, the clients
+user, the data (a MedMNIST file present or downloaded, md5-checked, or the user's own
+images read against their schema), a feasible partition, the clients
 sampled per round against ``train.min_clients``, and each rule's and filter's client-count
 conditions (Krum's n > 2f + 2, Bulyan's n >= 4f + 3, ...) against the clients sampled per
 round. The rule and the filters are asked for their conditions by running them once on a
@@ -14,7 +15,6 @@ too). A failure is one :class:`~config.errors.ConfigError` line.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -26,11 +26,11 @@ from aggregation import AggregationRule, build_aggregator, build_filter, build_p
 from aggregation.preaggregators import preaggregate
 from config.errors import ConfigError
 from config.params import Params
-from federated.data import DataError, ensure_medmnist, load_medmnist
+from federated.data import DataError
 from federated.partition import PartitionError
 from federated.seeding import clients_per_round
 from registry import RegistryError
-from tasks.data import data_root
+from tasks.data import read_dataset
 from tasks.partition import split_partition
 
 __all__ = ["check_params", "check_writable", "preflight", "sampled_per_round"]
@@ -71,13 +71,7 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
     check_writable(workdir)
     try:
-        root = data_root(params.data.root, workdir)
-        data = params.data
-        ensure_medmnist(
-            data.dataset, root, size=data.size, download=data.download,
-            progress=sys.stderr.isatty(),
-        )  # fmt: skip
-        labels = load_medmnist(data.dataset, root, data.size).train.targets
+        labels = read_dataset(params.data, workdir).train.targets
         scheme = params.partition
         split_partition(
             labels, scheme.scheme, scheme.num_clients, params.seed,

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from config.params import load_params
+from config.assembly import dataset_info_of
+from config.params import Params, load_params
 from federated.data import dataset_info
 from flowerapp.hub import site_task
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan, write_plan
@@ -21,6 +22,26 @@ from flowerapp.site import main as site_main
 from flowerapp.site_data import SiteDataError, load_site_data
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def own_params(size: int = 28, **own: object) -> Params:
+    """Params of a two-class grey dataset of the site's own images."""
+    schema = {"task": "binary-class", "classes": ["benign", "malignant"]} | own
+    return Params.model_validate(
+        {"data": {"dataset": "breast-own", "size": size, "own": schema},
+         "model": {"name": "logreg"}, "federation": {"runtime": "flower", "sites": [
+             {"name": "a", "node_id": 1, "samples": 3}]}, "noniid": {"every": 0, "final": False}}
+    )  # fmt: skip
+
+
+def plan_of(folder: Path, **own: object) -> Path:
+    """A plan file whose task holds ``own`` in its schema (8-pixel images)."""
+    task = site_task(own_params(8), dataset_info_of(own_params(8).data))
+    task |= {"class_names": own.get("classes", task["class_names"])}
+    task |= {"classes": len(task["class_names"]), "task": own.get("task", task["task"])}
+    path = folder / f"plan-{len(list(folder.glob('plan-*')))}.json"
+    write_plan(path, task)
+    return path
 
 
 def site_file(path: Path, **arrays: np.ndarray | None) -> Path:
@@ -58,13 +79,24 @@ def test_the_site_command_stops_in_one_line_before_starting_anything(
 ) -> None:
     good = site_file(tmp_path / "site.npz")
     (tmp_path / "not.npz").write_text("images")
-    plan = tmp_path / "plan.json"
-    write_plan(plan, {"model": "logreg", "lr": 0.05})
+    plan, partial = tmp_path / "plan.json", tmp_path / "partial.json"
+    write_plan(plan, site_task(own_params(size=8), dataset_info_of(own_params(size=8).data)))
+    write_plan(partial, {"model": "logreg", "lr": 0.05})
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "labels.csv").write_text("file,label\nmissing.png,benign\n")
     (tmp_path / "ca.crt").write_text("")
     (tmp_path / "site.key").write_text("")
     common = ["--superlink", "hub:9092", "--ca", str(tmp_path / "ca.crt")]
     cases = {
-        "not a readable .npz data file": ["--data", str(tmp_path / "not.npz"), "--plan", str(plan)],
+        "not a readable .npz file of arrays": [
+            "--data", str(tmp_path / "not.npz"), "--plan", str(plan)
+        ],
+        "row 2: missing.png: No such file": ["--data", str(folder), "--plan", str(plan)],
+        "not a training plan": ["--data", str(good), "--plan", str(partial)],
+        "labels up to 1; the task has 1 classes": [
+            "--data", str(good), "--plan", str(plan_of(tmp_path, classes=["only"], task="multi-class"))
+        ],
         "missing train_labels": [
             "--data", str(site_file(tmp_path / "bad.npz", train_labels=None)), "--plan", str(plan)
         ],
