@@ -226,8 +226,10 @@ def _dicom_pixels(file: Path) -> np.ndarray:
         return _scaled(pixels, bit_range)
     windowed = "WindowCenter" in dataset or "VOILUTSequence" in dataset
     rescaled = "RescaleSlope" in dataset or "ModalityLUTSequence" in dataset
-    if windowed:
+    if windowed:  # the window's output spans the bit range after the modality LUT
         pixels = np.asarray(apply_voi_lut(apply_modality_lut(pixels, dataset), dataset))
+        low, high = np.asarray(apply_modality_lut(np.array(bit_range), dataset), dtype=np.float64)
+        bit_range = (float(low), float(high))
     elif rescaled:
         pixels = np.asarray(apply_modality_lut(pixels, dataset), dtype=np.float64)
     grey = _scaled(pixels, None if rescaled and not windowed else bit_range)
