@@ -477,15 +477,6 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
             for key in given(params.privacy, "privacy")
             if key != "privacy.mode"
         ]
-    if params.data.own is not None:
-        ignored += [
-            (
-                f"data.{key}",
-                "data.own names the images (MedMNIST's folder and download are not read)",
-            )
-            for key in ("root", "download")
-            if key in params.data.model_fields_set
-        ]
     partition, takes = params.partition, PARTITIONERS.parameters(params.partition.scheme)
     ignored += [
         (f"partition.{key}", f"partition.scheme {partition.scheme} does not take it")

@@ -28,5 +28,7 @@ def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
         root_size=params.partition.root_size,
         local_test=params.partition.local_test,
     )
+    if data.sha256:  # own images: which ones were partitioned
+        report = {**report, "data_sha256": data.sha256}
     paths = ProjectPaths(workdir)
     return write_partition_reports(paths, split, report, params, data.info.labels)

@@ -11,6 +11,7 @@ from prefect import flow
 
 from config.params import Params
 from tasks.data import load_verified_dataset
+from tasks.partition import check_partitioned_images
 from tasks.reports import ProjectPaths, read_partition, read_root
 from tasks.stats import collect_client_updates, test_normality, write_pretest_report
 from tasks.training import build_federation, train_rounds
@@ -22,6 +23,7 @@ __all__ = ["pretest_flow"]
 def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     paths = ProjectPaths(workdir)
     data = load_verified_dataset(params.data, workdir)
+    check_partitioned_images(paths, data)
     federation = build_federation(
         params, data, read_partition(paths.partition), read_root(paths.partition)
     )

@@ -14,6 +14,7 @@ from prefect import flow
 
 from config.params import Params, params_hash
 from tasks.data import data_root, load_verified_dataset
+from tasks.partition import check_partitioned_images
 from tasks.reports import ProjectPaths, read_local_tests, read_partition, read_root
 from tasks.sites import selected_model, train_at_sites
 from tasks.tracking import open_training_run
@@ -65,6 +66,7 @@ def train_flow(
             halt_if_bound_exceeded(state)
             halt_if_tracking_lost(tracker, state)
             return write_run_info(paths, tracker, state, digest)
+        check_partitioned_images(paths, data)
         split = paths.partition
         federation = build_federation(
             params, data, read_partition(split), read_root(split), read_local_tests(split)

@@ -214,8 +214,6 @@ def test_an_npz_in_medmnist_layout_is_checked_against_the_schema(tmp_path: Path,
         ({"dataset": "breastmnist", "size": 32}, "data.size = 32: not a MedMNIST size"),
         ({"dataset": "mine", "own": {"task": "multi-label", "classes": ["a"]}},
          "data.own.path is not set: a simulation reads the images here"),
-        ({"dataset": "mine", "root": "data", "own": {"path": "x", "task": "multi-label", "classes": ["a"]}},
-         "data.root is set but data.own names the images"),
     ],
 )  # fmt: skip
 def test_a_schema_that_cannot_hold_is_refused_in_one_line(data: dict, message: str) -> None:
