@@ -167,8 +167,12 @@ def _stop_process_group(leader: subprocess.Popen[bytes], signum: int) -> None:
 def _add_sites(parser: argparse.ArgumentParser) -> None:
     add_params_arguments(parser)
     parser.add_argument(
-        "--out", default="artifacts/sites", help="folder for <site>.npz and sites.json"
+        "--out", default="artifacts/sites", help="folder for each site's data and sites.json"
     )
+    parser.add_argument(
+        "--format", choices=("npz", "png", "dcm"), default="npz",
+        help="each site's data as one .npz, or as a folder of PNG or DICOM images with labels.csv",
+    )  # fmt: skip
 
 
 def _sites(args: argparse.Namespace, workdir: Path) -> int:
@@ -189,7 +193,8 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     )  # fmt: skip
     names = [f"site-{k}" for k in range(partition.num_clients)]
     out = workdir / args.out
-    for site in write_site_files(data, split.clients, split.local_tests, names, out):
+    sites = write_site_files(data, split.clients, split.local_tests, names, out, args.format)
+    for site in sites:
         print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out images")
     print(f"{out / 'sites.json'}: each site's registered sample count and file hash")
     return 0

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, to_tensors
-from federated.own_data import load_own_images
+from federated.own_data import load_own_images, write_image_folder
 
 __all__ = ["SiteData", "SiteDataError", "load_site_data", "task_dataset", "write_site_files"]
 
@@ -154,21 +154,31 @@ def write_site_files(
     local_tests: list[np.ndarray],
     names: list[str],
     out_dir: Path,
+    image_format: str = "npz",
 ) -> list[dict[str, Any]]:
     """One file per client (``<name>.npz``: its training part and local test split of
-    ``data.train``) and ``sites.json``: each site's name, file, training-sample count (the
-    count to register for it at the hub) and the file's SHA-256."""
+    ``data.train``), or with ``image_format`` ``png`` or ``dcm`` one folder of images with
+    its ``labels.csv`` (a hospital's own data, for a pilot), and ``sites.json``: each
+    site's name, file, training-sample count (the count to register for it at the hub) and
+    the data's SHA-256."""
     out_dir.mkdir(parents=True, exist_ok=True)
     train = data.train
     manifest = []
     for name, part, held in zip(names, clients, local_tests, strict=True):
-        path = out_dir / f"{name}.npz"
-        np.savez_compressed(
-            path,
-            train_images=train.images[part], train_labels=train.labels[part],
-            test_images=train.images[held], test_labels=train.labels[held],
-        )  # fmt: skip
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        splits = {
+            "train": Split(images=train.images[part], labels=train.labels[part]),
+            "test": Split(images=train.images[held], labels=train.labels[held]),
+        }
+        if image_format == "npz":
+            path = out_dir / f"{name}.npz"
+            arrays = {f"{k}_{kind}": getattr(v, kind) for k, v in splits.items()
+                      for kind in ("images", "labels")}  # fmt: skip
+            np.savez_compressed(path, **arrays)
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            path = out_dir / name
+            write_image_folder(path, splits, data.info.labels, image_format=image_format)
+            digest = load_own_images(path, data.info).sha256
         manifest.append(
             {
                 "name": name,
