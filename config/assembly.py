@@ -4,12 +4,22 @@ Flower hub (``flowerapp``) build theirs here, so both run the same federation.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from aggregation import build_aggregator, build_filter, build_preaggregator
 from config.params import DataParams, Params, eval_batch_size, privacy_budget
 from federated.client import ClientData, LocalTraining
-from federated.data import DatasetInfo, dataset_info
+from federated.data import (
+    DataError,
+    DatasetInfo,
+    MedMNISTData,
+    dataset_info,
+    ensure_medmnist,
+    load_medmnist,
+)
+from federated.own_data import load_own_dataset
 from federated.seeding import seeded_init
 from federated.server import Defence, FederationConfig, NonIIDCheck
 from models import build_model
@@ -20,6 +30,7 @@ __all__ = [
     "dataset_info_of",
     "federation_config",
     "local_training",
+    "read_dataset",
     "resolve_device",
 ]
 
@@ -55,6 +66,25 @@ def dataset_info_of(data: DataParams) -> DatasetInfo:
         std=own.std,
         resample=own.resample,
     )
+
+
+def read_dataset(
+    data: DataParams, *, medmnist_root: Path, workdir: Path, progress: bool = False
+) -> MedMNISTData:
+    """The run's dataset: the user's own images (``data.own.path``, relative to
+    ``workdir``) read in their schema, or the md5-checked MedMNIST file under
+    ``medmnist_root`` (downloaded when ``data.download`` allows)."""
+    if data.own is not None:
+        if data.own.path is None:
+            raise DataError("data.own.path is not set: this machine holds none of the images")
+        path = Path(data.own.path).expanduser()
+        return load_own_dataset(
+            path if path.is_absolute() else workdir / path, dataset_info_of(data)
+        )
+    ensure_medmnist(
+        data.dataset, medmnist_root, size=data.size, download=data.download, progress=progress
+    )
+    return load_medmnist(data.dataset, medmnist_root, data.size)
 
 
 def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:

@@ -20,9 +20,9 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from config.assembly import read_dataset
 from config.params import params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
-from federated.data import load_medmnist
 from federated.loop import train
 from federated.server import RoundReport, ServerState
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
@@ -61,7 +61,7 @@ def run_hub(
     started = time.monotonic()
     params = files.read_params()
     digest = params_hash(params)
-    data = load_medmnist(params.data.dataset, data_root, params.data.size)
+    data = read_dataset(params.data, medmnist_root=data_root, workdir=Path.cwd())
     task = site_task(params, data.info)
     log.info("training plan sha256 %s (what `fedsieve plan` writes)", plan_digest(task))
     executor = RemoteExecutor(

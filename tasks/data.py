@@ -10,10 +10,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from config.assembly import dataset_info_of
+from config.assembly import read_dataset as read_dataset_of
 from config.params import DataParams
 from federated.data import MedMNISTData, ensure_medmnist, load_medmnist
-from federated.own_data import load_own_dataset
 
 __all__ = [
     "data_root",
@@ -21,7 +20,6 @@ __all__ = [
     "load_dataset",
     "load_own_images",
     "load_verified_dataset",
-    "own_data_path",
     "read_dataset",
 ]
 
@@ -30,13 +28,6 @@ def data_root(configured: str, workdir: Path) -> Path:
     """``MEDMNIST_ROOT`` when set, else ``data.root`` (relative to the project)."""
     root = Path(os.environ.get("MEDMNIST_ROOT") or configured)
     return root if root.is_absolute() else workdir / root
-
-
-def own_data_path(data: DataParams, workdir: Path) -> Path:
-    """``data.own.path``, relative to the project."""
-    assert data.own is not None and data.own.path is not None
-    path = Path(data.own.path).expanduser()
-    return path if path.is_absolute() else workdir / path
 
 
 @task(name="ensure-dataset", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -52,18 +43,15 @@ def load_dataset(flag: str, root: Path, size: int = 28) -> MedMNISTData:
 @task(name="load-own-images", cache_policy=NO_CACHE)
 def load_own_images(data: DataParams, workdir: Path) -> MedMNISTData:
     """The user's own images, read and checked against their declared schema."""
-    return load_own_dataset(own_data_path(data, workdir), dataset_info_of(data))
+    return read_dataset(data, workdir)
 
 
 def read_dataset(data: DataParams, workdir: Path) -> MedMNISTData:
     """The run's dataset outside a flow (preflight, ``fedsieve sites``): the same checks."""
-    if data.own is not None:
-        return load_own_dataset(own_data_path(data, workdir), dataset_info_of(data))
-    root = data_root(data.root, workdir)
-    ensure_medmnist(
-        data.dataset, root, size=data.size, download=data.download, progress=sys.stderr.isatty()
-    )
-    return load_medmnist(data.dataset, root, data.size)
+    return read_dataset_of(
+        data, medmnist_root=data_root(data.root, workdir), workdir=workdir,
+        progress=sys.stderr.isatty(),
+    )  # fmt: skip
 
 
 def load_verified_dataset(data: DataParams, workdir: Path) -> MedMNISTData:

@@ -11,7 +11,7 @@ import pytest
 
 from config.assembly import dataset_info_of
 from config.params import ConfigError, validate_params
-from federated.data import DataError, DatasetInfo, Split, load_medmnist, to_tensors
+from federated.data import DataError, DatasetInfo, MedMNISTData, Split, load_medmnist, to_tensors
 from federated.own_data import load_own_dataset, load_own_images, read_image, write_image_folder
 
 
@@ -26,7 +26,7 @@ def schema(**data: object) -> DatasetInfo:
 
 
 @pytest.fixture(scope="module")
-def breast(medmnist_root: Path):  # noqa: ANN201
+def breast(medmnist_root: Path) -> MedMNISTData:
     return load_medmnist("breastmnist", medmnist_root)
 
 
@@ -118,7 +118,8 @@ def test_labels_are_class_names_or_indices_and_multi_label_rows_list_them(
     write_image_folder(tmp_path, {"train": first(breast.train, 3)}, breast.info.labels)
     files = [f"train/{k:05d}.png" for k in range(3)]
     (tmp_path / "labels.csv").write_text(
-        "file,label\n" + "\n".join(f"{f},{label}" for f, label in zip(files, ["a", "2", "a;c"]))
+        "file,label\n"
+        + "\n".join(f"{f},{label}" for f, label in zip(files, ["a", "2", "a;c"], strict=True))
     )
     info = schema(own={"task": "multi-label", "classes": ["a", "b", "c"]})
 
@@ -193,10 +194,10 @@ def test_an_npz_in_medmnist_layout_is_checked_against_the_schema(tmp_path: Path,
         match=r"train_images is uint8 \(2, 28, 28, 3\); the schema takes uint8 \(N, 28, 28\)",
     ):
         load_own_images(rgb, schema())
-    with pytest.raises(DataError, match="not a readable .npz of arrays") as error:
+    with pytest.raises(DataError, match=r"not a readable \.npz of arrays") as error:
         load_own_images(pickled, schema())
     assert "allow_pickle" not in str(error.value)
-    with pytest.raises(DataError, match="no labels.csv here"):
+    with pytest.raises(DataError, match=r"no labels\.csv here"):
         load_own_images(tmp_path, schema())
 
 
