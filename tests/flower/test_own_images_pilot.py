@@ -1,0 +1,101 @@
+"""The three-hospital pilot of docs/federation.md on loopback, on the hospitals' own image
+folders: three sites of PNG files and one of DICOM files (written from digits' simulated
+partition), a hub that holds no images (its MedMNIST root does not exist), scored at the
+sites. ``fedsieve run`` trains there, registers a model, and ends where the same
+federation simulated from the same folders ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from config.assembly import dataset_info_of
+from config.params import Params, params_hash
+from federated.checkpoint import read_checkpoint
+from federated.data import load_digits
+from federated.loop import train
+from federated.server import ServerState
+from flowerapp.hub import simulated_federation, site_task
+from flowerapp.plan import write_plan
+from flowerapp.site_data import write_site_files
+from tasks.partition import split_partition
+from tests.flower.conftest import FLOWER_BIN, Hub
+
+pytestmark = pytest.mark.e2e  # real processes and servers: minutes
+
+HOSPITALS = {"hospital-a": "png", "hospital-b": "png", "hospital-c": "png", "hospital-d": "dcm"}
+TOLERANCE = 1e-6
+
+
+def hospital_folders(out: Path) -> dict[str, Path]:
+    """Each hospital's folder of images with its labels.csv (a fifth held out as ``test``
+    rows), PNG or DICOM, from digits' seeded IID partition."""
+    data = load_digits()
+    split = split_partition(data.train.targets, "iid", len(HOSPITALS), 1, {}, 0, 0.2)
+    folders = {}
+    for k, (name, image_format) in enumerate(HOSPITALS.items()):
+        write_site_files(
+            data, split.clients[k : k + 1], split.local_tests[k : k + 1], [name], out, image_format
+        )
+        folders[name] = out / name
+    return folders
+
+
+def pilot_params(hub: Hub, names: list[str]) -> dict:
+    """The hub's params: the images' schema without a path (the hub holds none), scored at
+    the sites."""
+    raw = hub.flower_params(names, eval={"every": 1, "where": "sites"})
+    raw["data"] = {"dataset": "digits-folders", "own": {
+        "task": "multi-class", "classes": [str(d) for d in range(10)], "channels": 1}}  # fmt: skip
+    return raw
+
+
+def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
+    hub: Hub, tmp_path: Path, prefect_server: str
+) -> None:
+    folders = hospital_folders(tmp_path / "hospitals")
+    plan = tmp_path / "plan.json"
+    own = Params.model_validate({**pilot_params(hub, []), "federation": {"runtime": "simulation"}})
+    write_plan(plan, site_task(own, dataset_info_of(own.data)))
+    for name, folder in folders.items():
+        hub.add_site(name, folder, **{"approved-plan": str(plan)})
+    names = list(folders)
+    raw = pilot_params(hub, names)
+    project = tmp_path / "hub"
+    project.mkdir()
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    tracking = f"sqlite:///{project / 'mlflow.db'}"
+    env = hub.fed.flwr_env() | {
+        "PREFECT_API_URL": prefect_server,
+        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
+        "MLFLOW_TRACKING_URI": tracking,
+        "MEDMNIST_ROOT": str(tmp_path / "no-data-here"),
+    }
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert not (tmp_path / "no-data-here").exists()
+    params = Params.model_validate(raw)
+    saved = read_checkpoint(project / "artifacts" / "checkpoints" / "train.pt", params_hash(params))
+    remote = ServerState.from_dict(saved["state"])
+    federation = simulated_federation(params, None, list(folders.values()))
+    local = train(federation, federation.initial_state(), params.train.rounds)
+    diff = (remote.global_vector - local.global_vector).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    assert metrics["test_acc"] == pytest.approx(local.history[-1]["test_acc"], abs=TOLERANCE)
+    assert metrics["test_auc"] == pytest.approx(local.history[-1]["test_auc"], abs=TOLERANCE)
+    client = MlflowClient(tracking)
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert client.search_model_versions("name = 'fedsieve-digits-folders'")
