@@ -4,22 +4,13 @@ Flower hub (``flowerapp``) build theirs here, so both run the same federation.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from aggregation import build_aggregator, build_filter, build_preaggregator
-from config.params import DataParams, Params, eval_batch_size, privacy_budget
+from config.dataset import dataset_info_of, read_dataset
+from config.params import Params, eval_batch_size, privacy_budget
 from federated.client import ClientData, LocalTraining
-from federated.data import (
-    DataError,
-    DatasetInfo,
-    MedMNISTData,
-    dataset_info,
-    ensure_medmnist,
-    load_medmnist,
-)
-from federated.own_data import load_own_dataset
+from federated.data import DatasetInfo
 from federated.seeding import seeded_init
 from federated.server import Defence, FederationConfig, NonIIDCheck
 from models import build_model
@@ -27,10 +18,10 @@ from models import build_model
 __all__ = [
     "build_defence",
     "build_global_model",
-    "dataset_info_of",
+    "dataset_info_of",  # from config.dataset, beside the parts built from it
     "federation_config",
     "local_training",
-    "read_dataset",
+    "read_dataset",  # likewise
     "resolve_device",
 ]
 
@@ -43,48 +34,6 @@ def resolve_device(choice: str) -> torch.device:
             "train.device is 'cuda' but no CUDA device is available; use auto or cpu"
         )
     return torch.device(choice)
-
-
-def dataset_info_of(data: DataParams) -> DatasetInfo:
-    """What the model and the sites need to know of the run's dataset (image size,
-    channels, classes, task), from params alone: no data file is opened, so a hub that
-    holds no images can build its model and its sites' task from it."""
-    own = data.own
-    if own is None:
-        return dataset_info(data.dataset, data.size)
-    return DatasetInfo(
-        flag=data.dataset,
-        task="multi-label, binary-class" if own.task == "multi-label" else own.task,
-        n_channels=own.channels,
-        n_classes=len(own.classes),
-        labels=tuple(own.classes),
-        url=own.path or "",
-        md5="",  # the images' SHA-256 is taken where they are read
-        n_samples={},
-        size=data.size,
-        mean=own.mean,
-        std=own.std,
-        resample=own.resample,
-    )
-
-
-def read_dataset(
-    data: DataParams, *, medmnist_root: Path, workdir: Path, progress: bool = False
-) -> MedMNISTData:
-    """The run's dataset: the user's own images (``data.own.path``, relative to
-    ``workdir``) read in their schema, or the md5-checked MedMNIST file under
-    ``medmnist_root`` (downloaded when ``data.download`` allows)."""
-    if data.own is not None:
-        if data.own.path is None:
-            raise DataError("data.own.path is not set: this machine holds none of the images")
-        path = Path(data.own.path).expanduser()
-        return load_own_dataset(
-            path if path.is_absolute() else workdir / path, dataset_info_of(data)
-        )
-    ensure_medmnist(
-        data.dataset, medmnist_root, size=data.size, download=data.download, progress=progress
-    )
-    return load_medmnist(data.dataset, medmnist_root, data.size)
 
 
 def build_global_model(params: Params, info: DatasetInfo) -> torch.nn.Module:

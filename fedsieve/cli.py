@@ -208,7 +208,7 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace, workdir: Path) -> int:
     """The training plan the params send every site, for the sites' operators to read and
     pin (``fedsieve-site --plan``); a site refuses any task that departs from it."""
-    from config.assembly import dataset_info_of
+    from config.dataset import dataset_info_of
     from flowerapp.hub import site_task
     from flowerapp.plan import write_plan
 

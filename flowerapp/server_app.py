@@ -20,7 +20,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from config.assembly import read_dataset
+from config.dataset import read_dataset
 from config.params import params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.loop import train

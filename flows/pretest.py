@@ -11,8 +11,7 @@ from prefect import flow
 
 from config.params import Params
 from tasks.data import load_verified_dataset
-from tasks.partition import check_partitioned_images
-from tasks.reports import ProjectPaths, read_partition, read_root
+from tasks.reports import ProjectPaths, check_partitioned_images, read_partition, read_root
 from tasks.stats import collect_client_updates, test_normality, write_pretest_report
 from tasks.training import build_federation, train_rounds
 

@@ -14,8 +14,13 @@ from prefect import flow
 
 from config.params import Params, params_hash
 from tasks.data import data_root, load_verified_dataset
-from tasks.partition import check_partitioned_images
-from tasks.reports import ProjectPaths, read_local_tests, read_partition, read_root
+from tasks.reports import (
+    ProjectPaths,
+    check_partitioned_images,
+    read_local_tests,
+    read_partition,
+    read_root,
+)
 from tasks.sites import selected_model, train_at_sites
 from tasks.tracking import open_training_run
 from tasks.training import (

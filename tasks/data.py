@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from config.assembly import read_dataset as read_dataset_of
+from config.dataset import read_dataset as read_dataset_of
 from config.params import DataParams
 from federated.data import MedMNISTData, ensure_medmnist, load_medmnist
 

@@ -3,16 +3,13 @@ report."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, NamedTuple
 
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from config.errors import ConfigError
 from config.params import Params
-from federated.data import MedMNISTData
 from federated.partition import (
     build_partitioner,
     hold_out_local_tests,
@@ -24,7 +21,6 @@ from tasks.reports import ProjectPaths, write_json, write_partition
 
 __all__ = [
     "Partition",
-    "check_partitioned_images",
     "partition_clients",
     "split_partition",
     "write_partition_reports",
@@ -107,17 +103,3 @@ def write_partition_reports(
         report["size_max"],
     )
     return report
-
-
-def check_partitioned_images(paths: ProjectPaths, data: MedMNISTData) -> None:
-    """Own images that changed since they were partitioned are refused in one line: the
-    partition's indices would point at other images (a MedMNIST file is md5-checked)."""
-    if not data.sha256 or not paths.partition_report.exists():
-        return
-    partitioned = json.loads(paths.partition_report.read_text()).get("data_sha256")
-    if partitioned not in (None, data.sha256):
-        raise ConfigError(
-            f"{data.info.url}: the images changed since they were partitioned (sha256 "
-            f"{data.sha256[:12]}, partitioned {partitioned[:12]}); partition again "
-            "(fedsieve run, or dvc repro)"
-        )

@@ -12,8 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from config.errors import ConfigError
+from federated.data import MedMNISTData
+
 __all__ = [
     "ProjectPaths",
+    "check_partitioned_images",
     "read_local_tests",
     "read_partition",
     "read_root",
@@ -196,3 +200,17 @@ def read_root(path: Path) -> np.ndarray | None:
     """The server's root data indices written with the partition, or None."""
     with np.load(path, allow_pickle=False) as archive:
         return archive["root"] if "root" in archive.files else None
+
+
+def check_partitioned_images(paths: ProjectPaths, data: MedMNISTData) -> None:
+    """Own images that changed since they were partitioned are refused in one line: the
+    partition's indices would point at other images (a MedMNIST file is md5-checked)."""
+    if not data.sha256 or not paths.partition_report.exists():
+        return
+    partitioned = json.loads(paths.partition_report.read_text()).get("data_sha256")
+    if partitioned not in (None, data.sha256):
+        raise ConfigError(
+            f"{data.info.url}: the images changed since they were partitioned (sha256 "
+            f"{data.sha256[:12]}, partitioned {partitioned[:12]}); partition again "
+            "(fedsieve run, or dvc repro)"
+        )

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from config.assembly import dataset_info_of
+from config.dataset import dataset_info_of
 from config.environment import DEFAULT_TRACKING_URI, tracking_uri
 from config.params import Params, params_hash, privacy_unaccounted
 from tasks.reports import ProjectPaths

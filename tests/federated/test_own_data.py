@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from config.assembly import dataset_info_of
+from config.dataset import dataset_info_of
 from config.params import ConfigError, validate_params
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, load_medmnist, to_tensors
 from federated.own_data import load_own_dataset, load_own_images, read_image, write_image_folder

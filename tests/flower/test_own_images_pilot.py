@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from config.assembly import dataset_info_of
+from config.dataset import dataset_info_of
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
 from federated.data import load_digits

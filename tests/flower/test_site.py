@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from config.assembly import dataset_info_of
+from config.dataset import dataset_info_of
 from config.params import Params, load_params
 from federated.data import dataset_info
 from flowerapp.hub import site_task
