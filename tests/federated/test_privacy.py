@@ -83,7 +83,7 @@ def test_a_site_clips_its_update_and_adds_noise_of_its_own_of_the_planned_std():
     second = privacy.privatised_by_site(update)
     noise = first - clipped
     assert noise.std().item() == pytest.approx(0.5 * 2.0, rel=0.03)
-    assert abs(noise.mean().item()) < 0.03
+    assert abs(noise.mean().item()) < 0.04  # 5 standard errors
     assert not torch.equal(first, second)
     quiet = site_privacy(clip=2.0, noise_multiplier=1e-9, delta=1e-5, target_epsilon=None)
     assert torch.linalg.vector_norm(quiet.privatised_by_site(update)).item() <= 2.0 + 1e-5

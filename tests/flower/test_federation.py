@@ -395,7 +395,7 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_keep_dp_on(
     # round 2 was skipped: the model moved by the site's privatised update alone, its
     # clipped update (norm <= 0.5) plus noise of std z * clip = 1.5 in each of 650 weights
     moved = remote.global_vector - start
-    assert moved.std().item() == pytest.approx(z * clip, rel=0.1)
+    assert moved.std().item() == pytest.approx(z * clip, rel=0.15)  # 5 standard errors
     assert abs(moved.norm().item() - z * clip * moved.numel() ** 0.5) <= clip + 4 * z * clip
 
     # privacy off: refused by the pinned site and by the one insisting on local DP
