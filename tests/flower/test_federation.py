@@ -96,11 +96,17 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     hub: Hub, tmp_path: Path, medmnist_root: Path
 ) -> None:
     """A site that sends NaN, one that sends a wrong shape, one that reports ten times its
-    registered count, one whose data does not fit the task (3-channel images), and one
-    whose operator approved another training plan (a smaller learning rate)."""
+    registered count, one whose data does not fit the task (3-channel images), one
+    whose operator approved another training plan (a smaller learning rate), one that
+    approved the plan with local DP (this run has privacy off) and one whose operator
+    insists on local DP from its command line (``require-local-dp``) whatever its plan."""
     base = hub.files["site-2"]
     cautious = tmp_path / "cautious-plan.json"
     cautious.write_text(json.dumps(json.loads(hub.plan.read_text()) | {"lr": 0.01}))
+    private = tmp_path / "local-dp-plan.json"
+    local_dp = {"privacy_mode": "local", "privacy_clip": 1.0, "privacy_noise_multiplier": 1.0,
+                "privacy_delta": 1e-5}  # fmt: skip
+    private.write_text(json.dumps(json.loads(hub.plan.read_text()) | local_dp))
     hub.add_site("nan-site", base, fault="nan")
     hub.add_site("shape-site", base, fault="shape")
     hub.add_site("lying-site", base, fault="count")
@@ -111,8 +117,10 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     )
     hub.add_site("retina-site", tmp_path / file["file"])
     hub.add_site("cautious-site", base, **{"approved-plan": str(cautious)})
+    hub.add_site("private-site", base, **{"approved-plan": str(private)})
+    hub.add_site("insisting-site", base, **{"require-local-dp": "true"})
     names = ["site-0", "site-2", "nan-site", "shape-site", "lying-site", "retina-site"]
-    names += ["cautious-site"]
+    names += ["cautious-site", "private-site", "insisting-site"]
     raw = hub.flower_params(names, train={"rounds": 1}, filters=[])
     state = run_at_sites(hub, raw, "faults", app=FAULTY_APP)
 
@@ -139,9 +147,17 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     assert cautious_row["message"].startswith("refused: training plan ")
     assert cautious_row["message"].endswith(": lr=0.05 (approved 0.01)")
     assert "task refused: training plan" in hub.fed.site_log("cautious-site").read_text()
+    # privacy off: refused by the site that pinned local DP and by the one insisting on it
+    private_row, insisting_row = rows[7], rows[8]
+    assert [private_row["reason"], insisting_row["reason"]] == ["client_error"] * 2
+    assert "privacy_mode=off (approved local)" in private_row["message"]
+    assert insisting_row["message"] == (
+        "refused: privacy_mode=off: this site trains only with local DP "
+        "(privacy_mode=local; fedsieve-site --local-dp)"
+    )
     assert not any(rows[i]["excluded"] for i in (0, 1))
     assert torch.isfinite(state.global_vector).all()
-    for name in ("nan-site", "shape-site", "lying-site", "retina-site", "cautious-site"):
+    for name in names[2:]:
         hub.fed.stop_site(name)
 
 
@@ -350,16 +366,15 @@ def write_site_plan(hub: Hub, path: Path, **sections: Any) -> Path:
     return path
 
 
-def test_sites_noise_their_own_updates_account_their_own_epsilon_and_keep_dp_on(
+def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its_target(
     hub: Hub, tmp_path: Path
 ) -> None:
     """Local DP at real sites. Two sites pin a plan with ``privacy.mode: local`` (clip
     0.5, noise multiplier 3, target ε 1.8: one update per site fits, two do not); one site
     a round is sampled, the same site both rounds. Its round-1 update reaches the hub
     clipped and noised by the site (the global model moves by it alone), both it and the
-    hub account its ε as the simulation does, and it refuses round 2 past its target. A
-    task with privacy off is refused by a site pinned to local DP and by a site that
-    insists on it from its command line (``require-local-dp``) whatever its plan."""
+    hub account its ε as the simulation does, and it refuses round 2 past its target.
+    (A task with privacy off at a site that pinned local DP: the faults test.)"""
     z, clip, target = 3.0, 0.5, 1.8
     seed = next(s for s in range(100) if sample_clients(s, 1, 2, 1) == sample_clients(s, 2, 2, 1))
     names = ["ldp-0", "ldp-2"]
@@ -389,7 +404,7 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_keep_dp_on(
         Params.model_validate(raw), load_digits(), [hub.files[n] for n in names]
     )
     start = simulation.initial_state().global_vector
-    local = train(simulation, simulation.initial_state(), 2)
+    local = train(simulation, simulation.initial_state(), 1)
     assert local.trail[0]["client"] == chosen
     assert local.trail[0]["privacy_epsilon"] == first["privacy_epsilon"]
     # round 2 was skipped: the model moved by the site's privatised update alone, its
@@ -398,19 +413,5 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_keep_dp_on(
     assert moved.std().item() == pytest.approx(z * clip, rel=0.15)  # 5 standard errors
     assert abs(moved.norm().item() - z * clip * moved.numel() ** 0.5) <= clip + 4 * z * clip
 
-    # privacy off: refused by the pinned site and by the one insisting on local DP
-    plain = {"filters": [], "train": {"rounds": 1}}
-    plain_plan = write_site_plan(hub, tmp_path / "plain-plan.json", **plain)
-    hub.add_site("insisting", hub.files["site-3"], **{"approved-plan": str(plain_plan),
-                                                     "require-local-dp": "true"})  # fmt: skip
-    refused = run_at_sites(hub, hub.flower_params(["ldp-0", "insisting"], **plain), "dp-off")
-    pinned, insisting = refused.trail
-    assert [row["reason"] for row in refused.trail] == ["client_error"] * 2
-    assert "privacy_mode=off (approved local)" in pinned["message"]
-    assert insisting["message"] == (
-        "refused: privacy_mode=off: this site trains only with local DP "
-        "(privacy_mode=local; fedsieve-site --local-dp)"
-    )
-    assert refused.history[0]["round_skipped"] == 1.0
-    for name in (*names, "insisting"):
+    for name in names:
         hub.fed.stop_site(name)
