@@ -521,8 +521,6 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
                 "must be off (every 0, exclude and final false): it scores each client's data at the server",
             )
         )
-    if params.privacy.mode == "local":
-        refused.append(("privacy.mode", "local is simulated at the server; use central"))
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
     return refused

@@ -12,7 +12,10 @@ the average by at most C / m whatever the others do).
 - ``local``: every client clips its own update and adds N(0, (z C)²) before sending; the
   server only averages. The server never sees an un-noised update, and the released
   model carries at least the central mode's noise, so the ε below holds for it too;
-  against the server itself a client's guarantee has no sampling amplification.
+  against the server itself a client's guarantee has no sampling amplification
+  (:meth:`ClientPrivacy.site_epsilon`: the rounds the client sent an update in, q = 1).
+  A simulation draws each client's noise from a seed of the run; a real site draws its
+  own (:meth:`ClientPrivacy.privatised_by_site`), which the server cannot know or subtract.
 
 Accounting is Opacus's RDP accountant (Mironov 2017; Mironov, Talwar and Zhang 2019 for
 the subsampled Gaussian), never by hand: after t rounds at sampling rate q = m / N with
@@ -24,13 +27,14 @@ Federated's and Opacus's users make for fixed-size batches (docs/privacy.md).
 from __future__ import annotations
 
 import functools
+import secrets
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["ClientPrivacy", "epsilon_after"]
+__all__ = ["ClientPrivacy", "epsilon_after", "site_privacy"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -91,6 +95,20 @@ class ClientPrivacy:
         """Whether ``rounds`` rounds stay within ``target_epsilon`` (always, without one)."""
         return self.target_epsilon is None or self.epsilon(rounds) <= self.target_epsilon
 
+    def site_epsilon(self, updates_sent: int) -> float:
+        """``local`` mode: one client's ε at ``delta`` against the server itself after it
+        sent ``updates_sent`` noised updates. The server knows who was sampled, so there is
+        no sampling amplification (q = 1): the guarantee a site holds whatever the server
+        does, larger than the released model's :meth:`epsilon`."""
+        return epsilon_after(
+            updates_sent, noise_multiplier=self.noise_multiplier, sample_rate=1.0,
+            delta=self.delta,
+        )  # fmt: skip
+
+    def site_admits(self, updates_sent: int) -> bool:
+        """Whether a client's ``updates_sent`` updates stay within ``target_epsilon``."""
+        return self.target_epsilon is None or self.site_epsilon(updates_sent) <= self.target_epsilon
+
     def clipped(self, updates: Tensor) -> Tensor:
         """Each row scaled down to L2 norm at most ``clip`` (rows within it unchanged)."""
         norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
@@ -108,9 +126,28 @@ class ClientPrivacy:
         noise = [self.noise(row.shape, row, g) for row, g in zip(clipped, generators, strict=True)]
         return clipped + torch.stack(noise)
 
+    def privatised_by_site(self, update: Tensor) -> Tensor:
+        """``local`` mode at a real site: its clipped update plus noise from a generator
+        seeded from the operating system's randomness, never from a seed the server
+        knows (with it, the server could draw the same noise and subtract it)."""
+        generator = torch.Generator(device=update.device)
+        generator.manual_seed(secrets.randbits(63))
+        return self.privatised_by_clients(update[None], [generator])[0]
+
     def released(self, total: Tensor, generator: torch.Generator) -> Tensor:
         """The fixed-denominator average the server releases from the ``total`` of the
         kept (clipped, or in local mode privatised) updates: central mode adds the noise."""
         if self.mode == "central":
             total = total + self.noise(tuple(total.shape), total, generator)
         return total / self.per_round
+
+
+def site_privacy(
+    *, clip: float, noise_multiplier: float, delta: float, target_epsilon: float | None
+) -> ClientPrivacy:
+    """A real site's local DP (``local`` mode, as the plan pins it): the site knows only
+    itself, so its population is one; it clips, noises and accounts its own updates."""
+    return ClientPrivacy(
+        clip=clip, noise_multiplier=noise_multiplier, population=1, per_round=1,
+        mode="local", delta=delta, target_epsilon=target_epsilon,
+    )  # fmt: skip

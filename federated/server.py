@@ -30,7 +30,10 @@ go to :attr:`ServerState.sites`, their spread (worst site, ...) to the round's m
 Client-level differential privacy (``privacy``, :mod:`federated.privacy`): the updates
 that reach the rule are clipped and weighted equally, and the released aggregate is
 DP-FedAvg's noisy fixed-denominator mean; every round logs ε, and
-:meth:`Federation.budget_spent` says when the next round would pass the target.
+:meth:`Federation.budget_spent` says when the next round would pass the target. In
+``local`` mode the server noises the updates of the clients simulated here on their
+behalf (a real site, a client holding no data here, sends its update noised), and each
+client's own ε against the server goes into its trail row (``privacy_epsilon``).
 
 Clients are trained by an executor (:mod:`federated.execution`), which decides nothing
 about exclusions. :class:`Execution`'s ``backend`` picks this process's: ``sequential``,
@@ -43,6 +46,7 @@ say so: on a CUDA device, and on a CPU for models without convolutions); its
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
@@ -369,6 +373,7 @@ class Federation:
         self.evaluation = evaluation
         self.threat = threat
         self.initial_vector = model_to_vector(self.model).to(self.device)
+        self._held_here = {c.client_id for c in self.clients if isinstance(c, ClientData)}
         self.clients_per_round = clients_per_round(config.client_fraction, len(self.clients))
         _check_privacy(defence.privacy, len(self.clients), self.clients_per_round)
         self.loss_fn = loss_function(evaluation.multi_label)
@@ -567,6 +572,7 @@ class Federation:
         screen = self._noniid_screen(state, round_number, sampled)
         rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
         outcome = self._aggregate(state, round_number, updates, rows)
+        self._site_epsilons(state, rows)
         halted = self._exclusion_bound_exceeded(round_number, rows)
         if halted is not None:  # fail closed: no aggregate from what was left
             outcome.global_vector = state.global_vector
@@ -696,16 +702,8 @@ class Federation:
         weights = torch.tensor(
             [float(u.num_samples) for u in updates], device=stacked.device, dtype=stacked.dtype
         )
-        if (
-            self.defence.privacy is not None and self.defence.privacy.mode == "local"
-        ):  # noised by the clients
-            generators = [
-                torch_generator(
-                    derive_seed(self.config.seed, round_number, PRIVACY, i), stacked.device
-                )
-                for i in ids
-            ]
-            stacked = self.defence.privacy.privatised_by_clients(stacked, generators)
+        if self.defence.privacy is not None and self.defence.privacy.mode == "local":
+            stacked = self._privatised_for_simulated(round_number, stacked, ids)
         stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
         _, _, keep = drop_non_finite(stacked, weights)
         keep = keep.clone()
@@ -740,6 +738,38 @@ class Federation:
             state.global_vector.dtype
         )
         return outcome
+
+    def _privatised_for_simulated(
+        self, round_number: int, stacked: Tensor, ids: list[int]
+    ) -> Tensor:
+        """``local`` mode: the rows of the clients simulated here, clipped and noised as
+        each client would (its noise from a seed of the run); a real site's row came
+        privatised by the site itself and is left as it is."""
+        held = [p for p, i in enumerate(ids) if i in self._held_here]
+        if not held:
+            return stacked
+        generators = [
+            torch_generator(derive_seed(self.config.seed, round_number, PRIVACY, ids[p]), stacked.device)
+            for p in held
+        ]  # fmt: skip
+        privatised = self.defence.privacy.privatised_by_clients(stacked[held], generators)
+        if len(held) == len(ids):
+            return privatised
+        stacked = stacked.clone()
+        stacked[held] = privatised
+        return stacked
+
+    def _site_epsilons(self, state: ServerState, rows: dict[int, dict[str, Any]]) -> None:
+        """``local`` mode: each client that sent an update this round gets its ε against
+        the server in its trail row (``privacy_epsilon``), after every round it sent one
+        in, by the accountant a real site runs on itself."""
+        privacy = self.defence.privacy
+        if privacy is None or privacy.mode != "local":
+            return
+        sent = Counter(int(row["client"]) for row in state.trail if sent_update(row))
+        for client_id, row in rows.items():
+            if sent_update(row):
+                row["privacy_epsilon"] = privacy.site_epsilon(sent[client_id] + 1)
 
     def _privately_released(self, round_number: int, aggregate: Tensor, kept: Tensor) -> Tensor:
         """The aggregate the server releases under DP-FedAvg: the noisy fixed-denominator
@@ -966,6 +996,11 @@ def failed_to_answer(row: dict[str, Any]) -> bool:
     """A trail row of a client that sent no update (``client_error``, ``client_timeout``,
     ``client_unavailable``): a failure, not a detection."""
     return str(row["reason"]).startswith("client_")
+
+
+def sent_update(row: dict[str, Any]) -> bool:
+    """A trail row of a client whose update reached the server (kept or not)."""
+    return not failed_to_answer(row) and row["reason"] != "noniid_loss"
 
 
 def is_left_out(row: dict[str, Any]) -> bool:

@@ -10,6 +10,15 @@ site's data (image shape, classes, model size), or whose settings are not the tr
 plan the site's operator approved (:mod:`flowerapp.plan`), is refused in one logged line
 and answered with an error; the SuperNode keeps running.
 
+Local DP (``privacy_mode: local`` in the task, so in the plan the site pins): the site
+clips its update to ``privacy_clip`` and adds Gaussian noise of std noise multiplier x clip
+drawn from its own randomness before the update leaves
+(:meth:`~federated.privacy.ClientPrivacy.privatised_by_site`), reports its own ε (Opacus,
+the updates it sent in this run, kept in the run's node state) and no training loss, and
+refuses to train once one more update would pass ``privacy_target_epsilon``. A site whose
+operator insists on local DP (node config ``require-local-dp=true``, ``fedsieve-site
+--local-dp``) refuses any task without it, plan or no plan.
+
 The data file and the approved plan are the SuperNode's ``--node-config 'data-file="..."
 approved-plan="..."'`` (:mod:`flowerapp.site`, the site operator's command, checks both
 before starting).
@@ -19,7 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import cache
+import math
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +43,7 @@ from federated.client import ClientData, LocalTraining, train_client
 from federated.data import DatasetInfo
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
+from federated.privacy import ClientPrivacy, site_privacy
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import vector_record
@@ -46,6 +57,8 @@ app = ClientApp()
 DEVICE = torch.device("cpu")
 SCHEMA_KEYS = ("dataset", "task", "class_names", "channels", "classes", "size", "resample",
                "mean", "std")  # fmt: skip
+REQUIRE_LOCAL_DP = "require-local-dp"  # node config: refuse every task without local DP
+UPDATES_SENT = "local-dp"  # the run's node state: the noised updates this site sent
 
 
 class TaskRefused(ValueError):
@@ -77,6 +90,51 @@ def _check_approved(task: dict[str, Any], context: Context) -> None:
             f"training plan {plan_digest(task)[:12]} is not the approved "
             f"{plan_digest(approved)[:12]}: {', '.join(differences)}"
         )
+
+
+def _local_privacy(task: dict[str, Any], context: Context) -> ClientPrivacy | None:
+    """The task's local DP, which this site applies to its own update (None when the task
+    runs without it, which a site insisting on local DP refuses)."""
+    mode = str(task.get("privacy_mode", "off"))
+    if mode != "local":
+        if str(context.node_config.get(REQUIRE_LOCAL_DP, False)).lower() == "true":
+            raise TaskRefused(
+                f"privacy_mode={mode}: this site trains only with local DP "
+                "(privacy_mode=local; fedsieve-site --local-dp)"
+            )
+        return None
+    try:
+        target = task.get("privacy_target_epsilon")
+        return site_privacy(
+            clip=float(task["privacy_clip"]),
+            noise_multiplier=float(task["privacy_noise_multiplier"]),
+            delta=float(task["privacy_delta"]),
+            target_epsilon=None if target is None else float(target),
+        )
+    except KeyError as error:
+        raise TaskRefused(f"privacy_mode=local without {error.args[0]}") from None
+    except ValueError as error:
+        raise TaskRefused(f"privacy_mode=local: {error}") from None
+
+
+def _updates_sent(context: Context) -> int:
+    """The noised updates this site sent in the run (Flower keeps the node's state
+    between a run's messages)."""
+    if UPDATES_SENT not in context.state:
+        return 0
+    return int(context.state[UPDATES_SENT]["updates_sent"])
+
+
+def _check_budget(privacy: ClientPrivacy, sent: int) -> None:
+    """Refuse the update that would take this site's ε past the plan's target."""
+    if privacy.site_admits(sent + 1):
+        return
+    raise TaskRefused(
+        f"privacy budget: one more update would take this site's ε to "
+        f"{privacy.site_epsilon(sent + 1):.3f}, past privacy_target_epsilon = "
+        f"{privacy.target_epsilon:g} (ε = {privacy.site_epsilon(sent):.3f} after {sent} "
+        f"updates, δ = {privacy.delta:g})"
+    )
 
 
 def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> nn.Module:
@@ -114,6 +172,7 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
     try:
         task = dict(msg.content["task"])
         _check_approved(task, context)
+        _local_privacy(task, context)
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
         _info(task)  # a task without its data's schema is refused before any file is read
         schema = json.dumps({key: task[key] for key in SCHEMA_KEYS}, sort_keys=True)
@@ -130,8 +189,12 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
 
 
 def _train(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
-) -> RecordDict:
+    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module, *,
+    context: Context,
+) -> RecordDict:  # fmt: skip
+    privacy, sent = _local_privacy(task, context), _updates_sent(context)
+    if privacy is not None:
+        _check_budget(privacy, sent)
     (images, targets), _ = data.tensors(_info(task), DEVICE)
     local = LocalTraining(
         epochs=int(task["epochs"]), lr=float(task["lr"]), momentum=float(task["momentum"]),
@@ -143,8 +206,20 @@ def _train(
     update = train_client(
         model, global_vector, client, local, loss_fn, seed=int(task["shuffle_seed"])
     )
-    metrics = MetricRecord({"num_samples": update.num_samples, "train_loss": update.train_loss})
-    return RecordDict({"update": vector_record(update.delta), "metrics": metrics})
+    metrics = {"num_samples": update.num_samples, "train_loss": update.train_loss}
+    delta = update.delta
+    if privacy is not None:
+        delta = privacy.privatised_by_site(delta)
+        context.state[UPDATES_SENT] = MetricRecord({"updates_sent": sent + 1})
+        epsilon = privacy.site_epsilon(sent + 1)
+        # the loss is not noised: outside ε, so it stays here
+        metrics |= {"train_loss": math.nan, "privacy_epsilon": epsilon, "updates_sent": sent + 1}
+        log.info(
+            "local DP: update clipped to L2 norm %g and noised (std %g); this site's ε = %.4f "
+            "(δ = %g) after %d updates",
+            privacy.clip, privacy.noise_multiplier * privacy.clip, epsilon, privacy.delta, sent + 1,
+        )  # fmt: skip
+    return RecordDict({"update": vector_record(delta), "metrics": MetricRecord(metrics)})
 
 
 def _evaluate(
@@ -163,7 +238,7 @@ def _evaluate(
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return _answer(msg, context, _train)
+    return _answer(msg, context, partial(_train, context=context))
 
 
 @app.evaluate()

@@ -28,6 +28,7 @@ from flowerapp.site_data import load_site_data
 __all__ = [
     "HubFiles",
     "hub_federation",
+    "privacy_task",
     "registered_clients",
     "shuffle_seed",
     "simulated_federation",
@@ -52,9 +53,10 @@ def site_nodes(params: Params) -> dict[int, int]:
 
 def site_task(params: Params, info: DatasetInfo) -> dict[str, Any]:
     """What a site needs besides the global vector to train and score exactly as a
-    simulated client would: the model, the data shape it expects, the local settings."""
+    simulated client would: the model, the data shape it expects, the local settings,
+    and the privacy it is promised or (``local``) applies itself."""
     local = local_training(params)
-    return {
+    return privacy_task(params) | {
         "model": params.model.name,
         # the data's schema: what a site's images become before the model sees them
         "dataset": info.flag,
@@ -75,6 +77,22 @@ def site_task(params: Params, info: DatasetInfo) -> dict[str, Any]:
         "prox_mu": local.prox_mu,
         "eval_batch_size": eval_batch_size(params),
     }
+
+
+def privacy_task(params: Params) -> dict[str, Any]:
+    """``privacy_mode``, and unless it is off the clip, noise multiplier, δ and target ε
+    (absent without one): in ``local`` mode the site clips and noises its own update with
+    them, and a site that pinned them refuses a task asking for less."""
+    privacy = params.privacy
+    if privacy.mode == "off":
+        return {"privacy_mode": "off"}
+    task = {
+        "privacy_mode": privacy.mode, "privacy_clip": privacy.clip,
+        "privacy_noise_multiplier": privacy.noise_multiplier, "privacy_delta": privacy.delta,
+    }  # fmt: skip
+    if privacy.target_epsilon is not None:
+        task["privacy_target_epsilon"] = privacy.target_epsilon
+    return task
 
 
 def shuffle_seed(params: Params, round_number: int, client_id: int) -> int:

@@ -21,7 +21,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from config.dataset import read_dataset
-from config.params import params_hash
+from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.loop import train
 from federated.server import RoundReport, ServerState
@@ -89,9 +89,22 @@ def run_hub(
             report.round, params.train.rounds, metrics["test_acc"], metrics["test_auc"],
             sum(bool(row["excluded"]) for row in report.clients), len(report.clients),
         )  # fmt: skip
+        if spent := _site_epsilons(params, report):
+            log.info(
+                "round %d: local DP, ε of each site that sent an update: %s", report.round, spent
+            )
 
     state = train(federation, state, params.train.rounds, on_round=on_round)
     return {"status": "finished", "rounds": state.round, "bytes_sent": executor.bytes_sent}
+
+
+def _site_epsilons(params: Params, report: RoundReport) -> str:
+    """``name ε`` of each site that sent an update in the round (local DP), or ''."""
+    return ", ".join(
+        f"{params.federation.sites[int(row['client'])].name} {row['privacy_epsilon']:.4f}"
+        for row in report.clients
+        if "privacy_epsilon" in row
+    )
 
 
 def _report_record(report: RoundReport) -> dict[str, Any]:

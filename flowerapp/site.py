@@ -9,7 +9,9 @@ The SuperNode connects outbound only (no port is opened to the outside: its Clie
 listens on 127.0.0.1) and retries for ever, so a restarted hub finds it again. A data file
 that cannot be trained on, or a plan file that cannot be read, ends here in one line with exit
 code 2, before anything starts. Tasks whose settings are not the plan are refused
-(:mod:`flowerapp.plan`).
+(:mod:`flowerapp.plan`). ``--local-dp`` insists on local differential privacy whatever
+the plan says: a plan without ``privacy_mode: local`` is refused here, and so is every
+task without it (:mod:`flowerapp.client_app`).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ __all__ = ["main", "supernode_command"]
 
 
 def supernode_command(
-    data: Path, plan: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094
-) -> list[str]:
+    data: Path, plan: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094,
+    local_dp: bool = False,
+) -> list[str]:  # fmt: skip
     """``flower-supernode`` with TLS (the hub's CA), SuperNode authentication (the site's
     private key; its public key is registered at the hub), and the data file and approved
     plan as node config."""
@@ -43,6 +46,7 @@ def supernode_command(
         "--clientappio-api-address", f"127.0.0.1:{clientappio_port}",
         "--node-config", " ".join(config_pairs(
             {"data-file": str(data.resolve()), "approved-plan": str(plan.resolve())}
+            | ({"require-local-dp": True} if local_dp else {})
         )),
     ]  # fmt: skip
 
@@ -60,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ca", type=Path, required=True, help="the hub's CA certificate")
     parser.add_argument("--key", type=Path, required=True, help="the site's private key")
     parser.add_argument("--clientappio-port", type=int, default=9094)
+    parser.add_argument(
+        "--local-dp", action="store_true",
+        help="train only with local differential privacy (privacy_mode local), plan or no plan",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         plan = read_plan(args.plan)
@@ -73,6 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             error = PlanError(f"plan {args.plan}: not a training plan ({error!r} missing or bad)")
         print(f"fedsieve-site: error: {error}", file=sys.stderr)
         return 2
+    if args.local_dp and plan.get("privacy_mode") != "local":
+        print(
+            f"fedsieve-site: error: --local-dp: plan {args.plan} has privacy_mode "
+            f"{plan.get('privacy_mode', 'off')}; this site trains only with privacy_mode local",
+            file=sys.stderr,
+        )
+        return 2
     for name, path in (("--ca", args.ca), ("--key", args.key)):
         if not path.is_file():
             print(f"fedsieve-site: error: {name} {path}: no such file", file=sys.stderr)
@@ -83,8 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     command = supernode_command(
-        data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port
-    )
+        data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
+        args.local_dp,
+    )  # fmt: skip
     os.execv(command[0], command)  # the SuperNode is the site's process from here on
 
 

@@ -348,14 +348,14 @@ def record_round(
 
 
 def report_metrics(report: RoundReport) -> dict[str, float]:
-    """A round's metrics with each client's loss and each site's scores under their own
-    MLflow names."""
+    """A round's metrics with each client's loss (and, under local DP, its own ε) and each
+    site's scores under their own MLflow names."""
     per_client = {}
-    for row in report.clients:  # MLflow names: client_loss/<id>, noniid_loss/<id>
-        if "train_loss" in row:
-            per_client[f"client_loss/{row['client']}"] = row["train_loss"]
-        if "noniid_loss" in row:
-            per_client[f"noniid_loss/{row['client']}"] = row["noniid_loss"]
+    for row in report.clients:  # client_loss/<id>, noniid_loss/<id>, privacy_epsilon/<id>
+        for key, name in (("train_loss", "client_loss"), ("noniid_loss", "noniid_loss"),
+                          ("privacy_epsilon", "privacy_epsilon")):  # fmt: skip
+            if key in row:
+                per_client[f"{name}/{row['client']}"] = row[key]
     for row in report.sites:  # site_acc/<id>, site_auc/<id>, site_loss/<id>, ...
         site = int(row["site"])
         per_client |= {f"site_{k}/{site}": v for k, v in row.items() if k not in SITE_KEYS}

@@ -6,7 +6,7 @@ import torch
 
 from aggregation import build_aggregator
 from federated.attacks import build_attack
-from federated.client import ClientData, LocalTraining
+from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
 from federated.partition import build_partitioner
 from federated.privacy import ClientPrivacy
@@ -14,6 +14,7 @@ from federated.seeding import seeded_init
 from federated.server import (
     Defence,
     EvaluationSets,
+    Execution,
     Federation,
     FederationConfig,
     ServerState,
@@ -525,3 +526,51 @@ def test_accuracy_round_scores_skip_the_auc_until_the_last_round(medmnist_root):
     assert light.history[-1] == full.history[-1]
     with pytest.raises(ValueError, match="needs round_scores='full'"):
         FederationConfig(rounds=1, select="best_val", round_scores="accuracy")
+
+
+def test_local_dp_accounts_each_client_for_the_rounds_it_sent_an_update_in(medmnist_root):
+    """Half the clients a round: each trail row carries the client's own ε against the
+    server, Opacus's for the rounds it took part in so far (no sampling amplification)."""
+    privacy = _privacy(clip=1.0, noise_multiplier=2.0, mode="local", per_round=2)
+    config = FederationConfig(rounds=4, client_fraction=0.5)
+    state = run(make_federation(medmnist_root, privacy=privacy, config=config), 4)
+    seen: dict[int, int] = {}
+    for row in state.trail:
+        seen[row["client"]] = seen.get(row["client"], 0) + 1
+        assert row["privacy_epsilon"] == privacy.site_epsilon(seen[row["client"]])
+    assert len(state.trail) == 8 and max(seen.values()) > 1
+    assert privacy.site_epsilon(1) > privacy.epsilon(1)  # the server knows who was sampled
+
+
+class PrivatisingSites:
+    """Sites elsewhere that clip and noise their own updates (as fedsieve's ClientApp
+    does under local DP); what each sent, by client id."""
+
+    def __init__(self, federation: Federation, privacy: ClientPrivacy) -> None:
+        self.trained, self.privacy, self.sent = federation.executor, privacy, {}
+
+    def train(self, global_vector, round_number, client_ids, on_result=None):
+        results = []
+        for result in self.trained.train(global_vector, round_number, client_ids):
+            noised = self.privacy.privatised_by_site(result.update.delta)
+            self.sent[result.client_id] = noised
+            results.append(replace(result, update=replace(result.update, delta=noised)))
+        return results
+
+
+def test_updates_noised_at_the_sites_are_averaged_as_they_came_not_noised_again(
+    medmnist_root,
+):
+    privacy = _privacy(clip=0.5, noise_multiplier=1.0, mode="local")
+    simulated = make_federation(medmnist_root, rounds=1, privacy=privacy)
+    sites = PrivatisingSites(simulated, privacy)
+    federation = Federation(
+        model=simulated.model, clients=[RegisteredClient(c.client_id, len(c)) for c in simulated.clients],
+        local=simulated.local, config=simulated.config, defence=simulated.defence,
+        evaluation=simulated.evaluation, execution=Execution(executor=sites),
+    )  # fmt: skip
+    start = federation.initial_state()
+    state, _ = federation.run_round(start)
+    released = torch.stack(list(sites.sent.values())).sum(dim=0) / 4
+    assert torch.allclose(state.global_vector - start.global_vector, released, atol=1e-6)
+    assert [row["privacy_epsilon"] for row in state.trail] == [privacy.site_epsilon(1)] * 4

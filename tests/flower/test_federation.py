@@ -22,11 +22,14 @@ import yaml
 
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
-from federated.data import load_digits, load_medmnist
+from federated.data import dataset_info, load_digits, load_medmnist
 from federated.loop import train
+from federated.privacy import site_privacy
+from federated.seeding import sample_clients
 from federated.server import ServerState
 from flowerapp.certs import make_site_key
-from flowerapp.hub import HubFiles, simulated_federation, write_params
+from flowerapp.hub import HubFiles, simulated_federation, site_task, write_params
+from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
@@ -93,11 +96,17 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     hub: Hub, tmp_path: Path, medmnist_root: Path
 ) -> None:
     """A site that sends NaN, one that sends a wrong shape, one that reports ten times its
-    registered count, one whose data does not fit the task (3-channel images), and one
-    whose operator approved another training plan (a smaller learning rate)."""
+    registered count, one whose data does not fit the task (3-channel images), one
+    whose operator approved another training plan (a smaller learning rate), one that
+    approved the plan with local DP (this run has privacy off) and one whose operator
+    insists on local DP from its command line (``require-local-dp``) whatever its plan."""
     base = hub.files["site-2"]
     cautious = tmp_path / "cautious-plan.json"
     cautious.write_text(json.dumps(json.loads(hub.plan.read_text()) | {"lr": 0.01}))
+    private = tmp_path / "local-dp-plan.json"
+    local_dp = {"privacy_mode": "local", "privacy_clip": 1.0, "privacy_noise_multiplier": 1.0,
+                "privacy_delta": 1e-5}  # fmt: skip
+    private.write_text(json.dumps(json.loads(hub.plan.read_text()) | local_dp))
     hub.add_site("nan-site", base, fault="nan")
     hub.add_site("shape-site", base, fault="shape")
     hub.add_site("lying-site", base, fault="count")
@@ -108,8 +117,10 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     )
     hub.add_site("retina-site", tmp_path / file["file"])
     hub.add_site("cautious-site", base, **{"approved-plan": str(cautious)})
+    hub.add_site("private-site", base, **{"approved-plan": str(private)})
+    hub.add_site("insisting-site", base, **{"require-local-dp": "true"})
     names = ["site-0", "site-2", "nan-site", "shape-site", "lying-site", "retina-site"]
-    names += ["cautious-site"]
+    names += ["cautious-site", "private-site", "insisting-site"]
     raw = hub.flower_params(names, train={"rounds": 1}, filters=[])
     state = run_at_sites(hub, raw, "faults", app=FAULTY_APP)
 
@@ -136,9 +147,17 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     assert cautious_row["message"].startswith("refused: training plan ")
     assert cautious_row["message"].endswith(": lr=0.05 (approved 0.01)")
     assert "task refused: training plan" in hub.fed.site_log("cautious-site").read_text()
+    # privacy off: refused by the site that pinned local DP and by the one insisting on it
+    private_row, insisting_row = rows[7], rows[8]
+    assert [private_row["reason"], insisting_row["reason"]] == ["client_error"] * 2
+    assert "privacy_mode=off (approved local)" in private_row["message"]
+    assert insisting_row["message"] == (
+        "refused: privacy_mode=off: this site trains only with local DP "
+        "(privacy_mode=local; fedsieve-site --local-dp)"
+    )
     assert not any(rows[i]["excluded"] for i in (0, 1))
     assert torch.isfinite(state.global_vector).all()
-    for name in ("nan-site", "shape-site", "lying-site", "retina-site", "cautious-site"):
+    for name in names[2:]:
         hub.fed.stop_site(name)
 
 
@@ -336,3 +355,63 @@ def test_a_scheduled_deployment_trains_at_the_sites(
     assert not (tmp_path / "reports" / "partition.json").exists()  # the data stayed at the sites
     sites = json.loads((tmp_path / "reports" / "sites.json").read_text())["sites"]
     assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))
+
+
+def write_site_plan(hub: Hub, path: Path, **sections: Any) -> Path:
+    """The training plan of ``hub.flower_params(..., **sections)``, for sites that are
+    not registered yet (a plan names no site)."""
+    raw = hub.flower_params([], **sections)
+    del raw["federation"]
+    write_plan(path, site_task(Params.model_validate(raw), dataset_info("digits")))
+    return path
+
+
+def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its_target(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """Local DP at real sites. Two sites pin a plan with ``privacy.mode: local`` (clip
+    0.5, noise multiplier 3, target ε 1.8: one update per site fits, two do not); one site
+    a round is sampled, the same site both rounds. Its round-1 update reaches the hub
+    clipped and noised by the site (the global model moves by it alone), both it and the
+    hub account its ε as the simulation does, and it refuses round 2 past its target.
+    (A task with privacy off at a site that pinned local DP: the faults test.)"""
+    z, clip, target = 3.0, 0.5, 1.8
+    seed = next(s for s in range(100) if sample_clients(s, 1, 2, 1) == sample_clients(s, 2, 2, 1))
+    names = ["ldp-0", "ldp-2"]
+    private = {"privacy": {"mode": "local", "clip": clip, "noise_multiplier": z,
+                           "target_epsilon": target}, "filters": [], "seed": seed,
+               "train": {"client_fraction": 0.5}, "partition": {"num_clients": 2}}  # fmt: skip
+    plan = write_site_plan(hub, tmp_path / "local-dp-plan.json", **private)
+    for name, base in zip(names, ("site-0", "site-2"), strict=True):
+        hub.add_site(name, hub.files[base], **{"approved-plan": str(plan)})
+    raw = hub.flower_params(names, **private)
+    remote = run_at_sites(hub, raw, "local-dp")
+
+    [chosen] = sample_clients(seed, 1, 2, 1)
+    first, second = remote.trail
+    budget = site_privacy(clip=clip, noise_multiplier=z, delta=1e-5, target_epsilon=target)
+    assert (first["client"], second["client"]) == (chosen, chosen)
+    assert not first["excluded"] and first["privacy_epsilon"] == budget.site_epsilon(1)
+    assert (second["excluded"], second["reason"]) == (True, "client_error")
+    assert second["message"].startswith(
+        "refused: privacy budget: one more update would take this site's ε to "
+        f"{budget.site_epsilon(2):.3f}, past privacy_target_epsilon = 1.8"
+    )
+    log = hub.fed.site_log(names[chosen]).read_text()
+    assert f"this site's ε = {budget.site_epsilon(1):.4f} (δ = 1e-05) after 1 updates" in log
+    # the simulation's accountant gives the site the same ε for the same round
+    simulation = simulated_federation(
+        Params.model_validate(raw), load_digits(), [hub.files[n] for n in names]
+    )
+    start = simulation.initial_state().global_vector
+    local = train(simulation, simulation.initial_state(), 1)
+    assert local.trail[0]["client"] == chosen
+    assert local.trail[0]["privacy_epsilon"] == first["privacy_epsilon"]
+    # round 2 was skipped: the model moved by the site's privatised update alone, its
+    # clipped update (norm <= 0.5) plus noise of std z * clip = 1.5 in each of 650 weights
+    moved = remote.global_vector - start
+    assert moved.std().item() == pytest.approx(z * clip, rel=0.15)  # 5 standard errors
+    assert abs(moved.norm().item() - z * clip * moved.numel() ** 0.5) <= clip + 4 * z * clip
+
+    for name in names:
+        hub.fed.stop_site(name)

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from config.dataset import dataset_info_of
-from config.params import Params, load_params
+from config.params import Params, load_params, validate_params
 from federated.data import dataset_info
 from flowerapp.hub import site_task
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan, write_plan
 from flowerapp.site import main as site_main
+from flowerapp.site import supernode_command
 from flowerapp.site_data import SiteDataError, load_site_data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,3 +141,44 @@ def test_the_hubs_plan_is_what_its_tasks_carry_and_a_departure_is_named(
     (tmp_path / "list.json").write_text(json.dumps([1, 2]))
     with pytest.raises(PlanError, match="must be a JSON object of settings"):
         read_plan(tmp_path / "list.json")
+
+
+def test_the_privacy_a_site_is_promised_is_in_its_plan_and_local_dp_can_be_insisted_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The task carries the privacy settings, so a plan pinned with local DP refuses a
+    task with less noise or privacy off; ``fedsieve-site --local-dp`` refuses to start on
+    a plan without local DP, whatever else it says."""
+    info = dataset_info("digits")
+    local = site_task(
+        validate_params({"privacy": {"mode": "local", "clip": 0.5, "noise_multiplier": 2.0,
+                                     "target_epsilon": 9.0}}, "params.yaml"), info,
+    )  # fmt: skip
+    assert {k: v for k, v in local.items() if k.startswith("privacy_")} == {
+        "privacy_mode": "local", "privacy_clip": 0.5, "privacy_noise_multiplier": 2.0,
+        "privacy_delta": 1e-5, "privacy_target_epsilon": 9.0,
+    }  # fmt: skip
+    off = site_task(validate_params({}, "params.yaml"), info)
+    assert not any(k.startswith("privacy_") and k != "privacy_mode" for k in off)
+    assert plan_differences(local, local | {"privacy_noise_multiplier": 1.0}) == [
+        "privacy_noise_multiplier=1.0 (approved 2.0)"
+    ]
+    assert "privacy_mode=off (approved local)" in plan_differences(local, off)
+
+    (tmp_path / "ca.crt").write_text("")
+    (tmp_path / "site.key").write_text("")
+    digits_sized = {"train_images": np.zeros((3, 28, 28), np.uint8),
+                    "test_images": np.zeros((1, 28, 28), np.uint8)}  # fmt: skip
+    argv = ["--data", str(site_file(tmp_path / "site.npz", **digits_sized)), "--superlink", "hub:9092",
+            "--ca", str(tmp_path / "ca.crt"), "--key", str(tmp_path / "site.key"), "--local-dp"]  # fmt: skip
+    write_plan(tmp_path / "plan.json", off)
+    assert site_main([*argv, "--plan", str(tmp_path / "plan.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"fedsieve-site: error: --local-dp: plan {tmp_path / 'plan.json'} has privacy_mode "
+        "off; this site trains only with privacy_mode local\n"
+    )
+    command = supernode_command(
+        tmp_path / "site.npz", tmp_path / "plan.json", "hub:9092", tmp_path / "ca.crt",
+        tmp_path / "site.key", local_dp=True,
+    )  # fmt: skip
+    assert command[-1].endswith(" require-local-dp=true")

@@ -8,7 +8,8 @@ import pytest
 from config.params import Params, load_params
 from federated.data import load_medmnist
 from federated.partition import build_partitioner
-from tasks.training import build_federation, few_local_steps, train_rounds
+from federated.server import RoundReport
+from tasks.training import build_federation, few_local_steps, report_metrics, train_rounds
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 PARAMS = ["partition.num_clients=3", "model.name=small_cnn"]
@@ -47,3 +48,10 @@ def test_a_setting_whose_clients_take_too_few_steps_is_warned_about():
     assert "lower train.batch_size or raise train.local_epochs" in warning
     roomy = Params.model_validate({"train": {"batch_size": 16, "local_epochs": 2}})
     assert few_local_steps(roomy, small) is None  # four steps
+
+
+def test_each_clients_own_epsilon_under_local_dp_is_logged_under_its_own_name():
+    rows = [{"client": 0, "train_loss": 0.5, "privacy_epsilon": 1.25},
+            {"client": 3, "reason": "client_error"}]  # fmt: skip
+    metrics = report_metrics(RoundReport(2, {"privacy_epsilon": 0.9}, rows))
+    assert metrics == {"privacy_epsilon": 0.9, "client_loss/0": 0.5, "privacy_epsilon/0": 1.25}
