@@ -46,7 +46,7 @@ CLI_TIMEOUT = 60.0  # seconds for one flwr CLI command (register, ls, ...)
 _NODE_ID_LINE = re.compile(r"SuperNode ID: (\d+)")
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free TCP ports on 127.0.0.1 (all held open together, so none repeats)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
@@ -58,7 +58,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     """Whether something accepts TCP connections on 127.0.0.1:port."""
     try:
         with socket.create_connection((HOST, port), timeout=0.5):
@@ -158,7 +158,7 @@ class Loopback:
         self.bin_dir = bin_dir or Path(sys.executable).parent
         self.keep = keep
         self.tls = self._tls_files()
-        self.fleet_port, self.control_port, self.serverappio_port = _free_ports(3)
+        self.fleet_port, self.control_port, self.serverappio_port = free_ports(3)
         self.database = self.work / "superlink.db"
         self.flwr_home = self.work / "flwr-home"
         self._write_flwr_config()
@@ -256,7 +256,7 @@ class Loopback:
         self.superlink = self._spawn(cmd, log, self.work / "home" / "superlink")
         ports = (self.control_port, self.serverappio_port, self.fleet_port)
         deadline = time.monotonic() + timeout
-        while not all(_port_open(port) for port in ports):
+        while not all(port_open(port) for port in ports):
             if self.superlink.poll() is not None:
                 raise RuntimeError(
                     f"flower-superlink exited with {self.superlink.returncode}; see {log}"
@@ -388,7 +388,7 @@ class Loopback:
         key is derived from the private one (`--auth-supernode-public-key` is deprecated in
         1.32 and only logs a warning).
         """
-        (clientappio_port,) = _free_ports(1)
+        (clientappio_port,) = free_ports(1)
         cmd = [
             str(self.bin_dir / "flower-supernode"),
             "--superlink", self.fleet_address,
@@ -403,7 +403,7 @@ class Loopback:
 
     def site_command(self, key: SiteKey, data: Path, plan: Path, *options: str) -> list[str]:
         """What a site operator runs (`fedsieve-site`), pointed at this SuperLink."""
-        (clientappio_port,) = _free_ports(1)
+        (clientappio_port,) = free_ports(1)
         return [
             str(self.bin_dir / "fedsieve-site"), "--data", str(data), "--plan", str(plan),
             "--superlink", self.fleet_address, "--ca", str(self.tls.ca_cert),

@@ -15,6 +15,7 @@ import pytest
 
 from config.params import load_params
 from federated.data import dataset_info
+from flowerapp.certs import make_site_key, make_tls
 from flowerapp.hub import site_task
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan, write_plan
 from flowerapp.site import main as site_main
@@ -60,8 +61,8 @@ def test_the_site_command_stops_in_one_line_before_starting_anything(
     (tmp_path / "not.npz").write_text("images")
     plan = tmp_path / "plan.json"
     write_plan(plan, {"model": "logreg", "lr": 0.05})
-    (tmp_path / "ca.crt").write_text("")
-    (tmp_path / "site.key").write_text("")
+    make_tls(tmp_path)  # ca.crt: the data and plan are checked first
+    make_site_key(tmp_path, "site")
     common = ["--superlink", "hub:9092", "--ca", str(tmp_path / "ca.crt")]
     cases = {
         "not a readable .npz data file": ["--data", str(tmp_path / "not.npz"), "--plan", str(plan)],

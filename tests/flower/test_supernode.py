@@ -6,11 +6,21 @@ its own exit code, no traceback. Each is run from a bare shell environment (no F
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from flowerapp.certs import make_site_key, make_tls
-from flowerapp.supernode import EXIT_KEY_IN_USE, EXIT_KEY_REFUSED, EXIT_STOPPED, EXIT_TLS
+from flowerapp.site import main as site_main
+from flowerapp.supernode import (
+    EXIT_KEY_IN_USE,
+    EXIT_KEY_REFUSED,
+    EXIT_STOPPED,
+    EXIT_TLS,
+    EXIT_USAGE,
+)
 from tests.flower.conftest import Hub
 
 RESTART_AFTER_S = 5.0  # the crash-and-restart the issue names: kill -9, start again 5 s later
@@ -111,7 +121,23 @@ def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Pat
     assert fed.node_status(hub.nodes["site-0"]) == "online"  # the real site-0 untouched
 
 
-def test_the_superlink_logs_no_line_per_poll(hub: Hub) -> None:
-    log = (hub.fed.work / "superlink.log").read_text()
-    assert "[Fleet.ActivateNode] Activated" in log  # its other INFO lines are kept
-    assert "[Fleet.PullMessages]" not in log
+def test_a_key_certificate_or_port_the_site_cannot_use_is_named_before_it_starts(
+    hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = make_site_key(tmp_path, "site")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = {
+            "not a PEM certificate": ["--ca", str(hub.plan)],
+            "not an unencrypted OpenSSH EC private key": ["--key", str(hub.fed.tls.ca_cert)],
+            "No such file or directory": ["--key", str(tmp_path / "none.key")],
+            "Address already in use (another site on this host?": ["--clientappio-port", port],
+        }
+        for message, options in cases.items():
+            argv = [*hub.fed.site_command(key, hub.files["site-0"], hub.plan)[1:], *options]
+            assert site_main(argv) == EXIT_USAGE, message
+            error = capsys.readouterr().err
+            assert error.startswith("fedsieve-site: error: ") and error.count("\n") == 1, error
+            assert message in error, error
