@@ -457,7 +457,8 @@ class Loopback:
         The SuperLink only notices when the heartbeat lapses (up to 60 s): until then the node
         stays "online", messages to it get no reply, and a SuperNode started again with the
         same key is refused ("could not be activated", exit 1). Wait for
-        `wait_status([node_id], "offline")` before `start_site` again.
+        `wait_status([node_id], "offline")` before `start_site` again; a site started as
+        `site_command(...)` (`fedsieve-site`) waits by itself.
         """
         proc = self.sites.pop(name, None)
         return None if proc is None else self._reap(proc, signal.SIGKILL, STOP_GRACE)

@@ -121,6 +121,24 @@ def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Pat
     assert fed.node_status(hub.nodes["site-0"]) == "online"  # the real site-0 untouched
 
 
+def test_a_site_whose_key_is_revoked_while_it_runs_stops_and_says_why(
+    hub: Hub, tmp_path: Path
+) -> None:
+    fed, name = hub.fed, "revoked"
+    key = make_site_key(tmp_path, name)
+    node = fed.register(key.public)
+    site = fed.start_site_command(name, fed.site_command(key, hub.files["site-0"], hub.plan))
+    assert fed.wait_connected(name) == node
+    fed.unregister(node)
+    assert site.wait(timeout=120) == EXIT_KEY_REFUSED
+    lines = fed.site_log(name).read_text().splitlines()
+    assert lines[-1] == (
+        f"fedsieve-site: error: the hub {fed.fleet_address} no longer accepts this site's "
+        f"key {key.private} (node {node} was unregistered)"
+    ), lines[-20:]
+    fed.stop_site(name)  # nothing it started outlives it
+
+
 def test_a_key_certificate_or_port_the_site_cannot_use_is_named_before_it_starts(
     hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
