@@ -6,6 +6,7 @@ its own exit code, no traceback. Each is run from a bare shell environment (no F
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -90,8 +91,11 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert len(waiting) == 1 and f"(node {node})" in waiting[0], lines
     assert any(f"rejoined as node {node}" in line for line in lines), lines
     assert not any("Traceback" in line or "ERROR" in line for line in lines), lines
-    assert fed.stop_site(name) == EXIT_STOPPED  # SIGTERM: the SuperNode deactivates its node
-    fed.wait_status([node], "offline")
+    restarted = fed.sites[name]
+    restarted.send_signal(signal.SIGTERM)  # docker stop, systemctl stop (KillMode=mixed)
+    assert restarted.wait(timeout=60) == EXIT_STOPPED
+    assert fed.node_status(node) == "offline"  # the SuperNode deactivated its node on the way out
+    fed.stop_site(name)
 
 
 def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Path) -> None:
