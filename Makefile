@@ -10,6 +10,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 
 # The official MedMNIST files beside the checkout (../shared) when present; otherwise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
+    "FLOWER_TELEMETRY_OFF",
     "PORTABLE_NUMERICS",
     "PORTABLE_NUMERICS_SWITCH",
     "configure_environment",
@@ -26,11 +27,17 @@ __all__ = [
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
+# Flower's own switches (flwr.supercore.telemetry, flwr.supercore.update_check): every
+# Flower process (flwr CLI, SuperLink, SuperNode, SuperExec, ServerApp, ClientApp) reads
+# them, and each process inherits them from the one that started it
+FLOWER_TELEMETRY_OFF = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
 TELEMETRY_OFF = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "true",  # MLflow honours "true", not "1"
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
+    **FLOWER_TELEMETRY_OFF,
 }
 
 # MLflow's HTTP client retries 7 times with a backoff factor of 2 (minutes before a call to

@@ -18,8 +18,11 @@ uint8, and it is split once, stratified and seeded (seed 0): 1,257 train, 180 va
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import shutil
+import sys
 import tempfile
 import urllib.request
 from dataclasses import dataclass
@@ -83,10 +86,21 @@ class DatasetInfo:
         return f"{self.flag}.npz" if self.size == 28 else f"{self.flag}_{self.size}.npz"
 
 
-def _info_table() -> dict[str, dict]:
-    """``medmnist.INFO``: each flag's URL, md5, task, labels and split sizes."""
-    from medmnist import INFO
+MEDMNIST_HINT = "Please install the required packages first."  # medmnist/__init__.py
 
+
+def _info_table() -> dict[str, dict]:
+    """``medmnist.INFO``: each flag's URL, md5, task, labels and split sizes.
+
+    Importing it runs medmnist's ``__init__``, which also imports its dataset classes and
+    evaluator and, where their packages are missing (pandas in the Flower environment),
+    prints an install hint to stdout: into every run's log. Only the table is used here,
+    so that hint is not passed on; anything else printed is."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        from medmnist import INFO
+    lines = printed.getvalue().splitlines(keepends=True)
+    sys.stdout.write("".join(line for line in lines if not line.startswith(MEDMNIST_HINT)))
     return INFO
 
 

@@ -671,9 +671,11 @@ class Federation:
     def _trail_row(
         self, round_number: int, client: ClientData | RegisteredClient
     ) -> dict[str, Any]:
+        site = {"site": client.name} if isinstance(client, RegisteredClient) else {}
         return {
             "round": round_number,
             "client": client.client_id,
+            **site,  # a real site's name (whom the hub's operator calls)
             "num_samples": len(client),
             "malicious": client.client_id in self.threat.malicious,
             "excluded": False,

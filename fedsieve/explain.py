@@ -1,6 +1,8 @@
 """``fedsieve explain --round R --client C``: why a client counted less in a round, in one
 screen, read from the exclusion trail (``reports/exclusions.csv``, or a comparison cell's
-with ``--cell``).
+with ``--cell``). At real sites (``federation.runtime: flower``) the trail names each
+site, ``--site NAME`` picks one, and the explanation names it: there is no ground truth
+about who is malicious there, so none is printed.
 
 It says whether the client was left out and by what (screen, non-finite update, filter,
 a selecting rule), the weight it effectively received against the round's average, and
@@ -21,7 +23,9 @@ from config.errors import OpsError
 __all__ = ["add_explain_arguments", "explain", "explain_row"]
 
 # the trail's identity and decision columns; every other numeric column is a measurement
-IDENTITY = ("round", "client", "num_samples", "malicious", "excluded", "reason", "message")
+IDENTITY = (
+    "round", "client", "site", "num_samples", "malicious", "excluded", "reason", "message",
+)  # fmt: skip
 REASONS = {
     "noniid_loss": "left out before training by the non-IID screen: its loss on the global "
     "model was an outlier (z-score above noniid.z)",
@@ -32,7 +36,9 @@ REASONS = {
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round", type=int, required=True, help="the round (1-based)")
-    parser.add_argument("--client", type=int, required=True, help="the client id")
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--client", type=int, help="the client id")
+    who.add_argument("--site", help="the site's name (runs at real sites)")
     parser.add_argument("--cell", help="a comparison cell's trail (artifacts/compare/<cell>)")
     parser.add_argument("--trail", type=Path, help="a trail file (default reports/exclusions.csv)")
 
@@ -66,12 +72,13 @@ def _decision(row: dict[str, str]) -> str:
 
 def explain_row(row: dict[str, str], round_rows: list[dict[str, str]]) -> str:
     """The explanation of one trail row among its round's rows."""
-    malicious = "yes" if row.get("malicious") == "True" else "no"
-    lines = [
-        f"round {row['round']}, client {row['client']} ({row.get('num_samples', '?')} samples; "
-        f"malicious in truth: {malicious})",
-        _decision(row),
-    ]
+    samples = f"{row.get('num_samples', '?')} samples"
+    if row.get("site"):  # a real site: no ground truth
+        header = f"round {row['round']}, site {row['site']} ({samples})"
+    else:
+        malicious = "yes" if row.get("malicious") == "True" else "no"
+        header = f"round {row['round']}, client {row['client']} ({samples}; malicious in truth: {malicious})"
+    lines = [header, _decision(row)]
     weight = _number(row.get("effective_weight"))
     if weight is not None:
         counted = [w for r in round_rows if (w := _number(r.get("effective_weight"))) is not None]
@@ -105,11 +112,13 @@ def explain(args: argparse.Namespace, workdir: Path) -> int:
         rows = [r for r in csv.DictReader(handle) if _number(r.get("round")) == args.round]
     if not rows:
         raise OpsError(f"{trail} has no round {args.round}")
-    row = next((r for r in rows if _number(r.get("client")) == args.client), None)
+    if args.site is not None:
+        row = next((r for r in rows if r.get("site") == args.site), None)
+    else:
+        row = next((r for r in rows if _number(r.get("client")) == args.client), None)
     if row is None:
-        sampled = ", ".join(r["client"] for r in rows)
-        raise OpsError(
-            f"client {args.client} was not sampled in round {args.round}; sampled: {sampled}"
-        )
+        asked = f"site {args.site}" if args.site is not None else f"client {args.client}"
+        sampled = ", ".join(r.get("site") or r["client"] for r in rows)
+        raise OpsError(f"{asked} was not sampled in round {args.round}; sampled: {sampled}")
     print(explain_row(row, rows))
     return 0

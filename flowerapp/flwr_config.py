@@ -1,7 +1,8 @@
 """Flower's two small configuration formats, written in one place: the ``key=value``
 pairs of ``--node-config`` / ``--run-config`` (TOML values), and the ``flwr`` CLI's
 ``config.toml`` naming a SuperLink connection. The site command, the hub's train stage,
-the loopback harness and the container smoke test all write them through here.
+the loopback harness and the container smoke test all write them through here. And the
+environment every Flower process fedsieve starts runs in (:func:`flower_env`).
 
     python -m flowerapp.flwr_config --home DIR --connection hub --address HOST:9093 --ca ca.crt
 
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["ConfigValue", "config_pairs", "write_cli_config"]
+from config.environment import FLOWER_TELEMETRY_OFF
+
+__all__ = ["ConfigValue", "config_pairs", "flower_env", "write_cli_config"]
 
 ConfigValue = str | int | float | bool
 _KEY = re.compile(r"[A-Za-z0-9_.-]+")
@@ -41,6 +45,19 @@ def config_pairs(config: Mapping[str, ConfigValue]) -> list[str]:
             raise ValueError(f"config key {key!r} must match {_KEY.pattern}")
         pairs.append(f"{key}={_toml_value(value)}")
     return pairs
+
+
+def flower_env(bin_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (the process environment) for a Flower process: ``bin_dir`` first on PATH
+    (a SuperLink or SuperNode starts ``flower-superexec`` and the apps through PATH),
+    Flower's telemetry and update check off, no runtime installation of app dependencies
+    (``uv sync``: nothing is downloaded), output unbuffered (logs arrive as written)."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join([str(bin_dir), *filter(None, [env.get("PATH")])])
+    env.update(FLOWER_TELEMETRY_OFF)
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def write_cli_config(home: Path, connection: str, address: str, ca_cert: Path) -> None:

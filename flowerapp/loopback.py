@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from flowerapp.certs import SiteKey, TlsFiles, make_tls
-from flowerapp.flwr_config import ConfigValue, config_pairs, write_cli_config
+from flowerapp.flwr_config import ConfigValue, config_pairs, flower_env, write_cli_config
 
 HOST = "127.0.0.1"
 CONNECTION = "loopback"  # the SuperLink connection name in the flwr CLI config
@@ -46,7 +46,7 @@ CLI_TIMEOUT = 60.0  # seconds for one flwr CLI command (register, ls, ...)
 _NODE_ID_LINE = re.compile(r"SuperNode ID: (\d+)")
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free TCP ports on 127.0.0.1 (all held open together, so none repeats)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
@@ -58,7 +58,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     """Whether something accepts TCP connections on 127.0.0.1:port."""
     try:
         with socket.create_connection((HOST, port), timeout=0.5):
@@ -158,7 +158,7 @@ class Loopback:
         self.bin_dir = bin_dir or Path(sys.executable).parent
         self.keep = keep
         self.tls = self._tls_files()
-        self.fleet_port, self.control_port, self.serverappio_port = _free_ports(3)
+        self.fleet_port, self.control_port, self.serverappio_port = free_ports(3)
         self.database = self.work / "superlink.db"
         self.flwr_home = self.work / "flwr-home"
         self._write_flwr_config()
@@ -196,21 +196,17 @@ class Loopback:
 
     def _env(self, flwr_home: Path) -> dict[str, str]:
         """Environment for one Flower process: its own FLWR_HOME, no telemetry, no network."""
-        env = dict(os.environ)
-        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
-        env["FLWR_HOME"] = str(flwr_home)
-        env["FLWR_TELEMETRY_ENABLED"] = "0"
-        env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
-        env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
+        return flower_env(self.bin_dir) | {"FLWR_HOME": str(flwr_home)}
 
     def flwr_env(self) -> dict[str, str]:
         """Environment in which `flwr ...` commands talk to this SuperLink by default."""
         return self._env(self.flwr_home)
 
-    def _spawn(self, cmd: list[str], log: Path, flwr_home: Path) -> subprocess.Popen[bytes]:
-        """Start `cmd` in a new session (PID = group id), appending its output to `log`."""
+    def _spawn(
+        self, cmd: list[str], log: Path, flwr_home: Path, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `cmd` in a new session (PID = group id), appending its output to `log`;
+        in `env` when given (FLWR_HOME added), else in `_env`."""
         flwr_home.mkdir(parents=True, exist_ok=True)
         out = log.open("ab")
         proc = subprocess.Popen(
@@ -219,7 +215,7 @@ class Loopback:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=self.work,
-            env=self._env(flwr_home),
+            env=self._env(flwr_home) if env is None else {**env, "FLWR_HOME": str(flwr_home)},
             start_new_session=True,
         )
         self._logs[proc.pid] = out
@@ -241,30 +237,26 @@ class Loopback:
         """Start the SuperLink and return once its three APIs accept connections.
 
         The database is a file (by default `work/superlink.db`), so a restart after
-        `kill_superlink` keeps the registered SuperNode keys and their node ids.
+        `kill_superlink` keeps the registered SuperNode keys and their node ids. It is the
+        hub operator's command (`python -m flowerapp.superlink`, docs/federation.md).
         """
         if self.superlink is not None and self.superlink.poll() is None:
             raise RuntimeError("the SuperLink is already running")
         if database is not None:
             self.database = database
         cmd = [
-            str(self.bin_dir / "flower-superlink"),
-            "--ssl-ca-certfile", str(self.tls.ca_cert),
-            "--ssl-certfile", str(self.tls.server_cert),
-            "--ssl-keyfile", str(self.tls.server_key),
-            "--enable-supernode-auth",
-            "--isolation", "subprocess",
+            str(self.bin_dir / "python"), "-m", "flowerapp.superlink",  # the hub's command
+            "--certs", str(self.tls.ca_cert.parent),
+            "--database", str(self.database),
             "--fleet-api-address", self.fleet_address,
             "--control-api-address", self.control_address,
             "--serverappio-api-address", f"{HOST}:{self.serverappio_port}",
-            "--database", str(self.database),
-            "--disable-runtime-dependency-installation",
         ]  # fmt: skip
         log = self.work / "superlink.log"
         self.superlink = self._spawn(cmd, log, self.work / "home" / "superlink")
         ports = (self.control_port, self.serverappio_port, self.fleet_port)
         deadline = time.monotonic() + timeout
-        while not all(_port_open(port) for port in ports):
+        while not all(port_open(port) for port in ports):
             if self.superlink.poll() is not None:
                 raise RuntimeError(
                     f"flower-superlink exited with {self.superlink.returncode}; see {log}"
@@ -396,10 +388,7 @@ class Loopback:
         key is derived from the private one (`--auth-supernode-public-key` is deprecated in
         1.32 and only logs a warning).
         """
-        running = self.sites.get(name)
-        if running is not None and running.poll() is None:
-            raise RuntimeError(f"site {name} is already running")
-        (clientappio_port,) = _free_ports(1)
+        (clientappio_port,) = free_ports(1)
         cmd = [
             str(self.bin_dir / "flower-supernode"),
             "--superlink", self.fleet_address,
@@ -410,9 +399,29 @@ class Loopback:
         ]  # fmt: skip
         if node_config:
             cmd += ["--node-config", " ".join(config_pairs(node_config))]
+        return self.start_site_command(name, cmd)
+
+    def site_command(self, key: SiteKey, data: Path, plan: Path, *options: str) -> list[str]:
+        """What a site operator runs (`fedsieve-site`), pointed at this SuperLink."""
+        (clientappio_port,) = free_ports(1)
+        return [
+            str(self.bin_dir / "fedsieve-site"), "--data", str(data), "--plan", str(plan),
+            "--superlink", self.fleet_address, "--ca", str(self.tls.ca_cert),
+            "--key", str(key.private), "--clientappio-port", str(clientappio_port), *options,
+        ]  # fmt: skip
+
+    def start_site_command(
+        self, name: str, cmd: list[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a site as `cmd` (`flower-supernode ...`, `site_command(...)`), in `env`
+        when given (as a site operator's shell has it): its own session and log, stopped
+        by `stop_site` / `kill_site` with all it started."""
+        running = self.sites.get(name)
+        if running is not None and running.poll() is None:
+            raise RuntimeError(f"site {name} is already running")
         log = self.site_log(name)
         self._site_log_start[name] = log.stat().st_size if log.exists() else 0
-        self.sites[name] = self._spawn(cmd, log, self.work / "home" / name)
+        self.sites[name] = self._spawn(cmd, log, self.work / "home" / name, env)
         return self.sites[name]
 
     def wait_connected(self, name: str, timeout: float = START_TIMEOUT) -> int:
@@ -448,7 +457,8 @@ class Loopback:
         The SuperLink only notices when the heartbeat lapses (up to 60 s): until then the node
         stays "online", messages to it get no reply, and a SuperNode started again with the
         same key is refused ("could not be activated", exit 1). Wait for
-        `wait_status([node_id], "offline")` before `start_site` again.
+        `wait_status([node_id], "offline")` before `start_site` again; a site started as
+        `site_command(...)` (`fedsieve-site`) waits by itself.
         """
         proc = self.sites.pop(name, None)
         return None if proc is None else self._reap(proc, signal.SIGKILL, STOP_GRACE)

@@ -6,25 +6,36 @@ the site's key.
         --ca ca.crt --key site.key
 
 The SuperNode connects outbound only (no port is opened to the outside: its ClientApp API
-listens on 127.0.0.1) and retries for ever, so a restarted hub finds it again. A data file
-that cannot be trained on, or a plan file that cannot be read, ends here in one line with exit
-code 2, before anything starts. Tasks whose settings are not the plan are refused
-(:mod:`flowerapp.plan`). ``--local-dp`` insists on local differential privacy whatever
-the plan says: a plan without ``privacy_mode: local`` is refused here, and so is every
-task without it (:mod:`flowerapp.client_app`).
+listens on 127.0.0.1, ``--clientappio-port``, one per site on a host) and retries for ever,
+so a restarted hub finds it again. Data that cannot be trained on (a folder of images read
+in the plan's schema, or an .npz), a plan file that cannot be read, a key or certificate
+that cannot be loaded or a port in use ends here in one line with exit code 2, before
+anything starts. Tasks whose settings are not the plan are refused (:mod:`flowerapp.plan`).
+``--local-dp`` insists on local differential privacy whatever the plan says: a plan without
+``privacy_mode: local`` is refused here, and so is every task without it
+(:mod:`flowerapp.client_app`). The SuperNode runs watched (:mod:`flowerapp.supernode`): a
+restart soon after a crash waits for the hub to let the node in again, and a hub that
+refuses the site (its key, its certificate) ends it in one line with its own exit code.
+It runs with Flower's telemetry and update check off, downloading nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flowerapp.flwr_config import config_pairs
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from flowerapp.flwr_config import config_pairs, flower_env
 from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data, task_dataset
+from flowerapp.supernode import EXIT_CODES, EXIT_USAGE, Site, run_supernode
 
 __all__ = ["main", "supernode_command"]
 
@@ -51,8 +62,51 @@ def supernode_command(
     ]  # fmt: skip
 
 
+def credentials_problem(ca: Path, key: Path) -> str | None:
+    """Why ``--ca`` or ``--key`` cannot be used (None: both load), in one line: Flower would
+    say so only with a traceback."""
+    try:
+        x509.load_pem_x509_certificates(ca.read_bytes())
+    except OSError as error:
+        return f"--ca {ca}: {error.strerror}"
+    except ValueError:
+        return f"--ca {ca}: not a PEM certificate (the hub's ca.crt)"
+    try:
+        private = load_ssh_private_key(key.read_bytes(), None)
+    except OSError as error:
+        return f"--key {key}: {error.strerror}"
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        private = None
+    if not isinstance(private, ec.EllipticCurvePrivateKey):
+        return (
+            f"--key {key}: not an unencrypted OpenSSH EC private key "
+            "(python -m flowerapp.certs --no-tls --site NAME writes one)"
+        )
+    return None
+
+
+def port_problem(port: int) -> str | None:
+    """Why the SuperNode cannot listen on 127.0.0.1:``port`` (None: it can)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is no use
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            return (
+                f"--clientappio-port {port}: {error.strerror} (another site on this host? "
+                "give each its own port)"
+            )
+    return None
+
+
+def _epilog() -> str:
+    return "exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedsieve-site", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="fedsieve-site", description=__doc__.split("\n\n")[0], epilog=_epilog()
+    )
     parser.add_argument(
         "--data", type=Path, required=True,
         help="the site's images: a folder with labels.csv (file, label[, split]) or an .npz",
@@ -63,10 +117,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--superlink", required=True, help="the hub's Fleet API, host:port")
     parser.add_argument("--ca", type=Path, required=True, help="the hub's CA certificate")
     parser.add_argument("--key", type=Path, required=True, help="the site's private key")
-    parser.add_argument("--clientappio-port", type=int, default=9094)
+    parser.add_argument(
+        "--clientappio-port", type=int, default=9094,
+        help="the SuperNode's ClientApp API on 127.0.0.1 (one per site on a host)",
+    )  # fmt: skip
     parser.add_argument(
         "--local-dp", action="store_true",
         help="train only with local differential privacy (privacy_mode local), plan or no plan",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rejoin-timeout", type=float, default=120.0,
+        help="seconds to wait for the hub to let this site's node in again after a restart",
     )  # fmt: skip
     args = parser.parse_args(argv)
     try:
@@ -87,11 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{plan.get('privacy_mode', 'off')}; this site trains only with privacy_mode local",
             file=sys.stderr,
         )
-        return 2
-    for name, path in (("--ca", args.ca), ("--key", args.key)):
-        if not path.is_file():
-            print(f"fedsieve-site: error: {name} {path}: no such file", file=sys.stderr)
-            return 2
+        return EXIT_USAGE
+    problem = credentials_problem(args.ca, args.key) or port_problem(args.clientappio_port)
+    if problem:
+        print(f"fedsieve-site: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     print(
         f"fedsieve-site: {data.path.name}: {len(data.train)} training and {len(data.test)} "
         f"held-out images; approved plan {plan_digest(plan)[:12]}; connecting to {args.superlink}",
@@ -101,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
         args.local_dp,
     )  # fmt: skip
-    os.execv(command[0], command)  # the SuperNode is the site's process from here on
+    site = Site(args.superlink, args.ca, args.key)
+    env = flower_env(Path(command[0]).parent)
+    return run_supernode(command, env, site, rejoin_timeout=args.rejoin_timeout)
 
 
 def console() -> None:

@@ -41,3 +41,26 @@ def test_the_command_reads_the_trail_and_refuses_a_client_not_sampled(tmp_path, 
     assert "pid_made" in capsys.readouterr().out
     assert main(["explain", "--round", "1", "--client", "7", "--trail", str(trail)]) == 2
     assert "client 7 was not sampled in round 1; sampled: 0, 1, 2" in capsys.readouterr().err
+
+
+def test_at_real_sites_a_site_is_named_and_no_ground_truth_is_claimed(tmp_path, capsys):
+    sites = [row | {"site": f"hospital-{'abc'[int(row['client'])]}", "malicious": "False"}
+             for row in ROUND]  # fmt: skip
+    trail = tmp_path / "exclusions.csv"
+    with trail.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(sites[0]))
+        writer.writeheader()
+        writer.writerows(sites)
+
+    assert main(["explain", "--round", "1", "--site", "hospital-b", "--trail", str(trail)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("round 1, site hospital-b (30 samples)\n")
+    assert "malicious" not in text and "client" not in text.splitlines()[0]
+    assert main(["explain", "--round", "1", "--client", "1", "--trail", str(trail)]) == 0
+    assert capsys.readouterr().out == text
+    assert main(["explain", "--round", "1", "--site", "hospital-z", "--trail", str(trail)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "site hospital-z was not sampled in round 1; sampled: hospital-a, hospital-b, hospital-c"
+        in err
+    )

@@ -16,6 +16,7 @@ import pytest
 from config.dataset import dataset_info_of
 from config.params import Params, load_params, validate_params
 from federated.data import dataset_info
+from flowerapp.certs import make_site_key, make_tls
 from flowerapp.hub import site_task
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan, write_plan
 from flowerapp.site import main as site_main
@@ -86,8 +87,8 @@ def test_the_site_command_stops_in_one_line_before_starting_anything(
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "labels.csv").write_text("file,label\nmissing.png,benign\n")
-    (tmp_path / "ca.crt").write_text("")
-    (tmp_path / "site.key").write_text("")
+    make_tls(tmp_path)  # ca.crt: the data and plan are checked first
+    make_site_key(tmp_path, "site")
     common = ["--superlink", "hub:9092", "--ca", str(tmp_path / "ca.crt")]
     cases = {
         "not a readable .npz file of arrays": [

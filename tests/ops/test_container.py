@@ -18,6 +18,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
+from config.environment import FLOWER_TELEMETRY_OFF
 from fedsieve.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,6 +119,7 @@ def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(doc
     assert any("--no-deps" in line and "-e ." in line for line in make_recipe("project"))
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", "mlflow.db", ".prefect", "tracking"} <= set(ignored)
+    assert {"certs", "keys", "plan.json", "federation"} <= set(ignored)  # ca.key, site keys
     assert not {"Makefile", "pyproject.toml", "params.yaml"} & set(ignored)
 
 
@@ -140,6 +142,7 @@ def test_the_runtime_stage_has_no_build_or_dev_tools_and_runs_as_non_root(docker
     env = dockerfile.envs
     assert env["DO_NOT_TRACK"] == "true" and env["MLFLOW_DISABLE_TELEMETRY"] == "true"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert {key: env.get(key) for key in FLOWER_TELEMETRY_OFF} == FLOWER_TELEMETRY_OFF  # flwr CLI
     assert env["PATH"].startswith("/app/.venv/bin")
     assert env["GIT_PYTHON_REFRESH"] == "quiet"  # MLflow's documented switch: no git, no noise
 

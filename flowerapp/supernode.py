@@ -1,0 +1,283 @@
+"""``fedsieve-site``'s SuperNode, watched: refusals in one line, restarts that rejoin.
+
+``flower-supernode`` 1.32.1 ends with exit code 1 and a traceback whenever the SuperLink
+refuses it: its key is not registered ("No SuperNode found with the given public key"),
+the hub's certificate is not one ``--ca`` vouches for (a TLS handshake failure), or its
+node is still online ("SuperNode with node ID N could not be activated"). The last is
+what a site restarted soon after a crash meets: the SuperLink counts a node online until
+its heartbeat lapses (two 30-second intervals), and only then lets the same key join
+again. Flower retries none of these (``flwr.supercore.retry``: only an unreachable hub
+is retried), and says which it was only in its log.
+
+So the site command runs ``flower-supernode`` as its child and reads what it prints. A
+node still online is waited for: the child is started again every few seconds, with one
+line saying so, until the hub lets the node in (or ``rejoin_timeout`` says another
+SuperNode is using the key). Every other refusal ends the site with one line and its own
+exit code (:data:`EXIT_CODES`), Flower's report of it held back. Once the node has
+joined, everything Flower prints is passed through as it comes. SIGTERM (``docker
+stop``, ``systemctl stop``) is passed to the child, which deactivates its node; Ctrl-C
+reaches both, as they share a process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_KEY_IN_USE",
+    "EXIT_KEY_REFUSED",
+    "EXIT_STOPPED",
+    "EXIT_SUPERNODE",
+    "EXIT_TLS",
+    "EXIT_USAGE",
+    "Site",
+    "run_supernode",
+]
+
+EXIT_STOPPED = 0  # stopped by SIGTERM or Ctrl-C
+EXIT_USAGE = 2  # a data file, plan, key, certificate or port the site cannot use
+EXIT_KEY_REFUSED = 3  # the hub does not know this site's key (never registered, or revoked)
+EXIT_TLS = 4  # the hub's certificate is not signed by --ca, or not for this host name
+EXIT_KEY_IN_USE = 5  # the node stayed online past the rejoin timeout: the key is in use
+EXIT_SUPERNODE = 6  # flower-supernode ended otherwise before joining (its last error)
+EXIT_CODES = {
+    EXIT_STOPPED: "stopped (SIGTERM, Ctrl-C)",
+    EXIT_USAGE: "a data file, plan, key, certificate or port the site cannot use",
+    EXIT_KEY_REFUSED: "the hub does not know this site's key: not registered, or revoked",
+    EXIT_TLS: "the hub's certificate is not signed by --ca or not for its host name",
+    EXIT_KEY_IN_USE: "another SuperNode is online with this site's key",
+    EXIT_SUPERNODE: "flower-supernode failed before joining (its last error quoted)",
+}
+
+RETRY_S = 5.0  # between tries while the old node is still online
+STOP_GRACE = 10.0  # after Ctrl-C or a revoked key: SIGTERM, then SIGKILL this much later
+QUIET_S = 0.2  # how long the output must be quiet before an exited child is done with
+
+_JOINED = re.compile(r"SuperNode ID: (\d+)")
+_STILL_ONLINE = re.compile(r"SuperNode with node ID (\d+) could not be activated")
+_UNKNOWN_KEY = "No SuperNode found with the given public key"
+_REVOKED = 'details = "Invalid node ID"'  # a joined node's key was unregistered
+_HANDSHAKE = re.compile(r"handshake failed", re.IGNORECASE)
+_VERIFY = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:\n]+)")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the refusal messages name: the hub's address and the site's files."""
+
+    superlink: str
+    ca: Path
+    key: Path
+
+
+@dataclass
+class _Attempt:
+    """One run of flower-supernode: what it printed before joining, its node once in."""
+
+    number: int
+    held: list[str] = field(default_factory=list)
+    node: int | None = None
+    revoked: bool = False
+    returncode: int = 0
+
+
+def _plain(line: str) -> str:
+    return _COLOUR.sub("", line).strip()
+
+
+def _refusal(attempt: _Attempt, site: Site) -> tuple[int, str]:
+    """The exit code and one line for a child that ended before joining."""
+    text = "".join(attempt.held)
+    if _UNKNOWN_KEY in text:
+        return EXIT_KEY_REFUSED, (
+            f"the hub {site.superlink} does not know this site's key {site.key}: send its "
+            "public key to the hub operator to register (flwr supernode register), or ask "
+            "whether it was revoked"
+        )
+    if _HANDSHAKE.search(text):
+        verify = _VERIFY.search(text)
+        why = f" ({verify.group(1).strip()})" if verify else ""
+        return EXIT_TLS, (
+            f"TLS to {site.superlink} failed{why}: the hub's certificate is not signed by "
+            f"--ca {site.ca}, or not issued for the host name {site.superlink.rsplit(':', 1)[0]}"
+        )
+    plain = [text for line in attempt.held if (text := _plain(line))]
+    details = [text for text in plain if text.startswith("details = ")]
+    errors = [text for text in plain if text.startswith("ERROR")]
+    last = (details or errors or plain or ["no output"])[-1]
+    return EXIT_SUPERNODE, (
+        f"flower-supernode exited with {attempt.returncode} before joining: {last[:300]}"
+    )
+
+
+class _Supervisor:
+    """Runs flower-supernode until it joins and ends, retrying while the node is online."""
+
+    def __init__(self, command: Sequence[str], env: dict[str, str], out: IO[str]) -> None:
+        self.command = list(command)
+        self.env = env
+        self.out = out
+        self.child: subprocess.Popen[str] | None = None
+        self.stopping = threading.Event()
+        self.stop_at: float | None = None
+        self.started = time.monotonic()
+        self.waiting_since: float | None = None
+
+    def say(self, line: str) -> None:
+        self.out.write(line if line.endswith("\n") else line + "\n")
+        self.out.flush()
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        """SIGTERM goes to the child; Ctrl-C reached it already (one process group)."""
+        self.stopping.set()
+        self.stop_at = self.stop_at or time.monotonic()
+        child = self.child
+        if signum == signal.SIGTERM and child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    # -- one run of the child --------------------------------------------------------------
+
+    def _line(self, attempt: _Attempt, line: str) -> None:
+        """Hold what comes before the node joins; pass the rest through."""
+        if attempt.node is None:
+            joined = _JOINED.search(line)
+            if joined is None and "WARNING" not in _plain(line)[:10]:
+                attempt.held.append(line)  # start-up lines, or the report of a refusal
+                return
+            if attempt.number == 1:  # a later try's start-up lines repeat the first's
+                for held in attempt.held:
+                    self.say(held)
+            attempt.held.clear()
+            if joined is not None:
+                attempt.node = int(joined.group(1))
+                self.say(line)
+                if self.waiting_since is not None:
+                    self.say(
+                        f"fedsieve-site: rejoined as node {attempt.node}, "
+                        f"{time.monotonic() - self.started:.0f} s after this start"
+                    )
+                return
+        elif _REVOKED in line and not attempt.revoked:
+            attempt.revoked = True
+            self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
+        self.say(line)
+
+    def _escalate(self, child: subprocess.Popen[str]) -> None:
+        """A child asked to stop (Ctrl-C, a revoked key) gets SIGTERM, then SIGKILL."""
+        if self.stop_at is None or child.poll() is not None:
+            return
+        late = time.monotonic() - self.stop_at
+        if late >= 2 * STOP_GRACE:
+            child.kill()
+        elif late >= STOP_GRACE:
+            child.terminate()
+
+    def attempt(self, number: int) -> _Attempt:
+        attempt = _Attempt(number)
+        self.child = child = subprocess.Popen(
+            self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+        )  # fmt: skip
+        lines: queue.Queue[str | None] = queue.Queue()
+        assert child.stdout is not None
+        threading.Thread(target=_pump, args=(child.stdout, lines), daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=QUIET_S)
+            except queue.Empty:
+                if child.poll() is not None:
+                    break  # exited, and its output (a grandchild may hold the pipe) quiet
+                self._escalate(child)
+                continue
+            if line is None:
+                break
+            self._line(attempt, line)
+        attempt.returncode = child.wait()
+        return attempt
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    def run(self, site: Site, rejoin_timeout: float) -> int:
+        number = 0
+        while True:
+            number += 1
+            attempt = self.attempt(number)
+            if self.stopping.is_set():
+                return EXIT_STOPPED
+            if attempt.revoked:
+                self.say(
+                    f"fedsieve-site: error: the hub {site.superlink} no longer accepts this "
+                    f"site's key {site.key} (node {attempt.node} was unregistered)"
+                )
+                return EXIT_KEY_REFUSED
+            if attempt.node is not None:
+                return attempt.returncode
+            online = _STILL_ONLINE.search("".join(attempt.held))
+            if online is None:
+                code, why = _refusal(attempt, site)
+                self.say(f"fedsieve-site: error: {why}")
+                return code
+            if self.waiting_since is None:
+                self.waiting_since = time.monotonic()
+                self.say(
+                    f"fedsieve-site: the hub still counts this site's previous SuperNode "
+                    f"(node {online.group(1)}) online; waiting until its heartbeat lapses "
+                    f"(at most {rejoin_timeout:.0f} s), then rejoining"
+                )
+            elif time.monotonic() - self.waiting_since > rejoin_timeout:
+                self.say(
+                    f"fedsieve-site: error: node {online.group(1)} is still online after "
+                    f"{rejoin_timeout:.0f} s: another SuperNode runs with this site's key "
+                    f"{site.key}; stop it, or wait and start this one again"
+                )
+                return EXIT_KEY_IN_USE
+            if self.stopping.wait(RETRY_S):
+                return EXIT_STOPPED
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    """The child's output, line by line, then None at its end."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_supernode(
+    command: Sequence[str],
+    env: dict[str, str],
+    site: Site,
+    *,
+    rejoin_timeout: float = 120.0,
+    out: IO[str] | None = None,
+) -> int:
+    """Run ``command`` (flower-supernode) until it ends; ``fedsieve-site``'s exit code."""
+    supervisor = _Supervisor(command, env, out or sys.stderr)
+    with supervisor.signals():
+        return supervisor.run(site, rejoin_timeout)

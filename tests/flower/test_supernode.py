@@ -1,0 +1,165 @@
+"""``fedsieve-site`` as its operator runs it, against the loopback hub: a site killed and
+started again at once rejoins by itself, and every refusal the hub gives is one line and
+its own exit code, no traceback. Each is run from a bare shell environment (no Flower
+``bin`` on PATH, no Flower switches set), as a stranger's would be."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from flowerapp.certs import make_site_key, make_tls
+from flowerapp.site import main as site_main
+from flowerapp.supernode import (
+    EXIT_KEY_IN_USE,
+    EXIT_KEY_REFUSED,
+    EXIT_STOPPED,
+    EXIT_TLS,
+    EXIT_USAGE,
+)
+from tests.flower.conftest import Hub
+
+RESTART_AFTER_S = 5.0  # the crash-and-restart the issue names: kill -9, start again 5 s later
+REJOIN_TIMEOUT = 150.0  # the hub's heartbeat window is 60 s
+
+
+def bare_env(home: Path) -> dict[str, str]:
+    """A login shell's environment: no virtual environment's bin on PATH, no FLWR_*."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:  # the checkout under test, for an editable install
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def lines_since(log: Path, start: int) -> list[str]:
+    return log.read_bytes()[start:].decode(errors="replace").splitlines()
+
+
+def process_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def group_commands(pgid: int) -> dict[int, str]:
+    """The command lines of the live processes in a process group, by PID."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[2]) == pgid:
+                found[int(entry.name)] = cmdline
+    return found
+
+
+def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
+    hub: Hub, tmp_path: Path
+) -> None:
+    fed, name = hub.fed, "phoenix"
+    key = make_site_key(tmp_path, name)
+    node = fed.register(key.public)
+    command = fed.site_command(key, hub.files["site-0"], hub.plan)
+    site = fed.start_site_command(name, command, bare_env(tmp_path))
+    assert fed.wait_connected(name) == node
+    # the SuperNode found flower-superexec without the venv on PATH, Flower's switches set
+    supernodes = [pid for pid, cmd in group_commands(site.pid).items() if "flower-supernode" in cmd]
+    deadline = time.monotonic() + 60
+    while not any("flower-superexec" in c for c in group_commands(site.pid).values()):
+        assert time.monotonic() < deadline, fed.site_log(name).read_text()[-2000:]
+        time.sleep(0.5)
+    env = process_env(supernodes[0])
+    assert env["FLWR_TELEMETRY_ENABLED"] == "0" and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"
+    assert "--allow-runtime-dependency-installation" not in " ".join(command)
+
+    fed.kill_site(name)  # kill -9: the hub still counts the node online until its heartbeat lapses
+    time.sleep(RESTART_AFTER_S)
+    log = fed.site_log(name)
+    start = log.stat().st_size
+    fed.start_site_command(name, command, bare_env(tmp_path))
+    assert fed.wait_connected(name, timeout=REJOIN_TIMEOUT) == node
+    assert fed.node_status(node) == "online"
+    lines = lines_since(log, start)
+    waiting = [line for line in lines if "waiting until its heartbeat lapses" in line]
+    assert len(waiting) == 1 and f"(node {node})" in waiting[0], lines
+    assert any(f"rejoined as node {node}" in line for line in lines), lines
+    assert not any("Traceback" in line or "ERROR" in line for line in lines), lines
+    restarted = fed.sites[name]
+    restarted.send_signal(signal.SIGTERM)  # docker stop, systemctl stop (KillMode=mixed)
+    assert restarted.wait(timeout=60) == EXIT_STOPPED
+    assert fed.node_status(node) == "offline"  # the SuperNode deactivated its node on the way out
+    fed.stop_site(name)
+
+
+def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Path) -> None:
+    fed = hub.fed
+    stranger = make_site_key(tmp_path, "stranger")  # never registered
+    other_ca = make_tls(tmp_path / "other-hub").ca_cert
+    data, plan = hub.files["site-0"], hub.plan
+    cases = {
+        "unregistered": (fed.site_command(stranger, data, plan), EXIT_KEY_REFUSED,
+                         "does not know this site's key"),
+        "wrong-ca": ([*fed.site_command(stranger, data, plan), "--ca", str(other_ca)], EXIT_TLS,
+                     "the hub's certificate is not signed by --ca"),
+        # site-0 is online: a second SuperNode with its key waits, then says why it gave up
+        "key-in-use": (fed.site_command(hub.keys["site-0"], data, plan, "--rejoin-timeout", "1"),
+                       EXIT_KEY_IN_USE, "another SuperNode runs with this site's key"),
+    }  # fmt: skip
+    for name, (command, code, message) in cases.items():
+        log = fed.site_log(name)
+        proc = fed.start_site_command(name, command, bare_env(tmp_path))
+        assert proc.wait(timeout=120) == code, log.read_text()
+        lines = log.read_text().splitlines()
+        errors = [line for line in lines if line.startswith("fedsieve-site: error: ")]
+        assert len(errors) == 1 and message in errors[0], lines
+        assert lines[-1] == errors[0], lines
+        assert not any("Traceback" in line or "ERROR" in line for line in lines), lines
+        fed.stop_site(name)
+    assert fed.node_status(hub.nodes["site-0"]) == "online"  # the real site-0 untouched
+
+
+def test_a_site_whose_key_is_revoked_while_it_runs_stops_and_says_why(
+    hub: Hub, tmp_path: Path
+) -> None:
+    fed, name = hub.fed, "revoked"
+    key = make_site_key(tmp_path, name)
+    node = fed.register(key.public)
+    site = fed.start_site_command(name, fed.site_command(key, hub.files["site-0"], hub.plan))
+    assert fed.wait_connected(name) == node
+    fed.unregister(node)
+    assert site.wait(timeout=120) == EXIT_KEY_REFUSED
+    lines = fed.site_log(name).read_text().splitlines()
+    assert lines[-1] == (
+        f"fedsieve-site: error: the hub {fed.fleet_address} no longer accepts this site's "
+        f"key {key.private} (node {node} was unregistered)"
+    ), lines[-20:]
+    fed.stop_site(name)  # nothing it started outlives it
+
+
+def test_a_key_certificate_or_port_the_site_cannot_use_is_named_before_it_starts(
+    hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = make_site_key(tmp_path, "site")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = {
+            "not a PEM certificate": ["--ca", str(hub.plan)],
+            "not an unencrypted OpenSSH EC private key": ["--key", str(hub.fed.tls.ca_cert)],
+            "No such file or directory": ["--key", str(tmp_path / "none.key")],
+            "Address already in use (another site on this host?": ["--clientappio-port", port],
+        }
+        for message, options in cases.items():
+            argv = [*hub.fed.site_command(key, hub.files["site-0"], hub.plan)[1:], *options]
+            assert site_main(argv) == EXIT_USAGE, message
+            error = capsys.readouterr().err
+            assert error.startswith("fedsieve-site: error: ") and error.count("\n") == 1, error
+            assert message in error, error
