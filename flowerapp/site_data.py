@@ -76,9 +76,7 @@ def load_site_data(path: Path | str) -> SiteData:
     path = Path(path)
     try:
         with np.load(path) as archive:
-            arrays = {
-                name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL
-            }
+            arrays = {name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL}
     except Exception as error:  # missing, not a zip, truncated, ...
         raise SiteDataError(
             f"{path}: not a readable .npz data file ({type(error).__name__}: {error})"
