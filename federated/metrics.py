@@ -42,8 +42,9 @@ whose scores all lie in a sliver (an untrained one: every p near 0.5) can be fur
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,6 +72,8 @@ __all__ = [
     "site_scores",
     "site_summary",
     "summarise",
+    "summary_from",
+    "summary_values",
     "top_label",
 ]
 
@@ -347,3 +350,44 @@ def pooled_scores(
         gaps = np.sum([s.gaps for s in present], axis=0)
         pooled |= {"ece": float(np.abs(gaps).sum() / total), "brier": mean("brier")}
     return pooled
+
+
+def summary_values(summary: SplitSummary) -> dict[str, Any]:
+    """A summary as plain numbers and flat lists (what a site's reply record carries)."""
+    return {
+        "n": summary.n, "loss": summary.loss, "acc": summary.acc, "brier": summary.brier,
+        "gaps": [float(g) for g in summary.gaps],
+        "positives": [int(c) for c in summary.positives.ravel()],
+        "negatives": [int(c) for c in summary.negatives.ravel()],
+    }  # fmt: skip
+
+
+def summary_from(
+    values: Mapping[str, Any], *, classes: int, multi_label: bool, full: bool
+) -> SplitSummary:
+    """A summary as it came from a site (:func:`summary_values`), checked: nothing a site
+    says is trusted because it said it. ``ValueError`` in one line when it does not add up
+    (a negative count, histograms of another shape, a class whose positives and negatives
+    are not the split's ``n``, calibration bins of another number)."""
+    n = int(values["n"])
+    if n < 0:
+        raise ValueError(f"a split of {n} examples")
+    loss, acc, brier = (float(values[k]) for k in ("loss", "acc", "brier"))
+    if not full or n == 0:
+        return SplitSummary(n, loss, acc, brier)
+    shape = (classes, AUC_BINS)
+    positives = np.asarray(values["positives"], dtype=np.int64)
+    negatives = np.asarray(values["negatives"], dtype=np.int64)
+    if positives.size != classes * AUC_BINS or negatives.size != positives.size:
+        raise ValueError(
+            f"AUC histograms of {positives.size} and {negatives.size} counts; "
+            f"expected {classes} x {AUC_BINS}"
+        )
+    positives, negatives = positives.reshape(shape), negatives.reshape(shape)
+    counted = (positives + negatives).sum(axis=1)
+    if (positives < 0).any() or (negatives < 0).any() or (counted != n).any():
+        raise ValueError(f"AUC histograms that do not count the split's {n} examples per class")
+    gaps = np.asarray(values["gaps"], dtype=float)
+    if gaps.shape != ((0,) if multi_label else (CALIBRATION_BINS,)):
+        raise ValueError(f"{gaps.size} calibration bins; expected {CALIBRATION_BINS}")
+    return SplitSummary(n, loss, acc, brier, gaps, positives, negatives)

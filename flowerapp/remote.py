@@ -38,7 +38,7 @@ from federated.execution import (
     SiteEvaluation,
     collect_results,
 )
-from federated.metrics import AUC_BINS, CALIBRATION_BINS, SplitSummary
+from federated.metrics import SplitSummary, summary_from, summary_values
 
 __all__ = [
     "RemoteExecutor",
@@ -73,47 +73,14 @@ def score_request(record: ConfigRecord) -> ScoreRequest:
 
 def summary_record(summary: SplitSummary) -> MetricRecord:
     """A split's summary as a site sends it: counts and sums, no per-example value."""
-    return MetricRecord(
-        {
-            "n": summary.n, "loss": summary.loss, "acc": summary.acc, "brier": summary.brier,
-            "gaps": [float(g) for g in summary.gaps],
-            "positives": [int(c) for c in summary.positives.ravel()],
-            "negatives": [int(c) for c in summary.negatives.ravel()],
-        }
-    )  # fmt: skip
+    return MetricRecord(summary_values(summary))
 
 
 def split_summary(
     record: MetricRecord, *, classes: int, multi_label: bool, full: bool
 ) -> SplitSummary:
-    """The summary a site sent, checked: one line (``ValueError``) when it does not add up
-    (histograms of another shape, a class whose counts are not the split's size)."""
-    n = int(record["n"])
-    summary = SplitSummary(n, float(record["loss"]), float(record["acc"]), float(record["brier"]))
-    if n < 0:
-        raise ValueError(f"a split of {n} examples")
-    if not full or n == 0:
-        return summary
-    shape = (classes, AUC_BINS)
-    positives = np.asarray(record["positives"], dtype=np.int64)
-    negatives = np.asarray(record["negatives"], dtype=np.int64)
-    gaps = np.asarray(record["gaps"], dtype=float)
-    if positives.size != classes * AUC_BINS or negatives.size != positives.size:
-        raise ValueError(f"AUC histograms of {positives.size} and {negatives.size} counts; "
-                         f"expected {shape[0]} x {shape[1]}")  # fmt: skip
-    positives, negatives = positives.reshape(shape), negatives.reshape(shape)
-    if (
-        (positives < 0).any()
-        or (negatives < 0).any()
-        or (positives + negatives).sum(1).tolist() != [n] * classes
-    ):
-        raise ValueError(f"AUC histograms that do not count the split's {n} examples per class")
-    if gaps.shape != ((0,) if multi_label else (CALIBRATION_BINS,)):
-        raise ValueError(f"{gaps.size} calibration bins; expected {CALIBRATION_BINS}")
-    return SplitSummary(
-        n, summary.loss, summary.acc, summary.brier, gaps=gaps, positives=positives,
-        negatives=negatives,
-    )  # fmt: skip
+    """The summary a site sent, checked (:func:`federated.metrics.summary_from`)."""
+    return summary_from(record, classes=classes, multi_label=multi_label, full=full)
 
 
 class RemoteExecutor:

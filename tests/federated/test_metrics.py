@@ -20,6 +20,8 @@ from federated.metrics import (
     score_histograms,
     scores_of,
     summarise,
+    summary_from,
+    summary_values,
 )
 
 
@@ -190,3 +192,21 @@ def test_a_site_summary_holds_no_per_example_value():
     assert summary.positives.shape == summary.negatives.shape == (3, AUC_BINS)
     assert (summary.positives + summary.negatives).sum(axis=1).tolist() == [50, 50, 50]
     assert summary.gaps.shape == (CALIBRATION_BINS,)
+
+
+def test_a_summary_that_does_not_add_up_is_refused_in_one_line():
+    logits = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+    summary, _ = summarise(logits, torch.arange(40) % 3, multi_label=False)
+    values = summary_values(summary)
+
+    back = summary_from(values, classes=3, multi_label=False, full=True)
+
+    assert (back.positives == summary.positives).all() and back.n == 40
+    assert (back.gaps == summary.gaps).all() and back.brier == summary.brier
+    inflated = values | {"n": 400}  # a site claiming ten times its split
+    with pytest.raises(ValueError, match="do not count the split's 400 examples"):
+        summary_from(inflated, classes=3, multi_label=False, full=True)
+    with pytest.raises(ValueError, match="expected 2 x"):
+        summary_from(values, classes=2, multi_label=False, full=True)
+    with pytest.raises(ValueError, match="calibration bins"):
+        summary_from(values | {"gaps": [0.0]}, classes=3, multi_label=False, full=True)
