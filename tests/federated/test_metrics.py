@@ -86,15 +86,15 @@ def test_evaluate_reports_calibration_for_single_label_tasks_only():
 
 
 def test_score_histograms_pool_into_the_auc_of_the_pooled_scores_by_hand():
-    # two sites of a binary task, p(class 1) in 4 bins of [-105, 20] (log-odds; width
-    # 31.25, edges -73.75, -42.5, -11.25): p 1e-40 (log-odds -92.1) in bin 0, 1e-20
-    # (-46.1) in bin 1, 1e-10 (-23.0) in bin 2, 0.1 .. 0.9 (-2.2 .. 2.2) in bin 3
-    # site A: 1e-40 (y 0, bin 0), 1e-20 (y 1, bin 1), 1e-10 (y 0, bin 2), 0.9 (y 1, bin 3)
-    # site B: 1e-40 (y 0, bin 0), 0.8 (y 1, bin 3)
+    # two sites of a binary task, p(class 1) in 4 bins of asinh(log-odds) over
+    # [asinh(-105), asinh(20)] = [-5.347, 3.690] (edges -3.088, -0.829, 1.430):
+    # p 1e-20 (log-odds -46.05, asinh -4.52) in bin 0, 1e-3 (-6.91, -2.63) in bin 1,
+    # 0.3 (-0.85, -0.77) in bin 2, 0.9 and 0.95 (2.20 and 2.94: 1.53 and 1.80) in bin 3
+    # site A: 1e-20 (y 0), 1e-3 (y 1), 0.3 (y 0), 0.9 (y 1); site B: 1e-20 (y 0), 0.95 (y 1)
     # class 1 pooled: positives [0, 1, 0, 2], negatives [2, 0, 1, 0]; of the 9 pairs the
-    # positive ranks higher in 8 (1e-20 is below 1e-10), as in the pooled scores: AUC 8/9
-    a = np.array([[1, 1e-40], [1, 1e-20], [1, 1e-10], [0.1, 0.9]]), np.array([0, 1, 0, 1])
-    b = np.array([[1, 1e-40], [0.2, 0.8]]), np.array([0, 1])
+    # positive ranks higher in 8 (1e-3 is below 0.3), as in the pooled scores: AUC 8/9
+    a = np.array([[1, 1e-20], [0.999, 1e-3], [0.7, 0.3], [0.1, 0.9]]), np.array([0, 1, 0, 1])
+    b = np.array([[1, 1e-20], [0.05, 0.95]]), np.array([0, 1])
 
     (pos_a, neg_a), (pos_b, neg_b) = (score_histograms(*site, False, bins=4) for site in (a, b))
     positives, negatives = pos_a + pos_b, neg_a + neg_b
