@@ -173,7 +173,8 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def score(msg: Message, context: Context) -> Message:
-    """A hub of an older fedsieve sends no ``request``: the site's row, as it asked then."""
+    """Score the global model as the message's ``request`` asks (without one, the site's
+    own row only)."""
     record = msg.content.get("request")
     request = score_request(record) if record is not None else ScoreRequest()
 
