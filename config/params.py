@@ -334,6 +334,10 @@ class EvalParams(_Section):
     # each round's test scores: loss, ACC, AUC, ECE, Brier (full), or loss and ACC only
     # (accuracy: a cross-device run's rounds; the last round is always scored fully)
     round_scores: Literal["full", "accuracy"] = "full"
+    # where the global model's round and final scores come from: the hub's own validation
+    # and test splits (hub), or the sites' held-out splits, pooled from their aggregates
+    # (sites: the hub holds no images; in a simulation, the clients' local test splits)
+    where: Literal["hub", "sites"] = "hub"
 
     @model_validator(mode="after")
     def _select_needs_auc(self) -> EvalParams:
@@ -425,11 +429,26 @@ class Params(_Section):
     @model_validator(mode="after")
     def _own_images_here(self) -> Params:
         own = self.data.own
-        if own is not None and own.path is None and self.federation.runtime == "simulation":
+        if own is None or own.path is not None:
+            return self
+        if self.federation.runtime == "simulation":
             raise ValueError(
                 "data.own.path is not set: a simulation reads the images here; name the folder "
                 "(labels.csv inside) or the .npz"
             )
+        if self.eval.where == "hub":
+            raise ValueError(
+                "data.own.path is not set but eval.where is hub: the hub scores the model on "
+                "images of its own; name them, or score at the sites (eval.where: sites)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hub_holds_no_data(self) -> Params:
+        """Scored at the sites, the hub holds no images: what needs them there is refused
+        in one line."""
+        for key, reason in hub_data_needed(self):
+            raise ValueError(f"eval.where = sites: {key} {reason}")
         return self
 
     @model_validator(mode="after")
@@ -524,6 +543,50 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
     return refused
+
+
+def hub_data_needed(params: Params) -> list[tuple[str, str]]:
+    """What needs images at the hub, each as (setting, why), when ``eval.where`` is sites
+    (the hub holds none); empty otherwise."""
+    if params.eval.where == "hub":
+        return []
+    needed = []
+    rule = AGGREGATORS.build(params.aggregate.name, **params.aggregate.params())
+    if rule.requires_oracle or rule.requires_reference:
+        needed.append(
+            (
+                f"aggregate {params.aggregate.name}",
+                "needs the hub's own images (a server batch or root data)",
+            )
+        )
+    if params.partition.root_size:
+        needed.append(("partition.root_size", "must be 0: the hub holds no training images"))
+    noniid = params.noniid
+    if noniid.every or noniid.exclude or noniid.final:
+        needed.append(
+            (
+                "noniid",
+                "must be off (every 0, exclude and final false): it scores each client's data at the hub",
+            )
+        )
+    if params.attack.name == "backdoor":
+        needed.append(("attack.name backdoor", "is scored on triggered test images at the hub"))
+    if params.federation.runtime == "simulation":
+        if not params.partition.local_test:
+            needed.append(
+                (
+                    "partition.local_test",
+                    "must be > 0: in a simulation the sites score on their local test splits",
+                )
+            )
+        if params.eval.select == "best_val":
+            needed.append(
+                (
+                    "eval.select best_val",
+                    "needs validation splits at the sites; a simulation's clients hold none (use last)",
+                )
+            )
+    return needed
 
 
 SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one partition scheme
@@ -694,4 +757,6 @@ def params_hash(params: Params) -> str:
         payload.pop("federation")
     if params.data.own is None:  # likewise for MedMNIST runs
         payload["data"].pop("own")
+    if params.eval.where == "hub":  # as they were before eval.where
+        payload["eval"].pop("where")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -12,29 +12,43 @@ Two executors train in this process: :class:`SequentialExecutor` (one
 in one :func:`~federated.batched.train_clients_batched` call, the same updates up to
 rounding, falling back to one client at a time if the batched call raises, so a broken
 client fails alone).
+
+Sites score the global model where their held-out splits live: a :class:`SiteScorer`
+answers a :class:`ScoreRequest` with one :class:`SiteEvaluation` per site that answered
+(its own row of scores, and the requested splits as
+:class:`~federated.metrics.SplitSummary` aggregates for the hub to pool).
+:func:`evaluate_site` is what every site runs, a real one (the Flower ClientApp) and a
+simulated one (:class:`LocalSiteScorer`) alike, so both give the same numbers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from torch import Tensor, nn
 
 from federated.batched import train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.metrics import SplitSummary, logits_of, scores_of, summarise
+from federated.vectors import vector_to_model_
 
 __all__ = [
     "BatchedExecutor",
     "ClientExecutor",
     "ClientResult",
+    "LocalSiteScorer",
     "OnResult",
     "Outcome",
+    "ScoreRequest",
     "SequentialExecutor",
+    "SiteEvaluation",
     "SiteScorer",
     "collect_results",
+    "evaluate_site",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -87,13 +101,102 @@ class ClientExecutor(Protocol):
         ...
 
 
+SPLITS = ("test", "val")  # the held-out splits a site may be asked to summarise
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreRequest:
+    """What the hub asks the sites to score: the splits to summarise for pooling
+    (``test``, ``val``), whether fully (loss, ACC, AUC, ECE, Brier) or loss and ACC only,
+    and whether each site's own row of scores on its test split (per-site evaluation)."""
+
+    splits: tuple[str, ...] = ()
+    full: bool = True
+    rows: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.splits if s not in SPLITS]
+        if unknown:
+            raise ValueError(f"splits must be among {SPLITS}, got {unknown}")
+
+
+@dataclass(frozen=True)
+class SiteEvaluation:
+    """One site's answer: its row (``n``, ``loss``, ``acc``, ``auc``, ... of its test
+    split, fully scored; empty when not asked or it holds no test split) and a summary of
+    each requested split (``n == 0`` for a split it does not hold)."""
+
+    site: int
+    row: dict[str, float] = field(default_factory=dict)
+    splits: dict[str, SplitSummary] = field(default_factory=dict)
+
+
 class SiteScorer(Protocol):
     """Scores the global model on sites' own held-out splits, where those splits live."""
 
-    def score(self, global_vector: Tensor, client_ids: Sequence[int]) -> list[dict[str, float]]:
-        """One row per site that answered: ``site`` (its client id), ``n``, then scores
-        (``loss``, ``acc``, ``auc``, ...), as :func:`federated.metrics.site_scores` gives."""
+    def score(
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
+    ) -> list[SiteEvaluation]:
+        """One evaluation per site that answered, in the order of ``client_ids``."""
         ...
+
+
+def evaluate_site(
+    model: nn.Module,
+    splits: Mapping[str, tuple[Tensor, Tensor]],
+    request: ScoreRequest,
+    *,
+    multi_label: bool,
+    batch_size: int,
+) -> tuple[dict[str, float], dict[str, SplitSummary]]:
+    """What a site answers ``request`` with, scoring ``model`` (the global weights loaded)
+    on its held-out ``splits`` (name -> images, targets; a missing one is empty): its row
+    and the requested summaries (see :class:`SiteEvaluation`)."""
+    row: dict[str, float] = {}
+    summaries: dict[str, SplitSummary] = {}
+    wanted = dict.fromkeys([*request.splits, *(["test"] if request.rows else [])])
+    for name in wanted:
+        images, targets = splits.get(name, (None, None))
+        if targets is None or not len(targets):
+            if name in request.splits:
+                summaries[name] = SplitSummary(0, math.nan, math.nan)
+            continue
+        logits = logits_of(model, images, batch_size)
+        scores: dict[str, float] | None = None
+        if name in request.splits:
+            summaries[name], scores = summarise(
+                logits, targets, multi_label=multi_label, full=request.full
+            )
+        if name == "test" and request.rows:
+            if scores is None or not request.full:  # a site's row is always scored fully
+                scores = scores_of(logits, targets, multi_label=multi_label)
+            row = {"n": float(len(targets)), **scores}
+    return row, summaries
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSiteScorer:
+    """Sites simulated in this process: each client's held-out splits (client id -> split
+    name -> images, targets), scored on the workspace ``model`` as a site scores them."""
+
+    model: nn.Module
+    splits: dict[int, dict[str, tuple[Tensor, Tensor]]]
+    multi_label: bool
+    batch_size: int
+
+    def score(
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
+    ) -> list[SiteEvaluation]:
+        vector_to_model_(self.model, global_vector)
+        self.model.eval()
+        evaluations = []
+        for client_id in client_ids:
+            row, summaries = evaluate_site(
+                self.model, self.splits.get(client_id, {}), request,
+                multi_label=self.multi_label, batch_size=self.batch_size,
+            )  # fmt: skip
+            evaluations.append(SiteEvaluation(client_id, row, summaries))
+        return evaluations
 
 
 SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle seed

@@ -27,6 +27,12 @@ Per-site evaluation: given each client's local test split (``sites``), the new g
 model is scored on every site every ``site_every`` rounds and in the last round; the rows
 go to :attr:`ServerState.sites`, their spread (worst site, ...) to the round's metrics.
 
+Where the round's test and validation scores come from (:class:`EvaluationSets`'
+``where``): the server's own splits (``hub``), or the sites' held-out splits
+(``sites``: every site summarises its test and validation splits every round,
+:mod:`federated.execution`, and the server pools the summaries,
+:func:`federated.metrics.pooled_scores`; the server then holds no evaluation data).
+
 Client-level differential privacy (``privacy``, :mod:`federated.privacy`): the updates
 that reach the rule are clipped and weighted equally, and the released aggregate is
 DP-FedAvg's noisy fixed-denominator mean; every round logs ε, and
@@ -72,11 +78,20 @@ from federated.execution import (
     BatchedExecutor,
     ClientExecutor,
     ClientResult,
+    LocalSiteScorer,
+    ScoreRequest,
     SequentialExecutor,
+    SiteEvaluation,
     SiteScorer,
 )
 from federated.layout import use_fast_layout_
-from federated.metrics import evaluate, loss_function, site_scores, site_summary
+from federated.metrics import (
+    evaluate,
+    loss_function,
+    pooled_scores,
+    site_scores,
+    site_summary,
+)
 from federated.privacy import ClientPrivacy
 from federated.seeding import (
     ATTACK,
@@ -308,13 +323,30 @@ class EvaluationSets:
     """Where the global model is scored: the test split every round, the validation
     split (when given; ``select="best_val"`` picks the final model by it) and each site's
     local test split (one per client, in client order), or ``site_scorer``: sites that
-    score the model on splits of their own, elsewhere."""
+    score the model on splits of their own, elsewhere.
 
-    test: tuple[Tensor, Tensor]
+    ``where="sites"``: no split here (``test`` and ``val`` are None); the round's test and
+    validation scores are pooled from the sites' summaries of their own splits, every
+    round (``site_scorer``, or the local ``sites`` and ``site_vals`` scored as a site
+    scores them)."""
+
+    test: tuple[Tensor, Tensor] | None = None
     val: tuple[Tensor, Tensor] | None = None
     sites: tuple[tuple[Tensor, Tensor], ...] = ()
+    site_vals: tuple[tuple[Tensor, Tensor], ...] = ()  # each site's validation split
     multi_label: bool = False
     site_scorer: SiteScorer | None = None
+    where: Literal["hub", "sites"] = "hub"
+
+    def __post_init__(self) -> None:
+        if self.where not in ("hub", "sites"):
+            raise ValueError(f"where must be 'hub' or 'sites', got {self.where!r}")
+        if self.where == "hub" and self.test is None:
+            raise ValueError("where='hub' scores the hub's test split: test= is needed")
+        if self.where == "sites" and (self.test is not None or self.val is not None):
+            raise ValueError("where='sites' scores at the sites: no test= or val= here")
+        if self.where == "sites" and self.site_scorer is None and not self.sites:
+            raise ValueError("where='sites' needs the sites: site_scorer= or sites=")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,15 +389,25 @@ class Federation:
                 f"sites: one local test split per client ({len(clients)}), "
                 f"got {len(evaluation.sites)}"
             )
-        if config.select == "best_val" and evaluation.val is None:
-            raise ValueError("select='best_val' needs a validation split (val=)")
+        if evaluation.site_vals and len(evaluation.site_vals) != len(clients):
+            raise ValueError(
+                f"site_vals: one validation split per client ({len(clients)}), "
+                f"got {len(evaluation.site_vals)}"
+            )
+        _check_evaluation(config, evaluation, defence, threat)
         remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
         if remote and (execution.executor is None or defence.noniid is not None):
             raise ValueError(
                 f"clients {remote[:5]} hold no data here: they need an executor of their "
                 "own (execution.executor=) and no non-IID check (it scores their data)"
             )
-        self.model = use_fast_layout_(model, evaluation.test[0].device)  # the workspace
+        device = (
+            evaluation.test[0].device
+            if evaluation.test is not None
+            else next(model.parameters()).device
+        )
+        self.model = use_fast_layout_(model, device)  # the workspace
+        self._device = device
         self.clients = list(clients)
         self.local = local
         self.config = config
@@ -413,7 +455,7 @@ class Federation:
 
     @property
     def device(self) -> torch.device:
-        return self.evaluation.test[0].device
+        return self._device
 
     def initial_state(self) -> ServerState:
         """Round 0: the model's weights as the federation was built (the workspace model
@@ -460,12 +502,55 @@ class Federation:
         self, state: ServerState, split: str = "test", *, selected: bool = False
     ) -> dict[str, float]:
         """Loss, ACC and AUC of the state's global model (``selected``: of the model the
-        run ends with, see :meth:`selected_model`) on the test or validation split."""
+        run ends with, see :meth:`selected_model`) on the test or validation split (with
+        ``where="sites"``, the sites' pooled splits)."""
+        if self.evaluation.where == "sites":
+            best = state.best_vector if selected else None
+            vector = best if best is not None else state.global_vector
+            request = ScoreRequest(splits=(split,), rows=False)
+            return self._pooled(self._site_scorer().score(vector, self._ids(), request), split)
         data = self.evaluation.test if split == "test" else self.evaluation.val
         if data is None:
             raise ValueError("this federation has no validation split (val=)")
         model = self.selected_model(state) if selected else self.global_model(state)
         return self._scores(model, data)
+
+    def _ids(self) -> list[int]:
+        return [c.client_id for c in self.clients]
+
+    def _site_scorer(self) -> SiteScorer:
+        """The sites that score the model: elsewhere (``site_scorer``), or the local
+        ``sites`` and ``site_vals`` scored here as a site scores its own."""
+        if self.evaluation.site_scorer is not None:
+            return self.evaluation.site_scorer
+        splits: dict[int, dict[str, tuple[Tensor, Tensor]]] = {}
+        for index, client in enumerate(self.clients):
+            held = {"test": self.evaluation.sites[index]} if self.evaluation.sites else {}
+            if self.evaluation.site_vals:
+                held["val"] = self.evaluation.site_vals[index]
+            splits[client.client_id] = held
+        return LocalSiteScorer(
+            model=self.model, splits=splits, multi_label=self.evaluation.multi_label,
+            batch_size=self.config.eval_batch_size,
+        )  # fmt: skip
+
+    def _pooled(
+        self, evaluations: Sequence[SiteEvaluation], split: str, *, full: bool = True
+    ) -> dict[str, float]:
+        summaries = [e.splits[split] for e in evaluations if split in e.splits]
+        return pooled_scores(summaries, multi_label=self.evaluation.multi_label, full=full)
+
+    def _evaluate_at_sites(self, state: ServerState, round_number: int) -> list[SiteEvaluation]:
+        """Every site's summaries of its test and validation splits (and, when per-site
+        evaluation is due, its row) for the state's global model."""
+        request = ScoreRequest(
+            splits=("test", "val"), full=self._full(round_number),
+            rows=self._sites_due(round_number),
+        )  # fmt: skip
+        return self._site_scorer().score(state.global_vector, self._ids(), request)
+
+    def _full(self, round_number: int) -> bool:
+        return self.config.round_scores == "full" or round_number == self.config.rounds
 
     def site_scores(self, model: nn.Module) -> list[dict[str, float]]:
         """``model``'s scores on every site's local test split, one row per site."""
@@ -479,13 +564,18 @@ class Federation:
             batch_size=self.config.eval_batch_size,
         )
 
-    def _site_rows(self, state: ServerState) -> list[dict[str, float]]:
+    def _site_rows(
+        self, state: ServerState, evaluations: Sequence[SiteEvaluation] | None = None
+    ) -> list[dict[str, float]]:
         """Every site's scores of the state's global model: on the local test splits held
-        here, or as the sites scored it on their own (those that answered)."""
+        here, or as the sites scored it on their own (those that answered, from
+        ``evaluations`` when the round's already came)."""
         scorer = self.evaluation.site_scorer
-        if scorer is None:
+        if scorer is None and evaluations is None:
             return self.site_scores(self.global_model(state))
-        return scorer.score(state.global_vector, [c.client_id for c in self.clients])
+        if evaluations is None:
+            evaluations = scorer.score(state.global_vector, self._ids(), ScoreRequest())
+        return [{"site": e.site, **e.row, "n": int(e.row["n"])} for e in evaluations if e.row]
 
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past
@@ -578,10 +668,16 @@ class Federation:
             outcome.global_vector = state.global_vector
         new_state = self._next_state(state, round_number, outcome)
         new_state.halted = halted
-        metrics = self._round_metrics(new_state, round_number, rows, updates, screen, outcome)
+        evaluations = None
+        if self.evaluation.where == "sites":
+            evaluations = self._evaluate_at_sites(new_state, round_number)
+        metrics = self._round_metrics(
+            new_state, round_number, rows, updates, screen, outcome, evaluations
+        )
         sites = []
         if self._sites_due(round_number):
-            sites = [{"round": round_number, **row} for row in self._site_rows(new_state)]
+            scored = self._site_rows(new_state, evaluations)
+            sites = [{"round": round_number, **row} for row in scored]
             if sites:  # remote sites that all failed to answer leave none
                 metrics |= site_summary(sites, self.config.target_acc)
             new_state.sites.extend(sites)
@@ -959,24 +1055,19 @@ class Federation:
         updates: list[ClientUpdate],
         screen: Screen,
         outcome: Aggregation,
+        evaluations: Sequence[SiteEvaluation] | None = None,
     ) -> dict[str, float]:
-        """Test (and validation) scores of the new global model, the round's counts and
-        detections; keeps the best validation round when ``select="best_val"``."""
-        model = self.global_model(new_state)  # loaded once for both splits
-        full = self.config.round_scores == "full" or round_number == self.config.rounds
-        splits = {"test": self.evaluation.test, "val": self.evaluation.val}
-        metrics = {
-            f"{name}_{k}": v
-            for name, split in splits.items()
-            if split is not None
-            for k, v in self._scores(model, split, full=full).items()
-        }
-        if self.threat.backdoor_test is not None:
-            triggered, target = self.threat.backdoor_test
-            metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)
-        if self.config.select == "best_val" and metrics["val_auc"] > new_state.best_val_auc:
+        """Test (and validation) scores of the new global model (``evaluations``: pooled
+        from the sites' summaries), the round's counts and detections; keeps the best
+        validation round when ``select="best_val"``."""
+        if evaluations is None:
+            metrics = self._hub_scores(new_state, round_number)
+        else:
+            metrics = self._pooled_metrics(evaluations, round_number)
+        val_auc = metrics.get("val_auc", math.nan)  # no site holds a validation split: NaN
+        if self.config.select == "best_val" and val_auc > new_state.best_val_auc:
             new_state.best_round = round_number  # NaN AUC (one class) never counts as best
-            new_state.best_val_auc = metrics["val_auc"]
+            new_state.best_val_auc = val_auc
             new_state.best_vector = new_state.global_vector.clone()
         skipped = len(outcome.kept_ids) < self.config.min_clients
         losses = [u.train_loss for u in updates]
@@ -992,6 +1083,35 @@ class Federation:
             **outcome.attack_metrics,
             **detection_counts(trail_rows),
         }
+
+    def _hub_scores(self, new_state: ServerState, round_number: int) -> dict[str, float]:
+        """The new global model on the server's test (and validation) split, and the
+        backdoor's success rate."""
+        model = self.global_model(new_state)  # loaded once for both splits
+        full = self._full(round_number)
+        splits = {"test": self.evaluation.test, "val": self.evaluation.val}
+        metrics = {
+            f"{name}_{k}": v
+            for name, split in splits.items()
+            if split is not None
+            for k, v in self._scores(model, split, full=full).items()
+        }
+        if self.threat.backdoor_test is not None:
+            triggered, target = self.threat.backdoor_test
+            metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)
+        return metrics
+
+    def _pooled_metrics(
+        self, evaluations: Sequence[SiteEvaluation], round_number: int
+    ) -> dict[str, float]:
+        """The sites' pooled test scores (NaN when none answered) and validation scores
+        (left out when no site holds a validation split), under the hub's names."""
+        full = self._full(round_number)
+        metrics = {f"test_{k}": v for k, v in self._pooled(evaluations, "test", full=full).items()}
+        if any(e.splits.get("val") is not None and e.splits["val"].n for e in evaluations):
+            val = self._pooled(evaluations, "val", full=full)
+            metrics |= {f"val_{k}": v for k, v in val.items()}
+        return metrics
 
 
 def failed_to_answer(row: dict[str, Any]) -> bool:
@@ -1013,6 +1133,29 @@ def is_left_out(row: dict[str, Any]) -> bool:
 def left_out(rows: Sequence[dict[str, Any]]) -> int:
     """How many of a round's clients the defence left out (failures to answer aside)."""
     return sum(is_left_out(r) for r in rows if not failed_to_answer(r))
+
+
+def _check_evaluation(
+    config: FederationConfig, evaluation: EvaluationSets, defence: Defence, threat: ThreatModel
+) -> None:
+    """What the evaluation sets cannot serve: a best-validation choice without a
+    validation split; scoring at the sites with a rule, screen or attack metric that needs
+    data at the server."""
+    if evaluation.where == "hub":
+        if config.select == "best_val" and evaluation.val is None:
+            raise ValueError("select='best_val' needs a validation split (val=)")
+        return
+    if config.select == "best_val" and not evaluation.site_vals and evaluation.site_scorer is None:
+        raise ValueError("select='best_val' needs the sites' validation splits (site_vals=)")
+    needs = {
+        "the non-IID check": defence.noniid is not None,
+        "a server batch (Zeno)": defence.server_batch is not None or defence.rule.requires_oracle,
+        "root data (FLTrust)": defence.root is not None,
+        "a backdoor's triggered test images": threat.backdoor_test is not None,
+    }
+    held = [name for name, needed in needs.items() if needed]
+    if held:
+        raise ValueError(f"where='sites': the server holds no data, but {held[0]} needs it")
 
 
 def _check_privacy(privacy: ClientPrivacy | None, population: int, per_round: int) -> None:

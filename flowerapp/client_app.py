@@ -2,8 +2,11 @@
 scores it on the site's held-out split.
 
 A site answers a ``train`` task with its update and two numbers (its training-sample
-count and mean training loss) and an ``evaluate`` task with its aggregate scores (n, loss,
-ACC, AUC, calibration): never images, labels or per-example values. It trains exactly as
+count and mean training loss) and an ``evaluate`` task with aggregates
+(:func:`federated.execution.evaluate_site`): its own scores of its test split (n, loss,
+ACC, AUC, calibration) and, for the splits the message's ``request`` names (test, val),
+summaries the hub pools (counts, means, calibration bins, per-class score histograms):
+never images, labels or per-example values. It trains exactly as
 a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
 so a federation of sites ends where its simulation does. A task that does not fit the
 site's data (image shape, classes, model size), or whose settings are not the training
@@ -40,13 +43,14 @@ from flwr.common.constant import ErrorCode
 from torch import Tensor, nn
 
 from federated.client import ClientData, LocalTraining, train_client
-from federated.data import DatasetInfo
+from federated.data import DatasetInfo, to_tensors
+from federated.execution import ScoreRequest, evaluate_site
 from federated.layout import use_fast_layout_
-from federated.metrics import evaluate, loss_function
+from federated.metrics import loss_function
 from federated.privacy import ClientPrivacy, site_privacy
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
-from flowerapp.remote import vector_record
+from flowerapp.remote import score_request, summary_record, vector_record
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data, task_dataset
 from models import build_model
 
@@ -223,17 +227,21 @@ def _train(
 
 
 def _evaluate(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
-) -> RecordDict:
-    _, (images, targets) = data.tensors(_info(task), DEVICE)
-    scores: dict[str, float] = {"n": float(len(targets))}
-    if len(targets):
-        vector_to_model_(model, global_vector)
-        scores |= evaluate(
-            model.eval(), images, targets, multi_label=bool(task["multi_label"]),
-            batch_size=int(task["eval_batch_size"]),
-        )  # fmt: skip
-    return RecordDict({"scores": MetricRecord(scores)})
+    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module,
+    request: ScoreRequest,
+) -> RecordDict:  # fmt: skip
+    info = _info(task)
+    splits = {
+        "test": to_tensors(data.test, info, device=DEVICE),
+        "val": to_tensors(data.val, info, device=DEVICE),
+    }
+    vector_to_model_(model, global_vector)
+    row, summaries = evaluate_site(
+        model.eval(), splits, request, multi_label=bool(task["multi_label"]),
+        batch_size=int(task["eval_batch_size"]),
+    )  # fmt: skip
+    records = {"scores": MetricRecord(row or {"n": 0.0})}
+    return RecordDict(records | {name: summary_record(s) for name, s in summaries.items()})
 
 
 @app.train()
@@ -243,4 +251,12 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def score(msg: Message, context: Context) -> Message:
-    return _answer(msg, context, _evaluate)
+    """Score the global model as the message's ``request`` asks (without one, the site's
+    own row only)."""
+    record = msg.content.get("request")
+    request = score_request(record) if record is not None else ScoreRequest()
+
+    def work(task: dict[str, Any], data: SiteData, vector: Tensor, model: nn.Module) -> RecordDict:
+        return _evaluate(task, data, vector, model, request)
+
+    return _answer(msg, context, work)

@@ -13,6 +13,7 @@ from typing import Any
 from config.assembly import (
     build_defence,
     build_global_model,
+    dataset_info_of,
     federation_config,
     local_training,
     resolve_device,
@@ -102,49 +103,67 @@ def shuffle_seed(params: Params, round_number: int, client_id: int) -> int:
 
 
 def hub_federation(
-    params: Params, data: MedMNISTData, executor: ClientExecutor, scorer: SiteScorer
+    params: Params, data: MedMNISTData | None, executor: ClientExecutor, scorer: SiteScorer
 ) -> Federation:
     """The federation a hub runs: the registered sites (no data here), the seeded model,
-    the defence of ``params``, the hub's validation and test splits, and the sites'
-    own scores every ``eval.every`` rounds."""
+    the defence of ``params``, and the evaluation: on the hub's validation and test splits
+    (``eval.where: hub``, ``data``) with the sites' own scores every ``eval.every`` rounds,
+    or pooled from the sites' held-out splits every round (``sites``: ``data`` is None,
+    the hub holds no images)."""
     device = resolve_device(params.train.device)
-    val = to_tensors(data.val, data.info, device=device)
+    info = dataset_info_of(params.data)
+    if data is None:
+        evaluation = EvaluationSets(where="sites", multi_label=info.multi_label, site_scorer=scorer)
+        val = None
+    else:
+        val = to_tensors(data.val, data.info, device=device)
+        evaluation = EvaluationSets(
+            test=to_tensors(data.test, data.info, device=device), val=val,
+            multi_label=data.info.multi_label, site_scorer=scorer,
+        )  # fmt: skip
     return Federation(
-        model=build_global_model(params, data.info).to(device),
+        model=build_global_model(params, info).to(device),
         clients=registered_clients(params),
         local=local_training(params),
         config=federation_config(params),
         defence=build_defence(params, server_batch=val),
-        evaluation=EvaluationSets(
-            test=to_tensors(data.test, data.info, device=device),
-            val=val,
-            multi_label=data.info.multi_label,
-            site_scorer=scorer,
-        ),
+        evaluation=evaluation,
         execution=Execution(executor=executor),
     )
 
 
 def simulated_federation(
-    params: Params, data: MedMNISTData, site_files: Sequence[Path]
+    params: Params, data: MedMNISTData | None, site_files: Sequence[Path]
 ) -> Federation:
     """What a run at the sites must equal, in one process: each site's file as the client
     of its place in ``site_files`` (the order of ``federation.sites``), trained one after
-    another, scored on the hub's splits. The loopback tests and benchmark compare with it."""
+    another, scored on the hub's splits (``eval.where: hub``) or on each file's test and
+    validation splits as a site scores them (``sites``). The loopback tests and benchmark
+    compare with it."""
+    info = dataset_info_of(params.data)
+    sites = [load_site_data(file, info) for file in site_files]
     clients = [
-        ClientData(client_id, *to_tensors(load_site_data(file).train, data.info))
-        for client_id, file in enumerate(site_files)
+        ClientData(client_id, *to_tensors(site.train, info)) for client_id, site in enumerate(sites)
     ]
-    val = to_tensors(data.val, data.info)
+    val = None
+    if params.eval.where == "sites":
+        evaluation = EvaluationSets(
+            where="sites", multi_label=info.multi_label,
+            sites=tuple(to_tensors(site.test, info) for site in sites),
+            site_vals=tuple(to_tensors(site.val, info) for site in sites),
+        )  # fmt: skip
+    else:
+        val = to_tensors(data.val, data.info)
+        evaluation = EvaluationSets(
+            test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label
+        )
     return Federation(
-        model=build_global_model(params, data.info),
+        model=build_global_model(params, info),
         clients=clients,
         local=local_training(params),
         config=federation_config(params),
         defence=build_defence(params, server_batch=val),
-        evaluation=EvaluationSets(
-            test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label
-        ),
+        evaluation=evaluation,
         execution=Execution(backend="sequential"),
     )
 

@@ -8,6 +8,13 @@ the update, or why there is none (``timeout``: no reply; ``unavailable``: Flower
 for a node that is not connected; ``error``: the site's refusal or failure, its reason in
 one line). Checking what came back (shape, finiteness, the reported sample count against
 the registered one) is the round loop's job, as for every executor.
+
+It also asks the sites to score a global vector on their held-out splits (``score``, one
+``evaluate`` message each with the task and a ``request`` record: which splits to
+summarise, fully or not, and whether the site's own row). A site answers with
+aggregates only (:func:`summary_record`); a summary that does not add up (histograms of
+the wrong shape, counts that are not the split's size) leaves that site out of the
+round's evaluation, with a logged line.
 """
 
 from __future__ import annotations
@@ -24,9 +31,23 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from federated.client import ClientUpdate
-from federated.execution import ClientResult, OnResult, collect_results
+from federated.execution import (
+    ClientResult,
+    OnResult,
+    ScoreRequest,
+    SiteEvaluation,
+    collect_results,
+)
+from federated.metrics import SplitSummary, summary_from, summary_values
 
-__all__ = ["RemoteExecutor", "vector_record"]
+__all__ = [
+    "RemoteExecutor",
+    "request_record",
+    "score_request",
+    "split_summary",
+    "summary_record",
+    "vector_record",
+]
 
 log = logging.getLogger(__name__)
 SeedOf = Callable[[int, int], int]
@@ -35,6 +56,31 @@ SeedOf = Callable[[int, int], int]
 def vector_record(vector: Tensor) -> ArrayRecord:
     """A flat float vector as the one array of a record (the global model, an update)."""
     return ArrayRecord({"vector": Array(vector.detach().cpu().numpy())})
+
+
+def request_record(request: ScoreRequest) -> ConfigRecord:
+    """A score request as the ``request`` record of an ``evaluate`` message."""
+    return ConfigRecord(
+        {"splits": ",".join(request.splits), "full": request.full, "rows": request.rows}
+    )
+
+
+def score_request(record: ConfigRecord) -> ScoreRequest:
+    """The score request a site was sent (:func:`request_record`)."""
+    splits = tuple(s for s in str(record["splits"]).split(",") if s)
+    return ScoreRequest(splits=splits, full=bool(record["full"]), rows=bool(record["rows"]))
+
+
+def summary_record(summary: SplitSummary) -> MetricRecord:
+    """A split's summary as a site sends it: counts and sums, no per-example value."""
+    return MetricRecord(summary_values(summary))
+
+
+def split_summary(
+    record: MetricRecord, *, classes: int, multi_label: bool, full: bool
+) -> SplitSummary:
+    """The summary a site sent, checked (:func:`federated.metrics.summary_from`)."""
+    return summary_from(record, classes=classes, multi_label=multi_label, full=full)
 
 
 class RemoteExecutor:
@@ -57,8 +103,9 @@ class RemoteExecutor:
         self.bytes_sent = 0  # the global vectors sent, for the transport's measurements
 
     def _send(
-        self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int]
-    ) -> dict[int, Message]:
+        self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
+        request: ScoreRequest | None = None,
+    ) -> dict[int, Message]:  # fmt: skip
         """One message per client; the replies that arrived in time, by client id."""
         record = vector_record(vector)
         messages = []
@@ -66,6 +113,8 @@ class RemoteExecutor:
             task = {**self.task, "round": round_number, "client": client_id,
                     "shuffle_seed": self.seed_of(round_number, client_id)}  # fmt: skip
             content = RecordDict({"global": record, "task": ConfigRecord(task)})
+            if request is not None:
+                content["request"] = request_record(request)
             messages.append(
                 Message(
                     content,
@@ -120,23 +169,39 @@ class RemoteExecutor:
             return ClientResult.failed(client_id, error)
         return ClientResult(client_id, "ok", update)
 
-    def score(self, global_vector: Tensor, client_ids: Sequence[int]) -> list[dict[str, float]]:
-        """Each site's scores of ``global_vector`` on its own held-out split (the sites
-        that answered and hold one)."""
-        replies = self._send("evaluate", global_vector, 0, client_ids)
-        rows = []
+    def score(
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
+    ) -> list[SiteEvaluation]:
+        """Each site's answer to ``request`` for ``global_vector`` on its own held-out
+        splits (the sites that answered, with summaries that add up)."""
+        replies = self._send("evaluate", global_vector, 0, client_ids, request)
+        evaluations = []
         for client_id in client_ids:
             reply = replies.get(client_id)
             if reply is None or reply.has_error():
                 reason = "no reply" if reply is None else _one_line(reply.error.reason)
                 log.warning("site %d did not score the model: %s", client_id, reason)
                 continue
+            try:
+                evaluations.append(self._evaluation(client_id, reply, request))
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning("site %d sent scores that do not add up: %s", client_id, error)
+        return evaluations
+
+    def _evaluation(self, client_id: int, reply: Message, request: ScoreRequest) -> SiteEvaluation:
+        row: dict[str, float] = {}
+        if request.rows:
             scores: MetricRecord = reply.content["scores"]
-            size = int(scores["n"])
-            if size:
-                rest = {k: float(v) for k, v in scores.items() if k != "n"}
-                rows.append({"site": client_id, "n": size, **rest})
-        return rows
+            if int(scores["n"]):
+                row = {"n": int(scores["n"])} | {k: float(v) for k, v in scores.items() if k != "n"}
+        classes, multi_label = int(self.task["classes"]), bool(self.task["multi_label"])
+        summaries = {
+            split: split_summary(
+                reply.content[split], classes=classes, multi_label=multi_label, full=request.full
+            )
+            for split in request.splits
+        }
+        return SiteEvaluation(client_id, row, summaries)
 
 
 def _one_line(text: str) -> str:

@@ -2,7 +2,8 @@
 
 ``flwr run`` starts it on the hub with a run config naming the hub's folder
 (:class:`flowerapp.hub.HubFiles`: the run's params in, each round's report out), the
-MedMNIST folder holding the hub's validation and test splits, the checkpoint path, the
+MedMNIST folder holding the hub's validation and test splits (never opened under
+``eval.where: sites``: the sites score the model, the hub holds no data), the checkpoint path, the
 MLflow run id kept in the checkpoint, and whether to resume. Every round is checkpointed
 (the file the simulated train stage writes) and appended to ``rounds.jsonl``, which the
 hub's Prefect task follows into MLflow; ``outcome.json`` says how the run ended.
@@ -20,7 +21,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from config.dataset import read_dataset
+from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.loop import train
@@ -61,8 +62,10 @@ def run_hub(
     started = time.monotonic()
     params = files.read_params()
     digest = params_hash(params)
-    data = read_dataset(params.data, medmnist_root=data_root, workdir=Path.cwd())
-    task = site_task(params, data.info)
+    data = None  # eval.where: sites: the hub holds no images
+    if params.eval.where == "hub":
+        data = read_dataset(params.data, medmnist_root=data_root, workdir=Path.cwd())
+    task = site_task(params, dataset_info_of(params.data))
     log.info("training plan sha256 %s (what `fedsieve plan` writes)", plan_digest(task))
     executor = RemoteExecutor(
         grid, site_nodes(params), task,

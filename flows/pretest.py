@@ -11,7 +11,13 @@ from prefect import flow
 
 from config.params import Params
 from tasks.data import load_verified_dataset
-from tasks.reports import ProjectPaths, check_partitioned_images, read_partition, read_root
+from tasks.reports import (
+    ProjectPaths,
+    check_partitioned_images,
+    read_local_tests,
+    read_partition,
+    read_root,
+)
 from tasks.stats import collect_client_updates, test_normality, write_pretest_report
 from tasks.training import build_federation, train_rounds
 
@@ -23,8 +29,9 @@ def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     paths = ProjectPaths(workdir)
     data = load_verified_dataset(params.data, workdir)
     check_partitioned_images(paths, data)
+    split = paths.partition  # the local test splits: where eval.where: sites scores rounds
     federation = build_federation(
-        params, data, read_partition(paths.partition), read_root(paths.partition)
+        params, data, read_partition(split), read_root(split), read_local_tests(split)
     )
     # the same rounds training would run
     state = train_rounds(federation, federation.initial_state(), params.pretest.round)

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow
 
+from config.assembly import dataset_info_of
 from config.params import Params, params_hash
 from tasks.data import data_root, load_verified_dataset
 from tasks.reports import (
@@ -60,17 +61,19 @@ def train_flow(
         history=checkpoint["state"]["history"] if checkpoint else (),
     )
     with tracker.ended_on_failure():
-        data = load_verified_dataset(params.data, workdir)
         if params.federation.runtime == "flower":  # the sites train; the hub aggregates
+            if params.eval.where == "hub":  # the hub scores on its own splits
+                load_verified_dataset(params.data, workdir)
             state = train_at_sites(
                 params, paths, tracker, digest, data_root=data_root(params.data.root, workdir),
                 resume=checkpoint is not None,
             )  # fmt: skip
-            model = selected_model(params, data.info, state)
+            model = selected_model(params, dataset_info_of(params.data), state)
             write_training_reports(paths, model, state, params, tracker)
             halt_if_bound_exceeded(state)
             halt_if_tracking_lost(tracker, state)
             return write_run_info(paths, tracker, state, digest)
+        data = load_verified_dataset(params.data, workdir)
         check_partitioned_images(paths, data)
         split = paths.partition
         federation = build_federation(

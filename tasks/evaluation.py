@@ -1,5 +1,11 @@
 """Evaluation tasks: the final model's scores on the test and validation splits, the
-run's summary numbers (rounds to target, detections), and logging them with the model."""
+run's summary numbers (rounds to target, detections), and logging them with the model.
+
+Under ``eval.where: sites`` the hub holds no images: the final model's test and
+validation scores are the sites' pooled scores of the selected round (the per-round
+table's ``test_*``/``val_*`` row; the last round, and every round under ``select:
+best_val``, is scored fully), its per-site table what the sites reported, and no
+reliability diagram is drawn (it needs per-example confidences)."""
 
 from __future__ import annotations
 
@@ -16,11 +22,11 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from config.assembly import build_global_model, resolve_device
+from config.assembly import build_global_model, dataset_info_of, resolve_device
 from config.params import Params, eval_batch_size
 from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
-from federated.data import MedMNISTData, to_tensors
+from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.layout import use_fast_layout_
 from federated.metrics import (
     CALIBRATION_BINS,
@@ -89,17 +95,18 @@ def reopen_training_run(params: Params, paths: ProjectPaths) -> tuple[Tracker, d
 
 @task(name="score-final-model", cache_policy=NO_CACHE)
 def score_final_model(
-    params: Params, data: MedMNISTData, paths: ProjectPaths, run_info: dict[str, Any]
+    params: Params, data: MedMNISTData | None, paths: ProjectPaths, run_info: dict[str, Any]
 ) -> tuple[dict[str, Any], torch.nn.Module]:
     """The saved model's :func:`final_results`, in ``reports/metrics.json``; also the
-    model (on the CPU, for logging)."""
+    model (on the CPU, for logging). ``data``: None under ``eval.where: sites``."""
     device = resolve_device(params.train.device)
-    model = build_global_model(params, data.info)
+    model = build_global_model(params, dataset_info_of(params.data))
     model.load_state_dict(torch.load(paths.model, map_location="cpu", weights_only=True))
     use_fast_layout_(model.to(device), device)  # as the train stage evaluated it
     with paths.rounds.open() as handle:
         rounds = list(csv.DictReader(handle))
-    if params.federation.runtime == "flower":  # the sites scored it on their own splits
+    # the sites scored it on their own splits
+    if params.federation.runtime == "flower" or params.eval.where == "sites":
         selected = run_info.get("selected_round", run_info["rounds"])
         results = final_results(
             model, params, data, paths, ReportedSites(sites_scored_at(paths.sites, selected)),
@@ -111,7 +118,10 @@ def score_final_model(
         )
     get_run_logger().info(
         "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
-        *(results[k] for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")),
+        *(
+            results.get(k, math.nan)
+            for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")
+        ),
     )
     return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
 
@@ -119,7 +129,7 @@ def score_final_model(
 def final_results(
     model: torch.nn.Module,
     params: Params,
-    data: MedMNISTData,
+    data: MedMNISTData | None,
     paths: ProjectPaths,
     local_tests: list[np.ndarray] | ReportedSites | None,
     rounds: Sequence[Mapping[str, Any]],
@@ -175,7 +185,7 @@ def _cell(key: str, value: str | None) -> float:
 
 
 def _no_sites_note(params: Params) -> str:
-    if params.federation.runtime == "flower":
+    if params.federation.runtime == "flower" or params.eval.where == "sites":
         return "no site scored the selected round's model (eval.every; select best_val)"
     return "partition.local_test = 0"
 
@@ -183,7 +193,7 @@ def _no_sites_note(params: Params) -> str:
 def final_scores(
     model: torch.nn.Module,
     params: Params,
-    data: MedMNISTData,
+    data: MedMNISTData | None,
     local_tests: list[np.ndarray] | ReportedSites | None,
     rounds: Sequence[Mapping[str, Any]],
     run_info: dict[str, Any],
@@ -193,7 +203,11 @@ def final_scores(
     """The final model's test and validation scores, backdoor success and spread over
     sites, with the run's summary numbers (``rounds``: the per-round table); and the
     per-site rows. Writes nothing but the reliability diagram at ``calibration``."""
-    results = split_scores(model, params, data, calibration)
+    selected = run_info.get("selected_round", run_info["rounds"])
+    if params.eval.where == "sites":
+        results = pooled_split_scores(rounds, selected)
+    else:
+        results = split_scores(model, params, data, calibration)
     if isinstance(local_tests, ReportedSites):
         sites = local_tests.rows
     else:
@@ -202,7 +216,7 @@ def final_scores(
         results |= site_summary(sites, params.eval.target_acc)
     results |= {
         "rounds": run_info["rounds"],
-        "selected_round": run_info.get("selected_round", run_info["rounds"]),
+        "selected_round": selected,
         "rounds_to_target": rounds_to_target(
             rounds, params.eval.target_acc, params.eval.target_loss
         ),
@@ -249,6 +263,19 @@ def split_scores(
     return results
 
 
+def pooled_split_scores(rounds: Sequence[Mapping[str, Any]], selected: int) -> dict[str, float]:
+    """The sites' pooled test and validation scores of round ``selected`` (its row of the
+    per-round table, as written or read back from ``reports/rounds.csv``)."""
+    row = next((r for r in rounds if int(float(r["round"])) == selected), None)
+    if row is None:
+        raise ValueError(f"the per-round table has no round {selected} (the selected round)")
+    return {
+        key: float(value)
+        for key, value in row.items()
+        if key.startswith(("test_", "val_")) and value not in ("", None)
+    }
+
+
 def privacy_spent(params: Params, rounds: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Under DP: the ε every released round spent together, at ``privacy.delta``."""
     if params.privacy.mode == "off":
@@ -286,7 +313,7 @@ def log_final_results(
     paths: ProjectPaths,
     results: dict[str, Any],
     model: torch.nn.Module,
-    data: MedMNISTData,
+    info: DatasetInfo,
 ) -> None:
     """Final metrics (``final_*``), the pre-test rates and reports, and the model, logged
     and registered as ``fedsieve-<dataset>`` (comparison cells skip the model)."""
@@ -308,7 +335,8 @@ def log_final_results(
             tracker.log_artifact(path, "pretest")
     if params.tracking.register_model:
         # two images: torch.export fixes a batch dimension of size 1, and the registered
-        # model would then take one image at a time
-        example = to_tensors(data.test, data.info)[0][:2].numpy()
+        # model would then take one image at a time; their shape from the dataset's
+        # description (a hub may hold no images)
+        example = np.zeros((2, info.n_channels, info.size, info.size), dtype=np.float32)
         registered = f"fedsieve-{params.data.dataset}"
         tracker.log_model(model, input_example=example, registered_name=registered)

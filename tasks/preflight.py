@@ -2,7 +2,8 @@
 
 The folders a run writes (reports, artifacts, a SQLite tracking store) writable by this
 user, the data (a MedMNIST file present or downloaded, md5-checked, or the user's own
-images read against their schema), a feasible partition, the clients
+images read against their schema; none at real sites scored there, ``eval.where:
+sites``: the hub holds no data), a feasible partition, the clients
 sampled per round against ``train.min_clients``, and each rule's and filter's client-count
 conditions (Krum's n > 2f + 2, Bulyan's n >= 4f + 3, ...) against the clients sampled per
 round. The rule and the filters are asked for their conditions by running them once on a
@@ -70,6 +71,9 @@ def check_writable(workdir: Path) -> None:
 def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
     check_writable(workdir)
+    if params.federation.runtime == "flower" and params.eval.where == "sites":
+        _check_counts(params, source)  # the hub holds no data file: none is checked
+        return
     try:
         labels = read_dataset(params.data, workdir).train.targets
         scheme = params.partition
@@ -79,6 +83,11 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
         )  # fmt: skip
     except (DataError, PartitionError, RegistryError) as error:
         raise ConfigError(f"{source}: {error}") from None
+    _check_counts(params, source)
+
+
+def _check_counts(params: Params, source: str) -> None:
+    """The clients sampled per round against ``train.min_clients`` and the rules."""
     sampled = sampled_per_round(params)
     if params.train.min_clients > sampled:
         raise ConfigError(

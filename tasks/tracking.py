@@ -459,7 +459,8 @@ def open_training_run(
                 )
     for path in (paths.partition_report, paths.partition_plot):
         tracker.log_artifact(path, "partition")
-    if tracker.run_id != resume_run_id:
+    held_at_hub = params.federation.runtime == "simulation" or params.eval.where == "hub"
+    if tracker.run_id != resume_run_id and held_at_hub:  # else the run used no file here
         info = dataset_info_of(params.data)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
         if paths.partition.exists():  # real sites hold their own (federation.sites)

@@ -228,11 +228,21 @@ def federation_from_params(
     ``validation_every_round`` the validation split is scored only when ``eval.select``
     needs it (a comparison cell's rounds skip it otherwise). ``root``: the server's root
     data indices (FLTrust's reference), clean, held by no client; ``local_tests``: each
-    client's local test split (per-site evaluation)."""
+    client's local test split (per-site evaluation; with ``eval.where: sites`` also where
+    every round's test scores come from, pooled as real sites' are)."""
     device = resolve_device(params.train.device)
-    val = to_tensors(data.val, data.info, device=device)
-    test = to_tensors(data.test, data.info, device=device)
+    at_hub = params.eval.where == "hub"  # sites: the hub's splits unused, none loaded
+    val = to_tensors(data.val, data.info, device=device) if at_hub else None
+    test = to_tensors(data.test, data.info, device=device) if at_hub else None
     attack = run_attack(params)
+    evaluation = EvaluationSets(
+        test=test,
+        # scored every round; eval.select=best_val picks the final model by it
+        val=val if validation_every_round or params.eval.select == "best_val" else None,
+        sites=tuple(_sites(data, local_tests, device)),
+        multi_label=data.info.multi_label,
+        where=params.eval.where,
+    )
     return Federation(
         model=build_global_model(params, data.info).to(device),
         clients=_clients(params, data, parts, device, attack),
@@ -247,15 +257,9 @@ def federation_from_params(
         threat=ThreatModel(
             malicious=malicious_clients(params),
             model_attack=attack if isinstance(attack, ModelAttack) else None,
-            backdoor_test=_backdoor_test(attack, test),
+            backdoor_test=None if test is None else _backdoor_test(attack, test),
         ),
-        evaluation=EvaluationSets(
-            test=test,
-            # scored every round; eval.select=best_val picks the final model by it
-            val=val if validation_every_round or params.eval.select == "best_val" else None,
-            sites=tuple(_sites(data, local_tests, device)),
-            multi_label=data.info.multi_label,
-        ),
+        evaluation=evaluation,
         execution=Execution(backend=params.train.backend, max_parallel=params.train.max_parallel),
     )
 

@@ -115,3 +115,33 @@ def test_best_val_selection_refuses_rounds_scored_without_the_auc():
 
     message = str(error.value)
     assert "\n" not in message and "it needs round_scores: full" in message
+
+
+AT_SITES = ["eval.where=sites", "noniid.every=0", "noniid.final=false"]
+HUB_DATA = [
+    (["aggregate.name=zeno", "aggregate.b=1"], "aggregate zeno"),
+    (["aggregate.name=fltrust", "partition.root_size=50"], "aggregate fltrust"),
+    (["partition.root_size=50"], "partition.root_size must be 0"),
+    (["noniid.final=true"], "noniid must be off"),
+    (["attack.name=backdoor"], "attack.name backdoor"),
+    (["partition.local_test=0"], "partition.local_test must be > 0"),
+    (["eval.select=best_val"], "eval.select best_val"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "what"), HUB_DATA)
+def test_scored_at_the_sites_what_needs_images_at_the_hub_is_refused_in_one_line(overrides, what):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, AT_SITES + overrides)
+
+    message = str(error.value)
+    assert "\n" not in message and f"eval.where = sites: {what}" in message
+
+
+def test_scoring_at_the_hub_hashes_as_before_eval_where_and_at_the_sites_differently():
+    default = load_params(PARAMS)
+
+    assert load_params(PARAMS, AT_SITES).eval.where == "sites"
+    assert params_hash(load_params(PARAMS, ["eval.where=hub"])) == params_hash(default)
+    sites, off = load_params(PARAMS, AT_SITES), load_params(PARAMS, AT_SITES[1:])
+    assert params_hash(sites) != params_hash(off)

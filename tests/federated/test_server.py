@@ -8,6 +8,7 @@ from aggregation import build_aggregator
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
+from federated.metrics import scores_of
 from federated.partition import build_partitioner
 from federated.privacy import ClientPrivacy
 from federated.seeding import seeded_init
@@ -17,6 +18,7 @@ from federated.server import (
     Execution,
     Federation,
     FederationConfig,
+    NonIIDCheck,
     ServerState,
     ThreatModel,
 )
@@ -42,13 +44,15 @@ def make_federation(
     for key, value in overrides.items():  # each override goes to the part that holds it
         if key in ("rule", "filters", "preaggregators", "noniid", "privacy", "root"):
             defence[key] = value
-        elif key in ("val", "sites"):
+        elif key in ("val", "sites", "site_vals", "where"):
             evaluation[key] = value
         elif key in ("malicious", "model_attack", "backdoor_test"):
             threat[key] = value
+    if evaluation.get("where") == "sites":  # the server holds no split
+        del evaluation["test"]
     return Federation(
         model=model,
-        clients=clients,
+        clients=overrides.get("clients", clients),
         local=LocalTraining(lr=0.05, batch_size=64),
         config=overrides.get("config", FederationConfig(rounds=rounds, seed=seed)),
         defence=Defence(**defence),
@@ -185,8 +189,6 @@ def test_config_values_are_validated():
 
 
 def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):
-    from federated.server import NonIIDCheck
-
     federation = make_federation(medmnist_root, num_clients=6)
     state, _ = federation.run_round(federation.initial_state())  # a model that has learnt a little
     # Client 3's labels contradict every prediction of the global model: its loss stands out.
@@ -429,6 +431,76 @@ def test_every_site_is_scored_every_site_every_rounds_and_in_the_last(medmnist_r
     assert "site_acc_worst" not in state.history[0]  # round 1 was not a scoring round
     restored = ServerState.from_dict(torch.load(io.BytesIO(_saved(state)), weights_only=True))
     assert restored.sites == state.sites
+
+
+def _held_out(federation, *shares):
+    """Each client's data less a ``share`` of it per held-out split (as
+    ``partition.local_test`` holds out a site's test split): the clients and the splits."""
+    kept, splits = [], [[] for _ in shares]
+    for client in federation.clients:
+        start = 0
+        for split, share in zip(splits, shares, strict=True):
+            held = int(len(client) * share)
+            split.append(
+                (client.images[start : start + held], client.targets[start : start + held])
+            )
+            start += held
+        kept.append(ClientData(client.client_id, client.images[start:], client.targets[start:]))
+    return kept, splits
+
+
+def test_scored_at_the_sites_a_rounds_scores_are_those_of_the_pooled_site_splits(medmnist_root):
+    kept, (tests,) = _held_out(make_federation(medmnist_root), 0.25)
+    federation = make_federation(medmnist_root, clients=kept, sites=tests, where="sites")
+
+    state = run(federation, 2)
+
+    model = federation.global_model(state)
+    images = torch.cat([images for images, _ in tests])
+    targets = torch.cat([targets for _, targets in tests])
+    together = scores_of(model(images).detach(), targets, multi_label=False)
+    last = state.history[-1]
+    assert last["test_acc"] == pytest.approx(together["acc"])
+    for name in ("loss", "ece", "brier"):
+        assert last[f"test_{name}"] == pytest.approx(together[name], rel=1e-6, abs=1e-6)
+    assert last["test_auc"] == pytest.approx(together["auc"], abs=1e-3)
+    assert not any(key.startswith("val_") for key in last)  # no site holds a validation split
+    # every round, every site's own row, as a site scores its split
+    assert [(row["round"], row["site"], row["n"]) for row in state.sites] == [
+        (r, s, len(tests[s][1])) for r in (1, 2) for s in range(4)
+    ]
+
+
+def test_best_val_at_the_sites_picks_the_round_of_the_best_pooled_validation_auc(medmnist_root):
+    kept, (tests, vals) = _held_out(make_federation(medmnist_root), 0.2, 0.2)
+    config = FederationConfig(rounds=3, seed=0, select="best_val")
+    federation = make_federation(
+        medmnist_root, clients=kept, sites=tests, site_vals=vals, where="sites", config=config
+    )
+
+    state = run(federation, 3)
+
+    aucs = [row["val_auc"] for row in state.history]
+    assert state.best_round == 1 + aucs.index(max(aucs))
+    assert federation.evaluate(state, "val", selected=True)["auc"] == pytest.approx(max(aucs))
+
+
+def test_scored_at_the_sites_what_needs_data_at_the_server_is_refused(medmnist_root):
+    kept, (tests,) = _held_out(make_federation(medmnist_root), 0.25)
+    data = load_medmnist("breastmnist", medmnist_root)
+    with pytest.raises(ValueError, match="no test= or val= here"):
+        EvaluationSets(where="sites", sites=tuple(tests), test=to_tensors(data.test, data.info))
+    with pytest.raises(ValueError, match="needs the sites"):
+        EvaluationSets(where="sites")
+    with pytest.raises(ValueError, match="the non-IID check needs it"):
+        make_federation(
+            medmnist_root, clients=kept, sites=tests, where="sites", noniid=NonIIDCheck()
+        )
+    with pytest.raises(ValueError, match="needs the sites' validation splits"):
+        make_federation(
+            medmnist_root, clients=kept, sites=tests, where="sites",
+            config=FederationConfig(rounds=1, select="best_val"),
+        )  # fmt: skip
 
 
 def test_sites_must_match_the_clients(medmnist_root):

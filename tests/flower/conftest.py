@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from config.params import Params
-from federated.data import dataset_info, load_digits
+from federated.data import DatasetInfo, dataset_info, load_digits
 from flowerapp.certs import SiteKey, make_site_key
 from flowerapp.hub import site_task
 from flowerapp.loopback import CONNECTION, Loopback
@@ -55,10 +55,15 @@ class Hub:
     plan: Path  # the training plan every site approves unless told otherwise
     keys: dict[str, SiteKey] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # site name -> registered node id
+    schemas: dict[str, DatasetInfo | None] = field(default_factory=dict)  # folders' schemas
 
-    def add_site(self, name: str, data_file: Path, **node_config: str) -> int:
-        """Register a new site's key and start its SuperNode; its node id."""
+    def add_site(
+        self, name: str, data_file: Path, schema: DatasetInfo | None = None, **node_config: str
+    ) -> int:
+        """Register a new site's key and start its SuperNode; its node id. A folder of
+        images is read in ``schema`` (the plan's) to count its training images."""
         self.files[name] = data_file
+        self.schemas[name] = schema
         self.keys[name] = make_site_key(self.fed.work / "keys", name)
         self.nodes[name] = self.fed.register(self.keys[name].public)
         self.start(name, **node_config)
@@ -74,7 +79,7 @@ class Hub:
 
     def sites_params(self, names: list[str]) -> list[dict[str, Any]]:
         return [
-            {"name": n, "node_id": self.nodes[n], "samples": len(load_site_data(self.files[n]).train)}
+            {"name": n, "node_id": self.nodes[n], "samples": len(load_site_data(self.files[n], self.schemas.get(n)).train)}
             for n in names
         ]  # fmt: skip
 

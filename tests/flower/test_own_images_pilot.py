@@ -64,7 +64,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
     own = Params.model_validate({**pilot_params(hub, []), "federation": {"runtime": "simulation"}})
     write_plan(plan, site_task(own, dataset_info_of(own.data)))
     for name, folder in folders.items():
-        hub.add_site(name, folder, **{"approved-plan": str(plan)})
+        hub.add_site(name, folder, dataset_info_of(own.data), **{"approved-plan": str(plan)})
     names = list(folders)
     raw = pilot_params(hub, names)
     project = tmp_path / "hub"

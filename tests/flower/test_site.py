@@ -32,7 +32,8 @@ def own_params(size: int = 28, **own: object) -> Params:
     return Params.model_validate(
         {"data": {"dataset": "breast-own", "size": size, "own": schema},
          "model": {"name": "logreg"}, "federation": {"runtime": "flower", "sites": [
-             {"name": "a", "node_id": 1, "samples": 3}]}, "noniid": {"every": 0, "final": False}}
+             {"name": "a", "node_id": 1, "samples": 3}]}, "noniid": {"every": 0, "final": False},
+         "eval": {"where": "sites"}}
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from federated.data import dataset_info, load_medmnist, to_tensors
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
+from flows.pretest import pretest_flow
 from flows.train import train_flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +91,20 @@ def test_pipeline_flow_tracks_every_round_and_registers_the_model(project, prefe
     run = assert_the_run_is_tracked(project, metrics, trained)
     assert_every_site_is_scored(project, metrics, run)
     assert_the_registered_model_is_the_saved_one(params, metrics, saved, run)
+
+
+def test_scored_at_the_sites_the_pretest_trains_its_rounds_as_training_would(
+    project, prefect_server
+):
+    """``eval.where: sites`` in a simulation: the pretest's rounds (scored, as training's
+    are, on the clients' local test splits) run on the same federation."""
+    at_sites = ["eval.where=sites", "noniid.every=0", "noniid.final=false", "pretest.round=1"]
+    params = load_params(project / "params.yaml", [*SMALL, *at_sites])
+
+    partition_flow(params, project)
+    result = pretest_flow(params, project)
+
+    assert result["n_tests"] > 0 and (project / "reports" / "pretest.json").exists()
 
 
 def assert_the_run_is_tracked(project, metrics, trained):

@@ -1,4 +1,6 @@
-from tasks.evaluation import detection_totals, rounds_to_target
+import math
+
+from tasks.evaluation import detection_totals, pooled_split_scores, rounds_to_target
 
 
 def test_rounds_to_target_needs_accuracy_and_optionally_loss():
@@ -27,3 +29,14 @@ def test_detection_totals_sum_the_rounds_and_leave_undefined_ratios_empty():
         "detection_recall": 0.75,
     }
     assert detection_totals(nobody)["detection_precision"] is None
+
+
+def test_scored_at_the_sites_the_final_scores_are_the_selected_rounds_row():
+    rounds = [  # reports/rounds.csv read back: strings, a column some rows lack
+        {"round": "1", "test_acc": "0.5", "test_auc": "0.6", "val_auc": "", "clients_kept": "3"},
+        {"round": "2", "test_acc": "0.7", "test_auc": "nan", "val_auc": "0.8"},
+    ]
+
+    assert pooled_split_scores(rounds, 1) == {"test_acc": 0.5, "test_auc": 0.6}
+    second = pooled_split_scores(rounds, 2)
+    assert second["test_acc"] == 0.7 and second["val_auc"] == 0.8 and math.isnan(second["test_auc"])

@@ -4,11 +4,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from config.params import Params, load_params
-from federated.data import load_medmnist
+from federated.data import load_medmnist, to_tensors
+from federated.metrics import scores_of
 from federated.partition import build_partitioner
 from federated.server import RoundReport
+from tasks.evaluation import ReportedSites, final_scores
+from tasks.partition import split_partition
 from tasks.training import build_federation, few_local_steps, report_metrics, train_rounds
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
@@ -55,3 +59,30 @@ def test_each_clients_own_epsilon_under_local_dp_is_logged_under_its_own_name():
             {"client": 3, "reason": "client_error"}]  # fmt: skip
     metrics = report_metrics(RoundReport(2, {"privacy_epsilon": 0.9}, rows))
     assert metrics == {"privacy_epsilon": 0.9, "client_loss/0": 0.5, "privacy_epsilon/0": 1.25}
+
+
+def test_scored_at_the_sites_a_simulation_pools_the_clients_local_test_splits(medmnist_root):
+    at_sites = ["eval.where=sites", "noniid.every=0", "noniid.final=false", "train.device=cpu"]
+    params = load_params(REPO_PARAMS, overrides=[*PARAMS, "train.rounds=2", *at_sites])
+    data = load_medmnist("breastmnist", medmnist_root)
+    split = split_partition(data.train.targets, "iid", 3, 0, {}, 0, 0.2)
+
+    federation = build_federation.fn(params, data, split.clients, None, split.local_tests)
+    state = train_rounds.fn(federation, federation.initial_state(), 2)
+
+    assert federation.evaluation.test is None and federation.evaluation.val is None
+    images, targets = to_tensors(data.train, data.info)
+    held = torch.as_tensor(np.concatenate(split.local_tests))
+    logits = federation.global_model(state)(images[held]).detach()
+    together = scores_of(logits, targets[held], multi_label=False)
+    last = state.history[-1]
+    assert last["test_acc"] == pytest.approx(together["acc"])
+    assert last["test_auc"] == pytest.approx(together["auc"], abs=1e-3)
+    assert not any(key.startswith("val_") for key in last)
+    run_info = {"rounds": 2, "selected_round": 2}
+    scored = ReportedSites([row for row in state.sites if row["round"] == 2])
+    model = federation.selected_model(state)
+    results, _ = final_scores(model, params, None, scored, state.history, run_info)
+    assert {k: v for k, v in results.items() if k.startswith("test_")} == {
+        k: v for k, v in last.items() if k.startswith("test_")
+    }
