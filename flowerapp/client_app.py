@@ -7,8 +7,9 @@ ACC, AUC, calibration): never images, labels or per-example values. It trains ex
 a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
 so a federation of sites ends where its simulation does. A task that does not fit the
 site's data (image shape, classes, model size), or whose settings are not the training
-plan the site's operator approved (:mod:`flowerapp.plan`), is refused in one logged line
-and answered with an error; the SuperNode keeps running.
+plan the site's operator approved (:mod:`flowerapp.plan`), or that does not follow the
+task's schema (:class:`flowerapp.task.SiteTask`: a missing, unknown or mistyped setting), is
+refused in one logged line and answered with an error; the SuperNode keeps running.
 
 The data file and the approved plan are the SuperNode's ``--node-config 'data-file="..."
 approved-plan="..."'`` (:mod:`flowerapp.site`, the site operator's command, checks both
@@ -18,6 +19,7 @@ before starting).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -28,14 +30,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from torch import Tensor, nn
 
-from federated.client import ClientData, LocalTraining, train_client
-from federated.data import DatasetInfo
+from federated.client import ClientData, train_client
 from federated.layout import use_fast_layout_
 from federated.metrics import evaluate, loss_function
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import vector_record
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
+from flowerapp.task import SiteTask, TaskError
 from models import build_model
 
 __all__ = ["app"]
@@ -59,7 +61,7 @@ def _approved_plan(path: str) -> dict[str, Any]:
     return read_plan(path)
 
 
-def _check_approved(task: dict[str, Any], context: Context) -> None:
+def _check_approved(task: SiteTask, context: Context) -> None:
     """Refuse a task whose settings are not the plan this site approved (when it pinned one)."""
     if "approved-plan" not in context.node_config:
         return
@@ -75,16 +77,16 @@ def _check_approved(task: dict[str, Any], context: Context) -> None:
         )
 
 
-def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> nn.Module:
+def _task_model(task: SiteTask, data: SiteData, global_vector: Tensor) -> nn.Module:
     """The task's model, checked against the site's data and the vector's length."""
     try:
         data.check_fits(
-            channels=int(task["channels"]), size=int(task["size"]),
-            classes=int(task["classes"]), multi_label=bool(task["multi_label"]),
+            channels=task.channels, size=task.size, classes=task.classes,
+            multi_label=task.multi_label,
         )  # fmt: skip
         model = build_model(
-            str(task["model"]), in_channels=int(task["channels"]),
-            num_classes=int(task["classes"]), image_size=int(task["size"]),
+            task.model, in_channels=task.channels, num_classes=task.classes,
+            image_size=task.size,
         )  # fmt: skip
     except (SiteDataError, KeyError, ValueError) as error:
         raise TaskRefused(str(error)) from None
@@ -92,32 +94,25 @@ def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> 
     if global_vector.numel() != size or global_vector.ndim != 1:
         raise TaskRefused(
             f"the global vector has {tuple(global_vector.shape)} values; the task's model "
-            f"{task['model']} has {size}"
+            f"{task.model} has {size}"
         )
     return use_fast_layout_(model, DEVICE)
 
 
-def _info(task: dict[str, Any]) -> DatasetInfo:
-    """Enough of a dataset's description for :func:`federated.data.to_tensors`."""
-    task_kind = "multi-label, binary-class" if task["multi_label"] else "multi-class"
-    return DatasetInfo(
-        flag="site", task=task_kind, n_channels=int(task["channels"]),
-        n_classes=int(task["classes"]), labels=(), url="", md5="", n_samples={},
-        size=int(task["size"]),
-    )  # fmt: skip
+Work = Callable[[SiteTask, SiteData, Tensor, nn.Module], RecordDict]
 
 
-def _answer(msg: Message, context: Context, work: Any) -> Message:
+def _answer(msg: Message, context: Context, work: Work) -> Message:
     """Run ``work(task, data, global_vector, model)``; a refusal or failure is one logged
     line and an error reply, never a crashed SuperNode."""
     try:
-        task = dict(msg.content["task"])
+        task = SiteTask.from_config(msg.content["task"])
         _check_approved(task, context)
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
         data = _site_data(str(context.node_config["data-file"]))
         model = _task_model(task, data, global_vector)
         return Message(work(task, data, global_vector, model), reply_to=msg)
-    except TaskRefused as error:
+    except (TaskRefused, TaskError) as error:
         log.error("task refused: %s", error)
         reason = f"refused: {error}"
     except Exception as error:  # a broken site answers with its error, it does not crash
@@ -126,34 +121,27 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 
 
-def _train(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
-) -> RecordDict:
-    (images, targets), _ = data.tensors(_info(task), DEVICE)
-    local = LocalTraining(
-        epochs=int(task["epochs"]), lr=float(task["lr"]), momentum=float(task["momentum"]),
-        weight_decay=float(task["weight_decay"]), batch_size=int(task["batch_size"]),
-        prox_mu=float(task["prox_mu"]),
-    )  # fmt: skip
-    client = ClientData(int(task["client"]), images, targets)
-    loss_fn = loss_function(bool(task["multi_label"]))
+def _train(task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module) -> RecordDict:
+    (images, targets), _ = data.tensors(task.dataset_info(), DEVICE)
+    client = ClientData(task.client, images, targets)
+    loss_fn = loss_function(task.multi_label)
     update = train_client(
-        model, global_vector, client, local, loss_fn, seed=int(task["shuffle_seed"])
+        model, global_vector, client, task.local_training(), loss_fn, seed=task.shuffle_seed
     )
     metrics = MetricRecord({"num_samples": update.num_samples, "train_loss": update.train_loss})
     return RecordDict({"update": vector_record(update.delta), "metrics": metrics})
 
 
 def _evaluate(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module
+    task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
 ) -> RecordDict:
-    _, (images, targets) = data.tensors(_info(task), DEVICE)
+    _, (images, targets) = data.tensors(task.dataset_info(), DEVICE)
     scores: dict[str, float] = {"n": float(len(targets))}
     if len(targets):
         vector_to_model_(model, global_vector)
         scores |= evaluate(
-            model.eval(), images, targets, multi_label=bool(task["multi_label"]),
-            batch_size=int(task["eval_batch_size"]),
+            model.eval(), images, targets, multi_label=task.multi_label,
+            batch_size=task.eval_batch_size,
         )  # fmt: skip
     return RecordDict({"scores": MetricRecord(scores)})
 

@@ -1,7 +1,7 @@
 """The remote executor: a round's sampled sites trained through Flower's ``Grid``.
 
-It sends each sampled site the global vector and the task (:func:`flowerapp.hub.site_task`
-plus the round, the site's client id and its batch-order seed) in one ``train`` message,
+It sends each sampled site the global vector and the task (:class:`flowerapp.task.SiteTask`
+with the round, the site's client id and its batch-order seed) in one ``train`` message,
 waits up to ``round_timeout`` seconds (``Grid.send_and_receive`` returns what arrived by
 then) and answers the round loop one :class:`~federated.execution.ClientResult` per site:
 the update, or why there is none (``timeout``: no reply; ``unavailable``: Flower's reply
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from federated.client import ClientUpdate
 from federated.execution import ClientResult, OnResult, collect_results
+from flowerapp.task import SiteTask
 
 __all__ = ["RemoteExecutor", "vector_record"]
 
@@ -44,7 +45,7 @@ class RemoteExecutor:
         self,
         grid: Grid,
         nodes: dict[int, int],
-        task: dict[str, Any],
+        task: SiteTask,
         *,
         seed_of: SeedOf,
         round_timeout: float,
@@ -63,9 +64,11 @@ class RemoteExecutor:
         record = vector_record(vector)
         messages = []
         for client_id in client_ids:
-            task = {**self.task, "round": round_number, "client": client_id,
-                    "shuffle_seed": self.seed_of(round_number, client_id)}  # fmt: skip
-            content = RecordDict({"global": record, "task": ConfigRecord(task)})
+            task = replace(
+                self.task, round=round_number, client=client_id,
+                shuffle_seed=self.seed_of(round_number, client_id),
+            )  # fmt: skip
+            content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())})
             messages.append(
                 Message(
                     content,

@@ -457,12 +457,14 @@ def open_training_run(
                     "the MLflow run lacked rounds %s (their tracking failed): logged now from the checkpoint",
                     backfilled,
                 )
-    for path in (paths.partition_report, paths.partition_plot):
-        tracker.log_artifact(path, "partition")
+    simulated = params.federation.runtime == "simulation"  # at real sites: no partition here
+    if simulated:
+        for path in (paths.partition_report, paths.partition_plot):
+            tracker.log_artifact(path, "partition")
     if tracker.run_id != resume_run_id:
         info = dataset_info_of(params.data)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
-        if paths.partition.exists():  # real sites hold their own (federation.sites)
+        if simulated and paths.partition.exists():
             digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
             tracker.log_dataset("partition", digest, str(paths.partition), "partition")
     return tracker

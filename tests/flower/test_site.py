@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -93,15 +94,15 @@ def test_the_hubs_plan_is_what_its_tasks_carry_and_a_departure_is_named(
     params = load_params(REPO / "params.yaml", ["train.lr=0.02"])
     task = site_task(params, dataset_info(params.data.dataset, params.data.size))
     plan = read_plan(tmp_path / "plan.json")
-    assert plan == task and plan["lr"] == 0.02
+    assert plan == task.plan() and plan["lr"] == 0.02
     assert written.stdout.strip().endswith(f"sha256 {plan_digest(task)}")
 
-    sent = task | {"round": 3, "client": 1, "shuffle_seed": 12345}  # per message: not the plan
+    sent = replace(task, round=3, client=1, shuffle_seed=12345)  # per message: not the plan
     assert plan_differences(plan, sent) == []
     assert plan_digest(sent) == plan_digest(plan)
-    bolder = sent | {"lr": 0.5, "epochs": task["epochs"] + 1}
+    bolder = replace(sent, lr=0.5, epochs=task.epochs + 1)
     assert plan_differences(plan, bolder) == [
-        f"epochs={task['epochs'] + 1} (approved {task['epochs']})",
+        f"epochs={task.epochs + 1} (approved {task.epochs})",
         "lr=0.5 (approved 0.02)",
     ]
 
