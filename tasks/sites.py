@@ -132,7 +132,8 @@ def _follow(
 
 
 def _stop_run(log_path: Path, superlink: str) -> None:
-    """``flwr stop`` for the run this task started (its id is in ``flwr run``'s output)."""
+    """``flwr stop`` for the run whose id ``flwr run`` printed into ``log_path`` (this
+    task's run, or an earlier one that was killed before it could stop it)."""
     match = re.search(r"Successfully started run (\d+)", log_path.read_text())
     if match is not None:
         subprocess.run(

@@ -30,7 +30,7 @@ from flowerapp.hub import HubFiles, simulated_federation, write_params
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
-from tests.flower.conftest import FLIPPER, FLOWER_BIN, Hub, site_names
+from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, site_names
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -382,7 +382,7 @@ def test_a_scheduled_deployment_trains_at_the_sites(
 
 
 def fedsieve_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
-    """``fedsieve run`` with params ``raw`` in ``project``; its stderr."""
+    """``fedsieve run`` with params ``raw`` in ``project``; its exit code and stderr."""
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     done = subprocess.run(
         [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
@@ -391,28 +391,48 @@ def fedsieve_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str
     return f"rc {done.returncode}: {done.stderr[-3000:]}"
 
 
+def make_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
+    """``make run`` (``fedsieve dvc repro``) in ``project`` with the repository's
+    params.yaml and ``raw``'s sections in it (DVC needs every key its stages list)."""
+    full = yaml.safe_load((REPO / "params.yaml").read_text())
+    for key, value in raw.items():
+        merged = isinstance(value, dict) and isinstance(full.get(key), dict)
+        full[key] = full[key] | value if merged else value
+    full["partition"]["num_clients"] = len(raw["federation"]["sites"])  # the sites
+    (project / "params.yaml").write_text(yaml.safe_dump(full))
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return f"rc {done.returncode}: {done.stdout[-1500:]} {done.stderr[-3000:]}"
+
+
 def reported_rounds(project: Path) -> dict[int, float]:
     with (project / "reports" / "rounds.csv").open() as rounds:
         return {int(float(row["round"])): float(row["test_acc"]) for row in csv.DictReader(rounds)}
 
 
 def test_runs_in_one_checkout_each_log_only_their_own_rounds(
-    hub: Hub, tmp_path: Path, prefect_server: str
+    hub: Hub, tmp_path: Path, prefect_server: str, medmnist_root: Path
 ) -> None:
-    """Three ``fedsieve run`` in one checkout at the same sites: a run that fails (closed
-    by ``train.max_excluded: 0`` once the flipper is left out), then a second and a third.
+    """Three runs in one checkout (a git repository with the DVC pipeline) at the same
+    sites: a ``fedsieve run`` that fails (closed by ``train.max_excluded: 0`` once the
+    flipper is left out), a second ``fedsieve run``, and a third by ``make run`` (``dvc
+    repro``), whose partition and pre-test stages only say that the sites hold the data.
     Each MLflow run holds its own rounds, once each, as its reports/rounds.csv has them;
     none reads the journal another run left. The second's rounds are scored for accuracy
     only (no AUC before the last round) and its privacy budget ends it after round 1: it
     finishes, tagged ``stopped_early``."""
     from mlflow import MlflowClient
 
+    from tests.flows.test_pipeline import pipeline_repo
+
     names = site_names()
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = hub.fed.flwr_env() | {
+    project, env = pipeline_repo(tmp_path, medmnist_root, rounds=1)
+    tracking = env["MLFLOW_TRACKING_URI"]
+    env |= hub.fed.flwr_env() | {
         "PREFECT_API_URL": prefect_server,
         "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
-        "MLFLOW_TRACKING_URI": tracking,
     }
     private = hub.flower_params(
         names, filters=[], eval={"every": 1, "round_scores": "accuracy"},
@@ -421,16 +441,16 @@ def test_runs_in_one_checkout_each_log_only_their_own_rounds(
     budget = privacy_budget(Params.model_validate(private))
     private["privacy"]["target_epsilon"] = (budget.epsilon(1) + budget.epsilon(2)) / 2
     runs = {
-        "failed": hub.flower_params(names, train={"max_excluded": 0}),
-        "second": private,
-        "third": hub.flower_params(names, train={"rounds": 1}),
+        "failed": (fedsieve_run, hub.flower_params(names, train={"max_excluded": 0})),
+        "second": (fedsieve_run, private),
+        "third": (make_run, hub.flower_params(names, train={"rounds": 1})),
     }
     client, reported = MlflowClient(tracking), {}
-    for name, raw in runs.items():
-        said = fedsieve_run(tmp_path, env, raw)
+    for name, (command, raw) in runs.items():
+        said = command(project, env, raw)
         assert ("rc 0:" in said) == (name != "failed"), said
         assert "JSONDecodeError" not in said, said
-        reported[name] = reported_rounds(tmp_path)
+        reported[name] = reported_rounds(project)
 
     experiment = client.get_experiment_by_name("fedsieve").experiment_id
     logged = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
@@ -441,4 +461,7 @@ def test_runs_in_one_checkout_each_log_only_their_own_rounds(
     assert "test_auc" not in client.get_run(logged[1].info.run_id).data.metrics
     assert logged[1].data.tags["stopped_early"].startswith("privacy budget: round 2 would")
     assert "stopped_early" not in logged[2].data.tags
-    assert_sites_hold_the_data(tmp_path)
+    assert_sites_hold_the_data(project)
+    artifacts = {a.path for a in client.list_artifacts(logged[2].info.run_id)}
+    assert not artifacts & {"partition", "pretest"}  # nothing simulated logged into it
+    assert "pretest_shapiro_rate" not in logged[2].data.metrics
