@@ -39,6 +39,7 @@ __all__ = [
     "load_params",
     "params_hash",
     "params_warnings",
+    "population",
     "privacy_budget",
     "validate_params",
 ]
@@ -542,6 +543,16 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
         )
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
+    sites, given = len(params.federation.sites), params.partition.num_clients
+    if sites and "num_clients" in params.partition.model_fields_set and given != sites:
+        refused.append(
+            (
+                "partition.num_clients",
+                f"= {given} but federation.sites names {sites} sites: the sites are the "
+                "clients; leave partition.num_clients out or make it "
+                f"{sites}",
+            )
+        )
     return refused
 
 
@@ -589,6 +600,14 @@ def hub_data_needed(params: Params) -> list[tuple[str, str]]:
     return needed
 
 
+def population(params: Params) -> int:
+    """The clients a round samples from: the registered sites at real sites
+    (``federation.sites``), the simulated partition's clients otherwise."""
+    if params.federation.runtime == "flower":
+        return len(params.federation.sites)
+    return params.partition.num_clients
+
+
 SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one partition scheme
 
 
@@ -603,7 +622,7 @@ def eval_batch_size(params: Params) -> int:
 
 def privacy_budget(params: Params) -> ClientPrivacy:
     """The run's DP-FedAvg settings for the engine (``privacy.mode`` is not off)."""
-    privacy, clients = params.privacy, params.partition.num_clients
+    privacy, clients = params.privacy, population(params)
     return ClientPrivacy(
         clip=privacy.clip,
         noise_multiplier=privacy.noise_multiplier,

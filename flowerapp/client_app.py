@@ -22,16 +22,19 @@ refuses to train once one more update would pass ``privacy_target_epsilon``. A s
 operator insists on local DP (node config ``require-local-dp=true``, ``fedsieve-site
 --local-dp``) refuses any task without it, plan or no plan.
 
-The data file and the approved plan are the SuperNode's ``--node-config 'data-file="..."
+The task is a typed record (:class:`flowerapp.task.SiteTask`), its schema checked as it
+arrives. The site's data (a folder of its own images, read in the task's data schema, or
+an .npz) and the approved plan are the SuperNode's ``--node-config 'data-file="..."
 approved-plan="..."'`` (:mod:`flowerapp.site`, the site operator's command, checks both
 before starting).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from functools import cache, partial
 from typing import Any
 
@@ -42,8 +45,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from torch import Tensor, nn
 
-from federated.client import ClientData, LocalTraining, train_client
-from federated.data import DatasetInfo, to_tensors
+from federated.client import ClientData, train_client
+from federated.data import to_tensors
 from federated.execution import ScoreRequest, evaluate_site
 from federated.layout import use_fast_layout_
 from federated.metrics import loss_function
@@ -51,7 +54,8 @@ from federated.privacy import ClientPrivacy, site_privacy
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import score_request, summary_record, vector_record
-from flowerapp.site_data import SiteData, SiteDataError, load_site_data, task_dataset
+from flowerapp.site_data import SiteData, SiteDataError, load_site_data
+from flowerapp.task import SiteTask, TaskError
 from models import build_model
 
 __all__ = ["app"]
@@ -59,8 +63,6 @@ __all__ = ["app"]
 log = logging.getLogger("flwr")
 app = ClientApp()
 DEVICE = torch.device("cpu")
-SCHEMA_KEYS = ("dataset", "task", "class_names", "channels", "classes", "size", "resample",
-               "mean", "std")  # fmt: skip
 REQUIRE_LOCAL_DP = "require-local-dp"  # node config: refuse every task without local DP
 UPDATES_SENT = "local-dp"  # the run's node state: the noised updates this site sent
 
@@ -70,9 +72,14 @@ class TaskRefused(ValueError):
 
 
 @cache
-def _site_data(path: str, schema: str) -> SiteData:
-    """The site's data, read once per schema (a folder's images are read in the task's)."""
-    return load_site_data(path, task_dataset(json.loads(schema)))
+def _site_data(path: str, task: SiteTask) -> SiteData:
+    return load_site_data(path, task.dataset_info())
+
+
+def _data_of(path: str, task: SiteTask) -> SiteData:
+    """The site's data, read once per task schema (a folder's images are read in it):
+    the per-message fields do not make it read again."""
+    return _site_data(path, replace(task, round=0, client=0, shuffle_seed=0))
 
 
 @cache
@@ -80,7 +87,7 @@ def _approved_plan(path: str) -> dict[str, Any]:
     return read_plan(path)
 
 
-def _check_approved(task: dict[str, Any], context: Context) -> None:
+def _check_approved(task: SiteTask, context: Context) -> None:
     """Refuse a task whose settings are not the plan this site approved (when it pinned one)."""
     if "approved-plan" not in context.node_config:
         return
@@ -96,27 +103,23 @@ def _check_approved(task: dict[str, Any], context: Context) -> None:
         )
 
 
-def _local_privacy(task: dict[str, Any], context: Context) -> ClientPrivacy | None:
+def _local_privacy(task: SiteTask, context: Context) -> ClientPrivacy | None:
     """The task's local DP, which this site applies to its own update (None when the task
     runs without it, which a site insisting on local DP refuses)."""
-    mode = str(task.get("privacy_mode", "off"))
-    if mode != "local":
+    if task.privacy_mode != "local":
         if str(context.node_config.get(REQUIRE_LOCAL_DP, False)).lower() == "true":
             raise TaskRefused(
-                f"privacy_mode={mode}: this site trains only with local DP "
+                f"privacy_mode={task.privacy_mode}: this site trains only with local DP "
                 "(privacy_mode=local; fedsieve-site --local-dp)"
             )
         return None
     try:
-        target = task.get("privacy_target_epsilon")
         return site_privacy(
-            clip=float(task["privacy_clip"]),
-            noise_multiplier=float(task["privacy_noise_multiplier"]),
-            delta=float(task["privacy_delta"]),
-            target_epsilon=None if target is None else float(target),
+            clip=task.privacy_clip,
+            noise_multiplier=task.privacy_noise_multiplier,
+            delta=task.privacy_delta,
+            target_epsilon=task.privacy_target_epsilon or None,
         )
-    except KeyError as error:
-        raise TaskRefused(f"privacy_mode=local without {error.args[0]}") from None
     except ValueError as error:
         raise TaskRefused(f"privacy_mode=local: {error}") from None
 
@@ -141,16 +144,16 @@ def _check_budget(privacy: ClientPrivacy, sent: int) -> None:
     )
 
 
-def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> nn.Module:
+def _task_model(task: SiteTask, data: SiteData, global_vector: Tensor) -> nn.Module:
     """The task's model, checked against the site's data and the vector's length."""
     try:
         data.check_fits(
-            channels=int(task["channels"]), size=int(task["size"]),
-            classes=int(task["classes"]), multi_label=bool(task["multi_label"]),
+            channels=task.channels, size=task.size, classes=task.classes,
+            multi_label=task.multi_label,
         )  # fmt: skip
         model = build_model(
-            str(task["model"]), in_channels=int(task["channels"]),
-            num_classes=int(task["classes"]), image_size=int(task["size"]),
+            task.model, in_channels=task.channels, num_classes=task.classes,
+            image_size=task.size,
         )  # fmt: skip
     except (SiteDataError, KeyError, ValueError) as error:
         raise TaskRefused(str(error)) from None
@@ -158,32 +161,26 @@ def _task_model(task: dict[str, Any], data: SiteData, global_vector: Tensor) -> 
     if global_vector.numel() != size or global_vector.ndim != 1:
         raise TaskRefused(
             f"the global vector has {tuple(global_vector.shape)} values; the task's model "
-            f"{task['model']} has {size}"
+            f"{task.model} has {size}"
         )
     return use_fast_layout_(model, DEVICE)
 
 
-def _info(task: dict[str, Any]) -> DatasetInfo:
-    try:
-        return task_dataset(task)
-    except (KeyError, TypeError, ValueError) as error:
-        raise TaskRefused(f"the task's data schema is incomplete ({error})") from None
+Work = Callable[[SiteTask, SiteData, Tensor, nn.Module], RecordDict]
 
 
-def _answer(msg: Message, context: Context, work: Any) -> Message:
+def _answer(msg: Message, context: Context, work: Work) -> Message:
     """Run ``work(task, data, global_vector, model)``; a refusal or failure is one logged
     line and an error reply, never a crashed SuperNode."""
     try:
-        task = dict(msg.content["task"])
+        task = SiteTask.from_config(msg.content["task"])
         _check_approved(task, context)
         _local_privacy(task, context)
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
-        _info(task)  # a task without its data's schema is refused before any file is read
-        schema = json.dumps({key: task[key] for key in SCHEMA_KEYS}, sort_keys=True)
-        data = _site_data(str(context.node_config["data-file"]), schema)
+        data = _data_of(str(context.node_config["data-file"]), task)
         model = _task_model(task, data, global_vector)
         return Message(work(task, data, global_vector, model), reply_to=msg)
-    except (TaskRefused, SiteDataError) as error:
+    except (TaskRefused, TaskError, SiteDataError) as error:
         log.error("task refused: %s", error)
         reason = f"refused: {error}"
     except Exception as error:  # a broken site answers with its error, it does not crash
@@ -193,22 +190,16 @@ def _answer(msg: Message, context: Context, work: Any) -> Message:
 
 
 def _train(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module, *,
-    context: Context,
-) -> RecordDict:  # fmt: skip
+    task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module, *, context: Context
+) -> RecordDict:
     privacy, sent = _local_privacy(task, context), _updates_sent(context)
     if privacy is not None:
         _check_budget(privacy, sent)
-    (images, targets), _ = data.tensors(_info(task), DEVICE)
-    local = LocalTraining(
-        epochs=int(task["epochs"]), lr=float(task["lr"]), momentum=float(task["momentum"]),
-        weight_decay=float(task["weight_decay"]), batch_size=int(task["batch_size"]),
-        prox_mu=float(task["prox_mu"]),
-    )  # fmt: skip
-    client = ClientData(int(task["client"]), images, targets)
-    loss_fn = loss_function(bool(task["multi_label"]))
+    (images, targets), _ = data.tensors(task.dataset_info(), DEVICE)
+    client = ClientData(task.client, images, targets)
+    loss_fn = loss_function(task.multi_label)
     update = train_client(
-        model, global_vector, client, local, loss_fn, seed=int(task["shuffle_seed"])
+        model, global_vector, client, task.local_training(), loss_fn, seed=task.shuffle_seed
     )
     metrics = {"num_samples": update.num_samples, "train_loss": update.train_loss}
     delta = update.delta
@@ -227,18 +218,18 @@ def _train(
 
 
 def _evaluate(
-    task: dict[str, Any], data: SiteData, global_vector: Tensor, model: nn.Module,
+    task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module,
     request: ScoreRequest,
 ) -> RecordDict:  # fmt: skip
-    info = _info(task)
+    info = task.dataset_info()
     splits = {
         "test": to_tensors(data.test, info, device=DEVICE),
         "val": to_tensors(data.val, info, device=DEVICE),
     }
     vector_to_model_(model, global_vector)
     row, summaries = evaluate_site(
-        model.eval(), splits, request, multi_label=bool(task["multi_label"]),
-        batch_size=int(task["eval_batch_size"]),
+        model.eval(), splits, request, multi_label=task.multi_label,
+        batch_size=task.eval_batch_size,
     )  # fmt: skip
     records = {"scores": MetricRecord(row or {"n": 0.0})}
     return RecordDict(records | {name: summary_record(s) for name, s in summaries.items()})
@@ -256,7 +247,7 @@ def score(msg: Message, context: Context) -> Message:
     record = msg.content.get("request")
     request = score_request(record) if record is not None else ScoreRequest()
 
-    def work(task: dict[str, Any], data: SiteData, vector: Tensor, model: nn.Module) -> RecordDict:
+    def work(task: SiteTask, data: SiteData, vector: Tensor, model: nn.Module) -> RecordDict:
         return _evaluate(task, data, vector, model, request)
 
     return _answer(msg, context, work)

@@ -23,8 +23,9 @@ from federated.client import ClientData, RegisteredClient
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.execution import ClientExecutor, SiteScorer
 from federated.seeding import SHUFFLE, derive_seed
-from federated.server import EvaluationSets, Execution, Federation
+from federated.server import EvaluationSets, Execution, Federation, RoundReport
 from flowerapp.site_data import load_site_data
+from flowerapp.task import SiteTask
 
 __all__ = [
     "HubFiles",
@@ -52,48 +53,34 @@ def site_nodes(params: Params) -> dict[int, int]:
     return {client_id: site.node_id for client_id, site in enumerate(params.federation.sites)}
 
 
-def site_task(params: Params, info: DatasetInfo) -> dict[str, Any]:
-    """What a site needs besides the global vector to train and score exactly as a
-    simulated client would: the model, the data shape it expects, the local settings,
-    and the privacy it is promised or (``local``) applies itself."""
+def site_task(params: Params, info: DatasetInfo) -> SiteTask:
+    """What every site is asked to run (:class:`flowerapp.task.SiteTask`, its per-message
+    fields left at 0): the model, the data's schema (what a site's images become before
+    the model sees them), the local settings, and the privacy it is promised or
+    (``local``) applies itself."""
     local = local_training(params)
-    return privacy_task(params) | {
-        "model": params.model.name,
-        # the data's schema: what a site's images become before the model sees them
-        "dataset": info.flag,
-        "task": info.task,
-        "class_names": list(info.labels),
-        "channels": info.n_channels,
-        "classes": info.n_classes,
-        "size": info.size,
-        "multi_label": info.multi_label,
-        "resample": info.resample,
-        "mean": info.mean,
-        "std": info.std,
-        "epochs": local.epochs,
-        "lr": local.lr,
-        "momentum": local.momentum,
-        "weight_decay": local.weight_decay,
-        "batch_size": local.batch_size,
-        "prox_mu": local.prox_mu,
-        "eval_batch_size": eval_batch_size(params),
-    }
+    return SiteTask(
+        model=params.model.name, dataset=info.flag, task=info.task,
+        class_names=tuple(info.labels), channels=info.n_channels, classes=info.n_classes,
+        size=info.size, multi_label=info.multi_label, resample=info.resample, mean=info.mean,
+        std=info.std, epochs=local.epochs, lr=local.lr, momentum=local.momentum,
+        weight_decay=local.weight_decay, batch_size=local.batch_size, prox_mu=local.prox_mu,
+        eval_batch_size=eval_batch_size(params), **privacy_task(params),
+    )  # fmt: skip
 
 
 def privacy_task(params: Params) -> dict[str, Any]:
     """``privacy_mode``, and unless it is off the clip, noise multiplier, δ and target ε
-    (absent without one): in ``local`` mode the site clips and noises its own update with
-    them, and a site that pinned them refuses a task asking for less."""
+    (0: none): in ``local`` mode the site clips and noises its own update with them, and a
+    site that pinned them refuses a task asking for less."""
     privacy = params.privacy
     if privacy.mode == "off":
         return {"privacy_mode": "off"}
-    task = {
+    return {
         "privacy_mode": privacy.mode, "privacy_clip": privacy.clip,
         "privacy_noise_multiplier": privacy.noise_multiplier, "privacy_delta": privacy.delta,
+        "privacy_target_epsilon": privacy.target_epsilon or 0.0,
     }  # fmt: skip
-    if privacy.target_epsilon is not None:
-        task["privacy_target_epsilon"] = privacy.target_epsilon
-    return task
 
 
 def shuffle_seed(params: Params, round_number: int, client_id: int) -> int:
@@ -171,8 +158,12 @@ def simulated_federation(
 @dataclass(frozen=True)
 class HubFiles:
     """What the hub's pipeline hands the ServerApp (``params.json``: the run's validated
-    params) and what the ServerApp writes back, round by round (``rounds.jsonl``: each
-    round's report; ``outcome.json`` at the end), in one folder on the hub."""
+    params) and what the ServerApp writes back, round by round (``rounds.jsonl``: the
+    journal of each round's report; ``outcome.json`` at the end), in one folder on the hub.
+
+    Every journal line and the outcome carry the run's token (a new one each time the
+    pipeline starts ``flwr run``), so a line or an outcome another run left in the folder,
+    or a ServerApp of an earlier run still writes there, is never read as this run's."""
 
     folder: Path
 
@@ -190,6 +181,58 @@ class HubFiles:
 
     def read_params(self) -> Params:
         return Params.model_validate(json.loads(self.params.read_text()))
+
+    def clear(self) -> None:
+        """Before a run starts: no journal or outcome of an earlier run left to read."""
+        self.rounds.unlink(missing_ok=True)
+        self.outcome.unlink(missing_ok=True)
+
+    def journal(self, report: RoundReport, token: str, **extra: float) -> None:
+        """Append one round's report as one line (one write: a reader never sees half of
+        it as a line)."""
+        record = {"run": token, "round": report.round, "metrics": report.metrics,
+                  "clients": report.clients, "sites": report.sites, **extra}  # fmt: skip
+        with self.rounds.open("a") as out:
+            out.write(json.dumps(record, default=float) + "\n")
+
+    def journaled(self, token: str, offset: int = 0) -> tuple[list[RoundReport], int]:
+        """The rounds run ``token`` journaled after byte ``offset``, and the offset after
+        the last whole line (a line still being written is read next time). Lines of other
+        runs, and lines that are not a record, are passed over."""
+        if not self.rounds.exists():
+            return [], offset
+        reports = []
+        with self.rounds.open("rb") as journal:
+            journal.seek(offset)
+            for line in journal:
+                if not line.endswith(b"\n"):
+                    break
+                offset += len(line)
+                record = _record(line)
+                if record is not None and record.get("run") == token:
+                    reports.append(
+                        RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
+                    )
+        return reports, offset
+
+    def write_outcome(self, token: str, outcome: dict[str, Any]) -> None:
+        self.outcome.write_text(json.dumps({"run": token, **outcome}) + "\n")
+
+    def read_outcome(self, token: str) -> dict[str, Any] | None:
+        """How run ``token`` ended, once its ServerApp said so (None before, or when the
+        file is another run's)."""
+        if not self.outcome.exists():
+            return None
+        outcome = _record(self.outcome.read_bytes())
+        return outcome if outcome is not None and outcome.get("run") == token else None
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def write_params(path: Path, params: Params) -> None:

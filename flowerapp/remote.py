@@ -1,7 +1,7 @@
 """The remote executor: a round's sampled sites trained through Flower's ``Grid``.
 
-It sends each sampled site the global vector and the task (:func:`flowerapp.hub.site_task`
-plus the round, the site's client id and its batch-order seed) in one ``train`` message,
+It sends each sampled site the global vector and the task (:class:`flowerapp.task.SiteTask`
+with the round, the site's client id and its batch-order seed) in one ``train`` message,
 waits up to ``round_timeout`` seconds (``Grid.send_and_receive`` returns what arrived by
 then) and answers the round loop one :class:`~federated.execution.ClientResult` per site:
 the update, or why there is none (``timeout``: no reply; ``unavailable``: Flower's reply
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from federated.execution import (
     collect_results,
 )
 from federated.metrics import SplitSummary, summary_from, summary_values
+from flowerapp.task import SiteTask
 
 __all__ = [
     "RemoteExecutor",
@@ -90,7 +91,7 @@ class RemoteExecutor:
         self,
         grid: Grid,
         nodes: dict[int, int],
-        task: dict[str, Any],
+        task: SiteTask,
         *,
         seed_of: SeedOf,
         round_timeout: float,
@@ -110,9 +111,11 @@ class RemoteExecutor:
         record = vector_record(vector)
         messages = []
         for client_id in client_ids:
-            task = {**self.task, "round": round_number, "client": client_id,
-                    "shuffle_seed": self.seed_of(round_number, client_id)}  # fmt: skip
-            content = RecordDict({"global": record, "task": ConfigRecord(task)})
+            task = replace(
+                self.task, round=round_number, client=client_id,
+                shuffle_seed=self.seed_of(round_number, client_id),
+            )  # fmt: skip
+            content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())})
             if request is not None:
                 content["request"] = request_record(request)
             messages.append(
@@ -194,7 +197,7 @@ class RemoteExecutor:
             scores: MetricRecord = reply.content["scores"]
             if int(scores["n"]):
                 row = {"n": int(scores["n"])} | {k: float(v) for k, v in scores.items() if k != "n"}
-        classes, multi_label = int(self.task["classes"]), bool(self.task["multi_label"])
+        classes, multi_label = self.task.classes, self.task.multi_label
         summaries = {
             split: split_summary(
                 reply.content[split], classes=classes, multi_label=multi_label, full=request.full

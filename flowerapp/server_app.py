@@ -3,15 +3,17 @@
 ``flwr run`` starts it on the hub with a run config naming the hub's folder
 (:class:`flowerapp.hub.HubFiles`: the run's params in, each round's report out), the
 MedMNIST folder holding the hub's validation and test splits (never opened under
-``eval.where: sites``: the sites score the model, the hub holds no data), the checkpoint path, the
-MLflow run id kept in the checkpoint, and whether to resume. Every round is checkpointed
-(the file the simulated train stage writes) and appended to ``rounds.jsonl``, which the
-hub's Prefect task follows into MLflow; ``outcome.json`` says how the run ended.
+``eval.where: sites``: the sites score the model, the hub holds no data), the checkpoint
+path, the MLflow run id kept in the checkpoint, whether to resume, and the run's token. The
+rounds run through the same driver as a simulated run (:class:`federated.driver.RunDriver`):
+each is journaled to ``rounds.jsonl`` under the run's token (the hub's Prefect task
+follows it into MLflow), then checkpointed (the file the simulated train stage writes),
+then said in one line; ``outcome.json`` says how the run ended (the privacy budget's
+reason when it ended early).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
@@ -24,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
-from federated.loop import train
+from federated.driver import RunDriver
 from federated.server import RoundReport, ServerState
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
 from flowerapp.plan import plan_digest
@@ -40,25 +42,27 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     files = HubFiles(Path(str(config["hub-folder"])))
+    token = str(config.get("run-token", ""))
     try:
         outcome = run_hub(
             grid, files, data_root=Path(str(config["data-root"])),
             checkpoint=Path(str(config["checkpoint"])), run_id=str(config.get("run-id", "")) or None,
-            resume=bool(config.get("resume", False)),
+            resume=bool(config.get("resume", False)), token=token,
         )  # fmt: skip
     except Exception as error:  # said in outcome.json for the hub's pipeline, then raised
         outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
         log.error("hub failed: %s", traceback.format_exc())
-        _write_outcome(files, outcome)
+        files.write_outcome(token, outcome)
         raise
-    _write_outcome(files, outcome)
+    files.write_outcome(token, outcome)
 
 
 def run_hub(
     grid: Grid, files: HubFiles, *, data_root: Path, checkpoint: Path, run_id: str | None,
-    resume: bool,
+    resume: bool, token: str = "",
 ) -> dict[str, Any]:  # fmt: skip
-    """The run's rounds at the sites, from the checkpoint when ``resume`` finds one."""
+    """The run's rounds at the sites, from the checkpoint when ``resume`` finds one, each
+    journaled under the run's ``token`` for the hub's pipeline."""
     started = time.monotonic()
     params = files.read_params()
     digest = params_hash(params)
@@ -78,27 +82,26 @@ def run_hub(
     if saved is not None:
         state = ServerState.from_dict(saved["state"], device=federation.device)
         log.info("resuming after round %d", state.round)
-    elif files.rounds.exists():
-        files.rounds.unlink()  # a fresh run's rounds only
 
-    def on_round(report: RoundReport, new_state: ServerState) -> None:
-        save_checkpoint(checkpoint, state=new_state, digest=digest, run_id=run_id)
-        with files.rounds.open("a") as out:  # after the checkpoint: a resumed run re-reads it
-            record = _report_record(report) | {"elapsed_s": time.monotonic() - started}
-            out.write(json.dumps(record, default=float) + "\n")
-        metrics = report.metrics
-        log.info(
-            "round %d/%d: test acc %.4f auc %.4f, %d of %d sites left out",
-            report.round, params.train.rounds, metrics["test_acc"], metrics["test_auc"],
-            sum(bool(row["excluded"]) for row in report.clients), len(report.clients),
-        )  # fmt: skip
+    def journal(report: RoundReport) -> None:
+        files.journal(report, token, elapsed_s=time.monotonic() - started)
         if spent := _site_epsilons(params, report):
             log.info(
                 "round %d: local DP, ε of each site that sent an update: %s", report.round, spent
             )
 
-    state = train(federation, state, params.train.rounds, on_round=on_round)
-    return {"status": "finished", "rounds": state.round, "bytes_sent": executor.bytes_sent}
+    def save(new_state: ServerState) -> None:
+        save_checkpoint(checkpoint, state=new_state, digest=digest, run_id=run_id)
+
+    driver = RunDriver(
+        rounds=params.train.rounds, record=journal, checkpoint=save, say=log.info,
+        warn=log.warning,
+    )  # fmt: skip
+    end = driver.run(federation, state)
+    return {
+        "status": "finished", "rounds": end.state.round, "stopped_early": end.stopped_early,
+        "bytes_sent": executor.bytes_sent,
+    }  # fmt: skip
 
 
 def _site_epsilons(params: Params, report: RoundReport) -> str:
@@ -108,12 +111,3 @@ def _site_epsilons(params: Params, report: RoundReport) -> str:
         for row in report.clients
         if "privacy_epsilon" in row
     )
-
-
-def _report_record(report: RoundReport) -> dict[str, Any]:
-    return {"round": report.round, "metrics": report.metrics, "clients": report.clients,
-            "sites": report.sites}  # fmt: skip
-
-
-def _write_outcome(files: HubFiles, outcome: dict[str, Any]) -> None:
-    files.outcome.write_text(json.dumps(outcome) + "\n")

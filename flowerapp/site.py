@@ -34,8 +34,9 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from flowerapp.flwr_config import config_pairs, flower_env
 from flowerapp.plan import PlanError, plan_digest, read_plan
-from flowerapp.site_data import SiteDataError, load_site_data, task_dataset
+from flowerapp.site_data import SiteDataError, load_site_data
 from flowerapp.supernode import EXIT_CODES, EXIT_USAGE, Site, run_supernode
+from flowerapp.task import SiteTask, TaskError
 
 __all__ = ["main", "supernode_command"]
 
@@ -132,20 +133,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = read_plan(args.plan)
-        data = load_site_data(args.data, task_dataset(plan))
+        task = SiteTask.from_config(plan)
+        data = load_site_data(args.data, task.dataset_info())
         data.check_fits(
-            channels=int(plan["channels"]), size=int(plan["size"]),
-            classes=int(plan["classes"]), multi_label=bool(plan["multi_label"]),
+            channels=task.channels, size=task.size, classes=task.classes,
+            multi_label=task.multi_label,
         )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as error:  # SiteDataError, PlanError, a bad plan
-        if not isinstance(error, SiteDataError | PlanError):
-            error = PlanError(f"plan {args.plan}: not a training plan ({error!r} missing or bad)")
+    except (SiteDataError, PlanError, TaskError) as error:
+        if isinstance(error, TaskError):
+            error = PlanError(f"plan {args.plan}: not a training plan ({error})")
         print(f"fedsieve-site: error: {error}", file=sys.stderr)
-        return 2
-    if args.local_dp and plan.get("privacy_mode") != "local":
+        return EXIT_USAGE
+    if args.local_dp and task.privacy_mode != "local":
         print(
             f"fedsieve-site: error: --local-dp: plan {args.plan} has privacy_mode "
-            f"{plan.get('privacy_mode', 'off')}; this site trains only with privacy_mode local",
+            f"{task.privacy_mode}; this site trains only with privacy_mode local",
             file=sys.stderr,
         )
         return EXIT_USAGE

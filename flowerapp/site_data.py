@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, to_tensors
 from federated.own_data import load_own_images, write_image_folder
 
-__all__ = ["SiteData", "SiteDataError", "load_site_data", "task_dataset", "write_site_files"]
+__all__ = ["SiteData", "SiteDataError", "load_site_data", "write_site_files"]
 
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
 OPTIONAL = ("val_images", "val_labels")
@@ -72,17 +71,6 @@ class SiteData:
         return to_tensors(self.train, info, device=device), to_tensors(
             self.test, info, device=device
         )
-
-
-def task_dataset(task: Mapping[str, Any]) -> DatasetInfo:
-    """The data's schema a task (or an approved plan) carries: how the site's images are
-    read and what the model takes."""
-    return DatasetInfo(
-        flag=str(task["dataset"]), task=str(task["task"]), n_channels=int(task["channels"]),
-        n_classes=int(task["classes"]), labels=tuple(str(c) for c in task["class_names"]),
-        url="", md5="", n_samples={}, size=int(task["size"]), mean=float(task["mean"]),
-        std=float(task["std"]), resample=str(task["resample"]),
-    )  # fmt: skip
 
 
 def load_site_data(path: Path | str, schema: DatasetInfo | None = None) -> SiteData:

@@ -1,4 +1,6 @@
-"""Partition stage: verified data in, per-client index arrays and a report out."""
+"""Partition stage: verified data in, per-client index arrays and a report out. At real
+sites (``federation.runtime: flower``) the sites hold the data: the stage partitions
+nothing and its outputs list the registered sites."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from prefect import flow
 
 from config.params import Params
 from tasks.data import load_verified_dataset
-from tasks.partition import partition_clients, write_partition_reports
+from tasks.partition import partition_clients, write_partition_reports, write_sites_hold_data
 from tasks.reports import ProjectPaths
 
 __all__ = ["partition_flow"]
@@ -17,6 +19,9 @@ __all__ = ["partition_flow"]
 
 @flow(name="partition")
 def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
+    paths = ProjectPaths(workdir)
+    if params.federation.runtime == "flower":
+        return write_sites_hold_data(paths, params)
     data = load_verified_dataset(params.data, workdir)
     split, report = partition_clients(
         data.train.targets,
@@ -30,5 +35,4 @@ def partition_flow(params: Params, workdir: Path) -> dict[str, Any]:
     )
     if data.sha256:  # own images: which ones were partitioned
         report = {**report, "data_sha256": data.sha256}
-    paths = ProjectPaths(workdir)
     return write_partition_reports(paths, split, report, params, data.info.labels)

@@ -1,5 +1,6 @@
 """The whole pipeline as one Prefect flow: preflight, then partition -> pretest -> train ->
-evaluate (the same stages, files and reports as ``dvc repro``)."""
+evaluate (the same stages, files and reports as ``dvc repro``; at real sites the partition
+and pre-test stages only say that the sites hold the data)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def pipeline_flow(
     the MLflow run a named child (a cell of a comparison grid)."""
     preflight(params, workdir)
     with subflows_without_heartbeats():
-        if params.federation.runtime == "simulation":  # at real sites the data is theirs
-            partition_flow(params, workdir)
-            pretest_flow(params, workdir)
+        partition_flow(params, workdir)  # at real sites: the sites hold the data, said so
+        pretest_flow(params, workdir)
         train_flow(params, workdir, resume=resume, parent_run_id=parent_run_id, run_name=run_name)
         return evaluate_flow(params, workdir)

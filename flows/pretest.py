@@ -1,6 +1,7 @@
 """Pre-test stage (EMA paper, Section 2.2): are the clients' updates normal across
 clients, coordinate by coordinate? Shapiro-Wilk and Anderson-Darling at ``pretest.alpha``,
-reported overall and per layer in reports/pretest.json (the "Pre-Testing rate")."""
+reported overall and per layer in reports/pretest.json (the "Pre-Testing rate"). At real
+sites the stage does not run: its report says so."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from tasks.reports import (
     read_partition,
     read_root,
 )
-from tasks.stats import collect_client_updates, test_normality, write_pretest_report
+from tasks.stats import (
+    collect_client_updates,
+    test_normality,
+    write_pretest_not_run,
+    write_pretest_report,
+)
 from tasks.training import build_federation, train_rounds
 
 __all__ = ["pretest_flow"]
@@ -27,6 +33,8 @@ __all__ = ["pretest_flow"]
 @flow(name="pretest")
 def pretest_flow(params: Params, workdir: Path) -> dict[str, Any]:
     paths = ProjectPaths(workdir)
+    if params.federation.runtime == "flower":
+        return write_pretest_not_run(paths)
     data = load_verified_dataset(params.data, workdir)
     check_partitioned_images(paths, data)
     split = paths.partition  # the local test splits: where eval.where: sites scores rounds

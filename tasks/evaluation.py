@@ -325,7 +325,7 @@ def log_final_results(
     if sites:  # the final model per site: a table the MLflow UI shows, and the file
         tracker.log_table(sites, "sites.json")
         tracker.log_artifact(paths.sites_final, "reports")
-    if paths.pretest.exists():
+    if paths.pretest.exists() and params.federation.runtime == "simulation":  # not at sites
         pretest = json.loads(paths.pretest.read_text())
         keys = ("shapiro_rate", "anderson_rate", "n_tests")
         tracker.log_metrics(

@@ -16,14 +16,15 @@ from federated.partition import (
     partition_report,
     split_off_root,
 )
-from tasks.plots import plot_partition
-from tasks.reports import ProjectPaths, write_json, write_partition
+from tasks.plots import plot_partition, plot_registered_sites
+from tasks.reports import ProjectPaths, write_json, write_partition, write_sites_partition
 
 __all__ = [
     "Partition",
     "partition_clients",
     "split_partition",
     "write_partition_reports",
+    "write_sites_hold_data",
 ]
 
 
@@ -101,5 +102,30 @@ def write_partition_reports(
         params.partition.scheme,
         report["size_min"],
         report["size_max"],
+    )
+    return report
+
+
+@task(name="sites-hold-the-data", cache_policy=NO_CACHE)
+def write_sites_hold_data(paths: ProjectPaths, params: Params) -> dict[str, Any]:
+    """The partition stage at real sites (``federation.runtime: flower``): nothing is
+    partitioned here. Its outputs say so: ``reports/partition.json`` and its figure list
+    the registered sites and their sample counts, ``artifacts/partition/clients.npz``
+    holds those two lists and no client's indices."""
+    sites = [{"name": site.name, "samples": site.samples} for site in params.federation.sites]
+    write_sites_partition(paths.partition, sites)
+    report = {
+        "runtime": "flower",
+        "held_at": "sites",
+        "num_clients": len(sites),
+        "total": sum(site["samples"] for site in sites),
+        "sites": sites,
+    }
+    write_json(paths.partition_report, report)
+    plot_registered_sites(sites, paths.partition_plot)
+    get_run_logger().info(
+        "federation.runtime = flower: the %d sites hold the data, nothing is partitioned "
+        "here (reports/partition.json lists them)",
+        len(sites),
     )
     return report

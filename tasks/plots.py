@@ -18,7 +18,9 @@ __all__ = [
     "plot_compare_heatmap",
     "plot_curves",
     "plot_exclusion_heatmap",
+    "plot_note",
     "plot_partition",
+    "plot_registered_sites",
     "plot_reliability",
     "plot_sites",
 ]
@@ -59,6 +61,24 @@ def plot_partition(report: Mapping[str, Any], labels: Sequence[str], path: Path)
     ax.set_ylabel("samples")
     ax.set_title("Label distribution per client")
     ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, path)
+
+
+def plot_registered_sites(sites: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Bars: the training samples each real site registered (its data stays there)."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(sites) + 2), 4))
+    ax.bar([site["name"] for site in sites], [site["samples"] for site in sites])
+    ax.set_ylabel("training samples (registered)")
+    ax.set_title("Data held at the sites (federation.sites)")
+    ax.tick_params(axis="x", labelrotation=45)
+    return _save(fig, path)
+
+
+def plot_note(text: str, path: Path) -> Path:
+    """A figure that says, in words, why there is nothing to draw."""
+    fig, ax = plt.subplots(figsize=(7, 2))
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
     return _save(fig, path)
 
 

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
 from aggregation.preaggregators import preaggregate
 from config.errors import ConfigError
-from config.params import Params
+from config.params import Params, population
 from federated.data import DataError
 from federated.partition import PartitionError
 from federated.seeding import clients_per_round
@@ -37,11 +37,13 @@ from tasks.partition import split_partition
 __all__ = ["check_params", "check_writable", "preflight", "sampled_per_round"]
 
 PROBE_DIM = 8  # parameters of the synthetic updates a rule is probed with
+POPULATION = {"simulation": "partition.num_clients", "flower": "the sites in federation.sites"}
 
 
 def sampled_per_round(params: Params) -> int:
-    """The clients the server samples each round under ``params``."""
-    return clients_per_round(params.train.client_fraction, params.partition.num_clients)
+    """The clients the server samples each round under ``params`` (of the registered
+    sites at real sites: :func:`config.params.population`)."""
+    return clients_per_round(params.train.client_fraction, population(params))
 
 
 def check_writable(workdir: Path) -> None:
@@ -92,8 +94,8 @@ def _check_counts(params: Params, source: str) -> None:
     if params.train.min_clients > sampled:
         raise ConfigError(
             f"{source}: train.min_clients = {params.train.min_clients} but only {sampled} "
-            "clients are sampled per round (partition.num_clients x train.client_fraction): "
-            "every round would be skipped"
+            f"clients are sampled per round ({POPULATION[params.federation.runtime]} x "
+            "train.client_fraction): every round would be skipped"
         )
     check_rules(params, sampled, source=source)
 

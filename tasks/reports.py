@@ -24,6 +24,7 @@ __all__ = [
     "write_csv",
     "write_json",
     "write_partition",
+    "write_sites_partition",
 ]
 
 
@@ -173,12 +174,27 @@ def write_partition(
     return path
 
 
+def write_sites_partition(path: Path, sites: Sequence[Mapping[str, Any]]) -> Path:
+    """At real sites: the registered sites' names and sample counts, no client's indices."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = np.array([str(site["name"]) for site in sites])
+    samples = np.array([int(site["samples"]) for site in sites], dtype=np.int64)
+    with path.open("wb") as handle:
+        np.savez(handle, sites=names, samples=samples)
+    return path
+
+
 def read_partition(path: Path) -> list[np.ndarray]:
     if not path.exists():
         raise FileNotFoundError(
             f"{path} not found: run the partition stage first (fedsieve partition)"
         )
     with np.load(path, allow_pickle=False) as archive:
+        if "sites" in archive.files:
+            raise FileNotFoundError(
+                f"{path} lists real sites (federation.runtime: flower), not a partition: "
+                "run the partition stage again (fedsieve partition)"
+            )
         clients = sum(name.startswith("client_") for name in archive.files)
         return [archive[f"client_{i}"] for i in range(clients)]
 

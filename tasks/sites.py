@@ -2,21 +2,21 @@
 
 The train stage hands the run to fedsieve's Flower ServerApp (:mod:`flowerapp.server_app`)
 with ``flwr run`` against the SuperLink connection ``federation.superlink``, follows the
-rounds it writes into the stage's MLflow run as they end, and returns the server state
-from the checkpoint the ServerApp kept (the same file a simulated run writes, so
-``--resume`` continues either). Flower runs in its own environment (``make
+rounds it journals into the stage's MLflow run as they end (through the train stage's
+driver, :func:`tasks.training.run_driver`: the record and the line a simulated round
+gets), and returns the server state from the checkpoint the ServerApp kept (the same file
+a simulated run writes, so ``--resume`` continues either). Flower runs in its own environment (``make
 setup-flower``): its CLI is ``$FEDSIEVE_FLOWER_BIN/flwr``, by default the project's
 ``.venv-flower/bin/flwr``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -28,14 +28,15 @@ from config.errors import ConfigError
 from config.params import Params
 from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo
-from federated.server import RoundReport, ServerState
+from federated.driver import RunDriver
+from federated.server import ServerState
 from federated.vectors import vector_to_model_
 from flowerapp.flwr_config import config_pairs
 from flowerapp.hub import HubFiles, write_params
 from tasks.reports import ProjectPaths
 from tasks.stopping import stop_if_requested
 from tasks.tracking import Tracker
-from tasks.training import report_metrics
+from tasks.training import record_budget_spent, run_driver
 
 __all__ = ["APP_DIR", "flower_cli", "selected_model", "train_at_sites"]
 
@@ -66,37 +67,45 @@ def train_at_sites(
     resume: bool,
 ) -> ServerState:  # fmt: skip
     """The run's rounds at the sites (the ServerApp on the SuperLink), each logged to
-    MLflow as it ends; the final server state."""
+    MLflow as it ends; the final server state. The run starts clean: an earlier run's
+    ServerApp still running from this folder is stopped, its journal and outcome are
+    removed, and this run's token marks what its own ServerApp writes."""
     files = HubFiles(paths.artifacts / "hub")
+    log_path = files.folder / "flwr-run.log"
+    if log_path.exists() and not files.outcome.exists():  # killed before it could stop it
+        _stop_run(log_path, params.federation.superlink)
+    files.clear()
     write_params(files.params, params)
-    files.outcome.unlink(missing_ok=True)
+    token = uuid.uuid4().hex
+    saved = read_checkpoint(paths.checkpoint, digest) if resume else None
     config = {
         "hub-folder": str(files.folder.resolve()), "data-root": str(data_root.resolve()),
         "checkpoint": str(paths.checkpoint.resolve()), "run-id": tracker.run_id or "",
-        "resume": resume,
+        "resume": saved is not None, "run-token": token,
     }  # fmt: skip
-    log_path = files.folder / "flwr-run.log"
     command = [str(flower_cli()), "run", str(APP_DIR), params.federation.superlink,
                *_run_config(config), "--stream"]  # fmt: skip
-    logger = get_run_logger()
-    logger.info(
+    get_run_logger().info(
         "training at %d sites through SuperLink connection %r",
         len(params.federation.sites),
         params.federation.superlink,
     )
+    driver = run_driver(params.train.rounds, tracker, checkpoint=None)
+    after = saved["state"]["round"] if saved is not None else 0
     with log_path.open("w") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         try:
-            _follow(process, files, tracker, log_path)
+            _follow(process, files, token, driver, after=after)
         finally:
             if process.poll() is None:  # cancelled or failed here: stop the run there too
                 _stop_run(log_path, params.federation.superlink)
                 process.terminate()
                 process.wait(timeout=30)
-    outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
+    outcome = files.read_outcome(token)
     if outcome is None or outcome["status"] != "finished":
         why = outcome["error"] if outcome else _last_line(log_path)
         raise RuntimeError(f"the hub's ServerApp did not finish: {why} (log: {log_path})")
+    record_budget_spent(tracker, outcome.get("stopped_early"))
     checkpoint = read_checkpoint(paths.checkpoint, digest)
     if checkpoint is None:
         raise RuntimeError(f"the ServerApp finished but left no checkpoint at {paths.checkpoint}")
@@ -104,39 +113,27 @@ def train_at_sites(
 
 
 def _follow(
-    process: subprocess.Popen[bytes], files: HubFiles, tracker: Tracker, log_path: Path
-) -> None:
-    """Each round the ServerApp appends, logged to MLflow until the run ends."""
-    logger, offset = get_run_logger(), 0
+    process: subprocess.Popen[bytes], files: HubFiles, token: str, driver: RunDriver, *,
+    after: int,
+) -> None:  # fmt: skip
+    """Each round this run's ServerApp journals after round ``after`` (its checkpoint's,
+    when resumed), recorded by the run's driver until the run ends."""
+    offset = 0
     while True:
         done = process.poll() is not None
         stop_if_requested()
-        if files.rounds.exists():
-            with files.rounds.open() as rounds:
-                rounds.seek(offset)
-                for line in iter(rounds.readline, ""):
-                    if not line.endswith("\n"):
-                        break  # half written: read again next time
-                    offset += len(line.encode())
-                    record = json.loads(line)  # a RoundReport, and the ServerApp's clock
-                    report = RoundReport(
-                        *(record[k] for k in ("round", "metrics", "clients", "sites"))
-                    )
-                    tracker.log_metrics(report_metrics(report), step=report.round)
-                    metrics = report.metrics
-                    logger.info(
-                        "round %d: test acc %.4f auc %.4f",
-                        report.round,
-                        metrics["test_acc"],
-                        metrics.get("test_auc", math.nan),
-                    )
+        reports, offset = files.journaled(token, offset)
+        for report in reports:
+            if report.round > after:
+                driver.journaled(report)
         if done:
             return
         time.sleep(POLL_S)
 
 
 def _stop_run(log_path: Path, superlink: str) -> None:
-    """``flwr stop`` for the run this task started (its id is in ``flwr run``'s output)."""
+    """``flwr stop`` for the run whose id ``flwr run`` printed into ``log_path`` (this
+    task's run, or an earlier one that was killed before it could stop it)."""
     match = re.search(r"Successfully started run (\d+)", log_path.read_text())
     if match is not None:
         subprocess.run(

@@ -22,10 +22,21 @@ from federated.stats import (
     sample_coordinates,
 )
 from federated.vectors import layout_of
+from tasks.plots import plot_note
 from tasks.plots_stats import pretest_figure
 from tasks.reports import ProjectPaths, write_json
 
-__all__ = ["collect_client_updates", "test_normality", "write_pretest_report"]
+__all__ = [
+    "collect_client_updates",
+    "test_normality",
+    "write_pretest_not_run",
+    "write_pretest_report",
+]
+
+NOT_RUN_AT_SITES = (
+    "not run: federation.runtime is flower, the sites hold the data, and the pre-test "
+    "trains every client at the hub"
+)
 
 
 @task(name="collect-client-updates", cache_policy=NO_CACHE)
@@ -89,6 +100,17 @@ def write_pretest_report(
     paths.pretest_plot.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(paths.pretest_plot, dpi=100)
     _log_rates(result, params.pretest.warn_below)
+    return report
+
+
+@task(name="pretest-not-run", cache_policy=NO_CACHE)
+def write_pretest_not_run(paths: ProjectPaths) -> dict[str, Any]:
+    """The pre-test stage at real sites: its report and figure say that it did not run,
+    and why; no rates."""
+    report = {"runtime": "flower", "ran": False, "reason": NOT_RUN_AT_SITES}
+    write_json(paths.pretest, report)
+    plot_note(f"pre-test {NOT_RUN_AT_SITES}", paths.pretest_plot)
+    get_run_logger().info("pre-test %s", NOT_RUN_AT_SITES)
     return report
 
 

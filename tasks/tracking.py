@@ -457,13 +457,15 @@ def open_training_run(
                     "the MLflow run lacked rounds %s (their tracking failed): logged now from the checkpoint",
                     backfilled,
                 )
-    for path in (paths.partition_report, paths.partition_plot):
-        tracker.log_artifact(path, "partition")
-    held_at_hub = params.federation.runtime == "simulation" or params.eval.where == "hub"
+    simulated = params.federation.runtime == "simulation"  # at real sites: no partition here
+    if simulated:
+        for path in (paths.partition_report, paths.partition_plot):
+            tracker.log_artifact(path, "partition")
+    held_at_hub = simulated or params.eval.where == "hub"
     if tracker.run_id != resume_run_id and held_at_hub:  # else the run used no file here
         info = dataset_info_of(params.data)
         tracker.log_dataset(params.data.dataset, info.md5, info.url, "train")
-        if paths.partition.exists():  # real sites hold their own (federation.sites)
+        if simulated and paths.partition.exists():
             digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
             tracker.log_dataset("partition", digest, str(paths.partition), "partition")
     return tracker

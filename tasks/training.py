@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from federated.backdoor_eval import triggered_test_set
 from federated.checkpoint import save_checkpoint
 from federated.client import ClientData
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
+from federated.driver import SHOWN, RunDriver
 from federated.loop import train
 from federated.server import (
     EvaluationSets,
@@ -71,6 +71,7 @@ __all__ = [
     "resolve_device",
     "resumed_state",
     "run_attack",
+    "run_driver",
     "train_federation",
     "train_rounds",
     "trained_model_noniid",
@@ -284,28 +285,53 @@ def train_federation(
     checkpoint: tuple[Path, str] | None,
     outputs: RunOutputs,
 ) -> ServerState:
-    """The run's rounds through the engine's one round loop (:func:`federated.loop.train`),
-    stopped between rounds when the flow that started it was cancelled or failed. With
-    ``outputs.checkpoints`` each round is tracked and checkpointed (``checkpoint``: the
-    path and the params hash) as it ends; otherwise the rounds are tracked at the end."""
+    """The run's rounds through the run's driver (:class:`federated.driver.RunDriver`, the
+    one a Flower hub runs too), stopped between rounds when the flow that started it was
+    cancelled or failed. With ``outputs.checkpoints`` each round is tracked and
+    checkpointed (``checkpoint``: the path and the params hash) as it ends; otherwise the
+    rounds are tracked at the end."""
     rounds = params.train.rounds
+    keep = outputs.checkpoints and checkpoint is not None
+    driver = run_driver(
+        rounds, tracker, checkpoint if keep else None, say=outputs.progress, track=keep
+    )
     with RoundProgress(
         rounds, state.round, federation.clients_per_round, enabled=outputs.progress
     ) as progress:
-
-        def on_round(report: RoundReport, new_state: ServerState) -> None:
-            if outputs.checkpoints and checkpoint is not None:
-                record_round(tracker, report, new_state, *checkpoint)
-            progress.round_done(report)
-
-        state = train(
-            federation, state, rounds, on_round=on_round, should_stop=stop_if_requested,
-            on_client=progress.client_done,
+        end = driver.run(
+            federation, state, should_stop=stop_if_requested, on_client=progress.client_done,
+            on_round=lambda report, _state: progress.round_done(report),
         )  # fmt: skip
     if not outputs.checkpoints:
-        tracker.log_history(state.history)
-    record_budget_spent(tracker, federation.budget_spent(state) if state.round < rounds else None)
-    return state
+        tracker.log_history(end.state.history)
+    record_budget_spent(tracker, end.stopped_early)
+    return end.state
+
+
+def run_driver(
+    rounds: int,
+    tracker: Tracker,
+    checkpoint: tuple[Path, str] | None,
+    *,
+    say: bool = True,
+    track: bool = True,
+) -> RunDriver:
+    """The train stage's driver: each round tracked in ``tracker``'s MLflow run
+    (:func:`record_round`), checkpointed at ``checkpoint`` (the path and the params hash)
+    when given, and said in the flow's log."""
+    save = None
+    if checkpoint is not None:
+        path, digest = checkpoint
+
+        def save(state: ServerState) -> None:
+            save_checkpoint(path, state=state, digest=digest, run_id=tracker.run_id)
+
+    return RunDriver(
+        rounds=rounds,
+        record=(lambda report: record_round(tracker, report)) if track else None,
+        checkpoint=save,
+        say=get_run_logger().info if say else None,
+    )
 
 
 @task(name="train-rounds", cache_policy=NO_CACHE)
@@ -341,14 +367,11 @@ def resumed_state(federation: Federation, checkpoint: dict[str, Any] | None) -> 
 
 
 @task(name="record-round", cache_policy=NO_CACHE)
-def record_round(
-    tracker: Tracker, report: RoundReport, state: ServerState, checkpoint: Path, digest: str
-) -> None:
-    """The round's metrics (and per-client losses) to MLflow, then the checkpoint: a kill
-    in between re-runs, and re-logs, this round identically on resume, so no round's
-    metrics go missing."""
+def record_round(tracker: Tracker, report: RoundReport) -> None:
+    """The round's metrics (and per-client losses and per-site scores) to MLflow: the
+    driver's record, before its checkpoint, so a kill in between re-runs, and re-logs,
+    this round identically on resume and no round's metrics go missing."""
     tracker.log_metrics(report_metrics(report), step=report.round)
-    save_checkpoint(checkpoint, state=state, digest=digest, run_id=tracker.run_id)
 
 
 def report_metrics(report: RoundReport) -> dict[str, float]:
@@ -472,15 +495,12 @@ def write_run_info(
 
 
 class RoundProgress:
-    """Progress bars on a terminal (rounds, and clients within the round) and one log line
-    per round."""
+    """Progress bars on a terminal: rounds, and clients within the round."""
 
     def __init__(
         self, rounds: int, done: int, clients_per_round: int, *, enabled: bool = True
     ) -> None:
         on_terminal = enabled and sys.stderr.isatty()
-        self.enabled = enabled
-        self.rounds = rounds
         self.bar = tqdm(
             total=rounds, initial=done, desc="rounds", unit="round", disable=not on_terminal
         )
@@ -500,17 +520,12 @@ class RoundProgress:
         self.clients.update(1)
 
     def round_done(self, report: RoundReport) -> None:
-        if not self.enabled:
-            return
+        """The bars moved on (the round's log line is the driver's)."""
         metrics = report.metrics
         self.clients.reset()
         self.bar.update(1)
-        auc = metrics.get("test_auc", math.nan)  # not scored under eval.round_scores: accuracy
-        self.bar.set_postfix(acc=f"{metrics['test_acc']:.3f}", auc=f"{auc:.3f}")
-        get_run_logger().info(
-            "round %d/%d: test loss %.4f acc %.4f auc %.4f",
-            report.round, self.rounds, metrics["test_loss"], metrics["test_acc"], auc,
-        )  # fmt: skip
+        shown = {name: f"{metrics[key]:.3f}" for name, key in SHOWN[1:] if key in metrics}
+        self.bar.set_postfix(shown)
 
 
 def record_budget_spent(tracker: Tracker, reason: str | None) -> None:

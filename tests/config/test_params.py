@@ -2,7 +2,14 @@ from pathlib import Path
 
 import pytest
 
-from config.params import ConfigError, load_params, params_hash
+from config.params import (
+    ConfigError,
+    load_params,
+    params_hash,
+    population,
+    privacy_budget,
+    validate_params,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS = REPO / "params.yaml"
@@ -145,3 +152,35 @@ def test_scoring_at_the_hub_hashes_as_before_eval_where_and_at_the_sites_differe
     assert params_hash(load_params(PARAMS, ["eval.where=hub"])) == params_hash(default)
     sites, off = load_params(PARAMS, AT_SITES), load_params(PARAMS, AT_SITES[1:])
     assert params_hash(sites) != params_hash(off)
+
+
+SITES = [{"name": f"site-{k}", "node_id": k + 1, "samples": 100} for k in range(3)]
+
+
+def at_sites(**sections: object) -> dict[str, object]:
+    """Params of a federation of the three sites in SITES, with ``sections`` added."""
+    federation = {"runtime": "flower", "sites": SITES}
+    noniid = {"every": 0, "final": False}
+    return {"data": {"dataset": "digits"}, "noniid": noniid, "federation": federation, **sections}
+
+
+def test_at_real_sites_the_population_is_the_registered_sites() -> None:
+    privacy = {"mode": "central", "noise_multiplier": 1.0, "target_epsilon": 50.0}
+    params = validate_params(at_sites(privacy=privacy), "params")
+
+    assert population(params) == 3 != params.partition.num_clients
+    assert privacy_budget(params).population == 3
+    assert privacy_budget(params).per_round == 3
+    assert population(validate_params({}, "params")) == params.partition.num_clients
+
+
+def test_a_partition_that_is_not_the_sites_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as error:
+        validate_params(at_sites(partition={"num_clients": 5}), "params.yaml")
+
+    assert str(error.value) == (
+        "params.yaml: federation.runtime = flower: partition.num_clients = 5 but "
+        "federation.sites names 3 sites: the sites are the clients; leave "
+        "partition.num_clients out or make it 3"
+    )
+    assert validate_params(at_sites(partition={"num_clients": 3}), "params").partition

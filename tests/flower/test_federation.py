@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from config.params import Params, params_hash
+from config.params import Params, params_hash, privacy_budget
 from federated.checkpoint import read_checkpoint
 from federated.data import dataset_info, load_digits, load_medmnist
 from federated.loop import train
@@ -33,7 +33,7 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
-from tests.flower.conftest import FLIPPER, FLOWER_BIN, Hub, site_names
+from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, site_names
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -203,6 +203,31 @@ def wait_for_round(files: HubFiles, round_number: int, process: Any, timeout: fl
         time.sleep(0.2)
 
 
+def wait_for_checkpoint(path: Path, process: Any, timeout: float = 60) -> None:
+    """Until the round the journal shows is checkpointed too (the driver journals first)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, f"no checkpoint at {path} in {timeout} s"
+        time.sleep(0.2)
+
+
+def logged_rounds(client: Any, run_id: str) -> dict[int, float]:
+    """The test accuracy an MLflow run logged, by round; a round logged twice fails."""
+    history = client.get_metric_history(run_id, "test_acc")
+    steps = [metric.step for metric in history]
+    assert len(steps) == len(set(steps)), f"rounds logged more than once: {sorted(steps)}"
+    return {metric.step: metric.value for metric in history}
+
+
+def assert_sites_hold_the_data(project: Path) -> None:
+    """The partition and pre-test stages at real sites: no simulated partition or
+    pre-test, their reports saying that the sites hold the data."""
+    partition = json.loads((project / "reports" / "partition.json").read_text())
+    assert partition["held_at"] == "sites" and "clients" not in partition
+    assert json.loads((project / "reports" / "pretest.json").read_text())["ran"] is False
+
+
 def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
@@ -260,6 +285,7 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
         )  # fmt: skip
         try:
             wait_for_round(files, 1, first)
+            wait_for_checkpoint(tmp_path / "artifacts" / "checkpoints" / "train.pt", first)
         finally:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
@@ -286,7 +312,14 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
         assert [int(float(row["round"])) for row in csv.DictReader(rounds)] == [1, 2, 3]
     tracking = json.loads((tmp_path / "artifacts" / "model" / "tracking.json").read_text())
     assert tracking["run_id"] == killed_at["run_id"] and not tracking["tracking_failed"]
-    assert not (tmp_path / "reports" / "partition.json").exists()  # the data stayed at the sites
+    # the resumed run logged the rounds after its checkpoint, each once, into the same run
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert logged_rounds(client, tracking["run_id"]) == {
+        int(row["round"]): row["test_acc"] for row in state.history
+    }
+    assert_sites_hold_the_data(tmp_path)
     # the final per-site table is what the sites scored on their own held-out splits
     final_sites = json.loads((tmp_path / "reports" / "sites.json").read_text())
     scored = [row for row in state.sites if row["round"] == 3]
@@ -393,6 +426,7 @@ def test_a_scheduled_deployment_trains_at_the_sites(
             time.sleep(1)
         deployment = found.json()
         flow_run = run_deployment("pipeline/at-sites", timeout=600, poll_interval=2)
+        again = run_deployment("pipeline/at-sites", timeout=600, poll_interval=2)
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=60)
@@ -402,16 +436,25 @@ def test_a_scheduled_deployment_trains_at_the_sites(
     assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
     log = (tmp_path / "serve.log").read_text()
     assert flow_run.state is not None and flow_run.state.is_completed(), log[-4000:]
+    assert again.state is not None and again.state.is_completed(), log[-4000:]
     client = MlflowClient(tracking)
-    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
-    assert run.info.status == "FINISHED" and run.data.params["federation.runtime"] == "flower"
-    assert run.data.tags["prefect_flow_run_id"] == str(flow_run.id)  # the run's own
+    experiment = client.get_experiment_by_name("fedsieve").experiment_id
+    first, run = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
+    for mlflow_run, prefect_run in ((first, flow_run), (run, again)):
+        assert mlflow_run.info.status == "FINISHED"
+        assert mlflow_run.data.params["federation.runtime"] == "flower"
+        assert mlflow_run.data.tags["prefect_flow_run_id"] == str(prefect_run.id)  # its own
+        assert sorted(logged_rounds(client, mlflow_run.info.run_id)) == [1, 2]  # once each
     assert client.search_model_versions(f"run_id = '{run.info.run_id}'")
+    with (tmp_path / "reports" / "rounds.csv").open() as rounds:  # the second run's own
+        assert logged_rounds(client, run.info.run_id) == pytest.approx(
+            {int(float(row["round"])): float(row["test_acc"]) for row in csv.DictReader(rounds)}
+        )
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 2 and run.data.metrics["final_test_acc"] == pytest.approx(
         metrics["test_acc"]
     )
-    assert not (tmp_path / "reports" / "partition.json").exists()  # the data stayed at the sites
+    assert_sites_hold_the_data(tmp_path)
     sites = json.loads((tmp_path / "reports" / "sites.json").read_text())["sites"]
     assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))
 
@@ -474,3 +517,89 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its
 
     for name in names:
         hub.fed.stop_site(name)
+
+
+def fedsieve_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
+    """``fedsieve run`` with params ``raw`` in ``project``; its exit code and stderr."""
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run(
+        [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return f"rc {done.returncode}: {done.stderr[-3000:]}"
+
+
+def make_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
+    """``make run`` (``fedsieve dvc repro``) in ``project`` with the repository's
+    params.yaml and ``raw``'s sections in it (DVC needs every key its stages list)."""
+    full = yaml.safe_load((REPO / "params.yaml").read_text())
+    for key, value in raw.items():
+        merged = isinstance(value, dict) and isinstance(full.get(key), dict)
+        full[key] = full[key] | value if merged else value
+    full["partition"]["num_clients"] = len(raw["federation"]["sites"])  # the sites
+    (project / "params.yaml").write_text(yaml.safe_dump(full))
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return f"rc {done.returncode}: {done.stdout[-1500:]} {done.stderr[-3000:]}"
+
+
+def reported_rounds(project: Path) -> dict[int, float]:
+    with (project / "reports" / "rounds.csv").open() as rounds:
+        return {int(float(row["round"])): float(row["test_acc"]) for row in csv.DictReader(rounds)}
+
+
+def test_runs_in_one_checkout_each_log_only_their_own_rounds(
+    hub: Hub, tmp_path: Path, prefect_server: str, medmnist_root: Path
+) -> None:
+    """Three runs in one checkout (a git repository with the DVC pipeline) at the same
+    sites: a ``fedsieve run`` that fails (closed by ``train.max_excluded: 0`` once the
+    flipper is left out), a second ``fedsieve run``, and a third by ``make run`` (``dvc
+    repro``), whose partition and pre-test stages only say that the sites hold the data.
+    Each MLflow run holds its own rounds, once each, as its reports/rounds.csv has them;
+    none reads the journal another run left. The second's rounds are scored for accuracy
+    only (no AUC before the last round) and its privacy budget ends it after round 1: it
+    finishes, tagged ``stopped_early``."""
+    from mlflow import MlflowClient
+
+    from tests.flows.test_pipeline import pipeline_repo
+
+    names = site_names()
+    project, env = pipeline_repo(tmp_path, medmnist_root, rounds=1)
+    tracking = env["MLFLOW_TRACKING_URI"]
+    env |= hub.fed.flwr_env() | {
+        "PREFECT_API_URL": prefect_server,
+        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
+    }
+    private = hub.flower_params(
+        names, filters=[], eval={"every": 1, "round_scores": "accuracy"},
+        privacy={"mode": "central", "noise_multiplier": 1.0},
+    )  # fmt: skip
+    budget = privacy_budget(Params.model_validate(private))
+    private["privacy"]["target_epsilon"] = (budget.epsilon(1) + budget.epsilon(2)) / 2
+    runs = {
+        "failed": (fedsieve_run, hub.flower_params(names, train={"max_excluded": 0})),
+        "second": (fedsieve_run, private),
+        "third": (make_run, hub.flower_params(names, train={"rounds": 1})),
+    }
+    client, reported = MlflowClient(tracking), {}
+    for name, (command, raw) in runs.items():
+        said = command(project, env, raw)
+        assert ("rc 0:" in said) == (name != "failed"), said
+        assert "JSONDecodeError" not in said, said
+        reported[name] = reported_rounds(project)
+
+    experiment = client.get_experiment_by_name("fedsieve").experiment_id
+    logged = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
+    assert [run.info.status for run in logged] == ["FAILED", "FINISHED", "FINISHED"]
+    for run, name in zip(logged, runs, strict=True):
+        assert logged_rounds(client, run.info.run_id) == pytest.approx(reported[name]), name
+    assert list(reported["second"]) == [1] and list(reported["third"]) == [1]
+    assert "test_auc" not in client.get_run(logged[1].info.run_id).data.metrics
+    assert logged[1].data.tags["stopped_early"].startswith("privacy budget: round 2 would")
+    assert "stopped_early" not in logged[2].data.tags
+    assert_sites_hold_the_data(project)
+    artifacts = {a.path for a in client.list_artifacts(logged[2].info.run_id)}
+    assert not artifacts & {"partition", "pretest"}  # nothing simulated logged into it
+    assert "pretest_shapiro_rate" not in logged[2].data.metrics

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,8 @@ def own_params(size: int = 28, **own: object) -> Params:
 def plan_of(folder: Path, **own: object) -> Path:
     """A plan file whose task holds ``own`` in its schema (8-pixel images)."""
     task = site_task(own_params(8), dataset_info_of(own_params(8).data))
-    task |= {"class_names": own.get("classes", task["class_names"])}
-    task |= {"classes": len(task["class_names"]), "task": own.get("task", task["task"])}
+    names = tuple(own.get("classes", task.class_names))  # type: ignore[arg-type]
+    task = replace(task, class_names=names, classes=len(names), task=own.get("task", task.task))
     path = folder / f"plan-{len(list(folder.glob('plan-*')))}.json"
     write_plan(path, task)
     return path
@@ -128,15 +129,15 @@ def test_the_hubs_plan_is_what_its_tasks_carry_and_a_departure_is_named(
     params = load_params(REPO / "params.yaml", ["train.lr=0.02"])
     task = site_task(params, dataset_info(params.data.dataset, params.data.size))
     plan = read_plan(tmp_path / "plan.json")
-    assert plan == task and plan["lr"] == 0.02
+    assert plan == task.plan() and plan["lr"] == 0.02
     assert written.stdout.strip().endswith(f"sha256 {plan_digest(task)}")
 
-    sent = task | {"round": 3, "client": 1, "shuffle_seed": 12345}  # per message: not the plan
+    sent = replace(task, round=3, client=1, shuffle_seed=12345)  # per message: not the plan
     assert plan_differences(plan, sent) == []
     assert plan_digest(sent) == plan_digest(plan)
-    bolder = sent | {"lr": 0.5, "epochs": task["epochs"] + 1}
+    bolder = replace(sent, lr=0.5, epochs=task.epochs + 1)
     assert plan_differences(plan, bolder) == [
-        f"epochs={task['epochs'] + 1} (approved {task['epochs']})",
+        f"epochs={task.epochs + 1} (approved {task.epochs})",
         "lr=0.5 (approved 0.02)",
     ]
 
@@ -156,13 +157,13 @@ def test_the_privacy_a_site_is_promised_is_in_its_plan_and_local_dp_can_be_insis
         validate_params({"privacy": {"mode": "local", "clip": 0.5, "noise_multiplier": 2.0,
                                      "target_epsilon": 9.0}}, "params.yaml"), info,
     )  # fmt: skip
-    assert {k: v for k, v in local.items() if k.startswith("privacy_")} == {
+    assert {k: v for k, v in local.plan().items() if k.startswith("privacy_")} == {
         "privacy_mode": "local", "privacy_clip": 0.5, "privacy_noise_multiplier": 2.0,
         "privacy_delta": 1e-5, "privacy_target_epsilon": 9.0,
     }  # fmt: skip
     off = site_task(validate_params({}, "params.yaml"), info)
-    assert not any(k.startswith("privacy_") and k != "privacy_mode" for k in off)
-    assert plan_differences(local, local | {"privacy_noise_multiplier": 1.0}) == [
+    assert off.privacy_mode == "off" and off.privacy_noise_multiplier == 0.0
+    assert plan_differences(local, replace(local, privacy_noise_multiplier=1.0)) == [
         "privacy_noise_multiplier=1.0 (approved 2.0)"
     ]
     assert "privacy_mode=off (approved local)" in plan_differences(local, off)

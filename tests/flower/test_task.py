@@ -1,0 +1,72 @@
+"""The task a site receives is one typed record: what the hub sends is what the site reads,
+and a task that does not follow the schema is refused in one line, never cast."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from config.params import Params
+from federated.data import dataset_info
+from flowerapp.hub import site_task
+from flowerapp.plan import plan_differences, training_plan
+from flowerapp.task import SiteTask, TaskError
+
+TASK = site_task(
+    Params.model_validate({"data": {"dataset": "digits"}, "model": {"name": "logreg"}}),
+    dataset_info("digits"),
+)
+
+
+def sent(**changes: Any) -> dict[str, Any]:
+    """The record a hub sends for round 2 to client 1, with ``changes`` made to it."""
+    return replace(TASK, round=2, client=1, shuffle_seed=99).to_config() | changes
+
+
+def test_the_site_reads_the_task_the_hub_sent() -> None:
+    task = SiteTask.from_config(sent())
+
+    assert task == replace(TASK, round=2, client=1, shuffle_seed=99)
+    assert isinstance(task.lr, float) and isinstance(task.multi_label, bool)
+    assert task.local_training().lr == TASK.lr and task.dataset_info().n_classes == 10
+
+
+def test_the_plan_is_the_record_without_its_per_message_fields() -> None:
+    plan = training_plan(TASK)
+
+    assert set(plan) == {
+        f for f in TASK.to_config() if f not in {"round", "client", "shuffle_seed"}
+    }
+    assert plan_differences(plan, SiteTask.from_config(sent())) == []
+    assert SiteTask.per_message_fields() == {"round", "client", "shuffle_seed"}
+
+
+def test_a_whole_number_where_a_float_is_due_is_that_float() -> None:
+    assert SiteTask.from_config(sent(lr=1)).lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lr": "0.05"}, "task setting lr = '0.05' is str, not float"),
+        ({"epochs": 2.0}, "task setting epochs = 2.0 is float, not int"),
+        ({"epochs": True}, "task setting epochs = True is bool, not int"),
+        ({"multi_label": 0}, "task setting multi_label = 0 is int, not bool"),
+        ({"noise": 1.0}, "the task has setting(s) this site does not know: noise"),
+    ],
+)
+def test_a_malformed_task_is_refused_in_one_line(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(TaskError) as error:
+        SiteTask.from_config(sent(**changes))
+
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_task_lacking_a_setting_is_refused() -> None:
+    record = sent()
+    del record["batch_size"]
+
+    with pytest.raises(TaskError, match=r"^the task lacks the setting batch_size$"):
+        SiteTask.from_config(record)

@@ -1,0 +1,33 @@
+"""Preflight at real sites: the rule is probed with the clients a round samples from the
+registered sites (``federation.sites``), not from the simulated partition's clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config.errors import ConfigError
+from config.params import validate_params
+from tasks.preflight import check_params, sampled_per_round
+
+SITES = [{"name": f"site-{k}", "node_id": k + 1, "samples": 100} for k in range(3)]
+
+
+def test_a_rule_that_needs_more_clients_than_the_sites_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    raw = {
+        "data": {"dataset": "digits"},
+        "noniid": {"every": 0, "final": False},
+        "aggregate": {"name": "krum", "f": 1},  # n > 2f + 2: four clients at least
+        "federation": {"runtime": "flower", "sites": SITES},
+    }
+    params = validate_params(raw, "params")
+
+    assert sampled_per_round(params) == 3  # partition.num_clients (10) plays no part
+    with pytest.raises(ConfigError) as error:
+        check_params(params, tmp_path)
+    assert str(error.value).startswith("params: aggregate (krum) with 3 clients per round: ")
+    assert "\n" not in str(error.value)
