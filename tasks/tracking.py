@@ -4,7 +4,9 @@ Tracking must never stop training: every call is guarded, and the first failure 
 unreachable, store broken, a model that cannot be logged) is stated once, clearly, after
 which the tracker goes quiet. Local reports (``reports/``) and checkpoints do not depend
 on it, so nothing the run produced is lost when tracking is down. MLflow is used through
-its public client (``MlflowClient``), in this process.
+its public client (``MlflowClient``), in this process; a call made on the main thread runs
+on a thread of its own, so that a Ctrl-C or SIGTERM never cuts the store's code short
+(:func:`unsignalled`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "open_training_run",
     "run_tags",
     "tracking_uri",
+    "unsignalled",
 ]
 
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
