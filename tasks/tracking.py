@@ -4,18 +4,22 @@ Tracking must never stop training: every call is guarded, and the first failure 
 unreachable, store broken, a model that cannot be logged) is stated once, clearly, after
 which the tracker goes quiet. Local reports (``reports/``) and checkpoints do not depend
 on it, so nothing the run produced is lost when tracking is down. MLflow is used through
-its public client (``MlflowClient``), in this process.
+its public client (``MlflowClient``), in this process; a call made on the main thread runs
+on a thread of its own, so that a Ctrl-C or SIGTERM never cuts the store's code short
+(:func:`unsignalled`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
+import queue
 import subprocess
+import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -38,6 +42,7 @@ __all__ = [
     "open_training_run",
     "run_tags",
     "tracking_uri",
+    "unsignalled",
 ]
 
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
@@ -76,10 +81,15 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def child_run_results(parent_run_id: str, uri: str | None = None) -> dict[str, dict[str, Any]]:
     """The child runs of ``parent_run_id`` by run name: final metrics (``final_*`` without
     the prefix, as in reports/metrics.json) and the per-round ``test_acc``. How a grid run
-    on other machines' workers collects its cells."""
+    on other machines' workers collects its cells (read beside signals: the parent's
+    close follows should a stop land here)."""
+    return unsignalled(lambda: _child_run_results(parent_run_id, uri or tracking_uri()))
+
+
+def _child_run_results(parent_run_id: str, uri: str) -> dict[str, dict[str, Any]]:
     from mlflow import MlflowClient
 
-    client = MlflowClient(uri or tracking_uri())
+    client = MlflowClient(uri)
     experiment_id = client.get_run(parent_run_id).info.experiment_id
     results: dict[str, dict[str, Any]] = {}
     for run in client.search_runs(
@@ -111,6 +121,39 @@ def _quiet_http_retries() -> Iterator[None]:
         pool.setLevel(level)
 
 
+def unsignalled(action: Callable[[], T], one_at_a_time: threading.Lock | None = None) -> T:
+    """``action()`` (a call to the store) on a thread of its own, waited for here.
+
+    Python runs signal handlers on the main thread only, between any two bytecodes, so a
+    Ctrl-C or SIGTERM that lands inside a store call raises in the store's own code, past
+    its cleanup (SQLAlchemy's handles ``Exception``, not ``KeyboardInterrupt``): a SELECT
+    left unread keeps its SQLite cursor open, that cursor holds the database's lock for
+    as long as the stop's traceback lives, and the run's close, made while the stop is
+    handled, fails behind it. Here the stop interrupts only the wait; the call finishes
+    cleanly on its thread (a daemon: it never holds the process at its exit), in the
+    caller's context. Called off the main thread, where no signal lands, ``action`` runs
+    in place.
+    ``one_at_a_time``: held while the call runs, so that a later call (the close) waits
+    for one a stop interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        return action()
+    outcome: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    context = contextvars.copy_context()
+
+    def call() -> None:
+        with one_at_a_time or contextlib.nullcontext():
+            try:
+                outcome.put((True, context.run(action)))
+            except BaseException as error:  # handed to the caller, as if raised there
+                outcome.put((False, error))
+
+    threading.Thread(target=call, name="fedsieve-tracking", daemon=True).start()
+    done, value = outcome.get()  # a stop lands here (a C-level wait), not in the store
+    if not done:
+        raise value
+    return value
+
+
 def artifacts_beside(uri: str) -> str | None:
     """For a SQLite store, its ``mlruns`` folder beside the database file (so one folder or
     volume keeps the whole store; for ``sqlite:///mlflow.db`` that is MLflow's own default,
@@ -139,15 +182,20 @@ class Tracker:
         self.failed: str | None = known_failure or self._failed_uris.get(self.uri)
         self._ended = False
         self._client: Any = None
+        self._one_call = threading.Lock()  # see `unsignalled`
 
     def _guarded(self, what: str, action: Callable[[], T], *, needs_run: bool = True) -> T | None:
         """``action()``, unless tracking failed, the run is closed or (``needs_run``) there
         is none; its first failure is stated once and turns the tracker off."""
         if self.failed is not None or self._ended or (needs_run and self.run_id is None):
             return None
-        try:
+
+        def quietly() -> T:
             with _quiet_http_retries():
                 return action()
+
+        try:
+            return unsignalled(quietly, self._one_call)
         except Exception as error:  # tracking must never stop training
             self.failed = describe(error)
             if self.run_id is None:  # the store itself is unusable: don't try it again
@@ -330,19 +378,13 @@ class Tracker:
         try:
             yield
         except BaseException as error:
-            stopped = stopped_by_signal(error)
-            if stopped:
-                # A signal can land halfway through a write to a local SQLite store; the
-                # connection of that write, kept alive by the traceback's frames, holds
-                # the database's lock, and the close below would wait for it and fail.
-                traceback.clear_frames(error.__traceback__)
-            self.end("KILLED" if stopped else "FAILED")
+            self.end("KILLED" if stopped_by_signal(error) else "FAILED")
             raise
 
     def end(self, status: str = "FINISHED") -> None:
         """Close the run (once: later calls do nothing). The close is tried even after an
-        earlier call failed (a signal halfway through a write, an outage): it is the one
-        call that keeps a dead run from showing RUNNING, and the store may answer again."""
+        earlier call failed (an outage): it is the one call that keeps a dead run from
+        showing RUNNING, and the store may answer again."""
         earlier = self.failed
         if earlier is not None and self.run_id is not None and not self._ended:
             self.failed = None  # one more try, for the close
