@@ -527,8 +527,6 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
 def remote_unsupported(params: Params) -> list[tuple[str, str]]:
     """What a federation of real sites cannot run, each as (setting, why)."""
     refused = []
-    if not params.federation.sites:
-        refused.append(("federation.sites", "is empty: name each site (name, node_id, samples)"))
     if params.attack.name != "none":
         refused.append(
             ("attack.name", "must be none: a site's data is its own, attacks are simulated")

@@ -209,10 +209,13 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
     """The training plan the params send every site, for the sites' operators to read and
     pin (``fedsieve-site --plan``); a site refuses any task that departs from it."""
     from config.dataset import dataset_info_of
+    from config.params import load_params
     from flowerapp.hub import site_task
     from flowerapp.plan import write_plan
 
-    params = checked_params(args, workdir)
+    # validated, not preflighted: a plan names no site and reads no data (it comes before
+    # the sites are registered, at a hub that may hold no images)
+    params = load_params(Path(args.params), args.overrides)
     out = workdir / args.out
     digest = write_plan(out, site_task(params, dataset_info_of(params.data)))
     print(f"{out}: the sites' training plan, sha256 {digest}")

@@ -130,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rejoin-timeout", type=float, default=120.0,
         help="seconds to wait for the hub to let this site's node in again after a restart",
     )  # fmt: skip
+    parser.add_argument(
+        "--check", action="store_true",
+        help="check the data, plan, key and certificate, print the counts to register, and exit",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         plan = read_plan(args.plan)
@@ -155,11 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"fedsieve-site: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    print(
-        f"fedsieve-site: {data.path.name}: {len(data.train)} training and {len(data.test)} "
-        f"held-out images; approved plan {plan_digest(plan)[:12]}; connecting to {args.superlink}",
-        file=sys.stderr,
+    counts = (
+        f"fedsieve-site: {data.path.name}: {len(data.train)} training, {len(data.test)} test and "
+        f"{len(data.val)} validation images fit the approved plan {plan_digest(plan)[:12]}"
     )
+    if args.check:  # what the hub registers as this site's samples
+        print(f"{counts}; register samples: {len(data.train)}")
+        return 0
+    print(f"{counts}; connecting to {args.superlink}", file=sys.stderr)
     command = supernode_command(
         data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
         args.local_dp,

@@ -73,6 +73,11 @@ def check_writable(workdir: Path) -> None:
 def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
     check_writable(workdir)
+    if params.federation.runtime == "flower" and not params.federation.sites:
+        raise ConfigError(
+            f"{source}: federation.sites is empty: name each site (name, node_id from `flwr "
+            "supernode register`, samples) before training at the sites"
+        )
     if params.federation.runtime == "flower" and params.eval.where == "sites":
         _check_counts(params, source)  # the hub holds no data file: none is checked
         return

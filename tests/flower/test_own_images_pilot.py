@@ -61,7 +61,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
 ) -> None:
     folders = hospital_folders(tmp_path / "hospitals")
     plan = tmp_path / "plan.json"
-    own = Params.model_validate({**pilot_params(hub, []), "federation": {"runtime": "simulation"}})
+    own = Params.model_validate(pilot_params(hub, []))  # a plan names no site
     write_plan(plan, site_task(own, dataset_info_of(own.data)))
     for name, folder in folders.items():
         hub.add_site(name, folder, dataset_info_of(own.data), **{"approved-plan": str(plan)})

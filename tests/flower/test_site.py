@@ -185,3 +185,32 @@ def test_the_privacy_a_site_is_promised_is_in_its_plan_and_local_dp_can_be_insis
         tmp_path / "site.key", local_dp=True,
     )  # fmt: skip
     assert command[-1].endswith(" require-local-dp=true")
+
+
+def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_register(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from federated.data import Split
+    from federated.own_data import write_image_folder
+
+    images, labels = (
+        np.arange(4 * 64, dtype=np.uint8).reshape(4, 8, 8),
+        np.array([[0], [1], [0], [1]]),
+    )
+    splits = {"train": Split(images[:3], labels[:3]), "test": Split(images[3:], labels[3:])}
+    write_image_folder(
+        tmp_path / "images", splits, ("benign", "malignant"), image_format="dcm"
+    )
+    plan = tmp_path / "plan.json"
+    write_plan(plan, site_task(own_params(size=8), dataset_info_of(own_params(size=8).data)))
+    make_tls(tmp_path)
+    make_site_key(tmp_path, "site")
+
+    code = site_main(["--data", str(tmp_path / "images"), "--plan", str(plan), "--superlink",
+                      "hub:9092", "--ca", str(tmp_path / "ca.crt"), "--key",
+                      str(tmp_path / "site.key"), "--check"])  # fmt: skip
+
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "images: 3 training, 1 test and 0 validation images fit" in out
+    assert out.rstrip().endswith("register samples: 3")
