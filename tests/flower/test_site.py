@@ -198,9 +198,7 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
         np.array([[0], [1], [0], [1]]),
     )
     splits = {"train": Split(images[:3], labels[:3]), "test": Split(images[3:], labels[3:])}
-    write_image_folder(
-        tmp_path / "images", splits, ("benign", "malignant"), image_format="dcm"
-    )
+    write_image_folder(tmp_path / "images", splits, ("benign", "malignant"), image_format="dcm")
     plan = tmp_path / "plan.json"
     write_plan(plan, site_task(own_params(size=8), dataset_info_of(own_params(size=8).data)))
     make_tls(tmp_path)
