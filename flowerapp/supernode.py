@@ -22,6 +22,7 @@ reaches both, as they share a process group.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import queue
 import re
 import signal
@@ -46,6 +47,18 @@ __all__ = [
     "Site",
     "run_supernode",
 ]
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _stop_with_parent() -> None:
+    """In the SuperNode's process, before it execs: SIGTERM when ``fedsieve-site`` dies,
+    even by SIGKILL, so no SuperNode outlives its site process and holds its port and
+    node (the SuperNode deactivates its node on SIGTERM, as on a stop)."""
+    if LIBC is not None:
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 EXIT_STOPPED = 0  # stopped by SIGTERM or Ctrl-C
 EXIT_USAGE = 2  # a data file, plan, key, certificate or port the site cannot use
@@ -204,6 +217,7 @@ class _Supervisor:
         self.child = child = subprocess.Popen(
             self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+            preexec_fn=_stop_with_parent,
         )  # fmt: skip
         lines: queue.Queue[str | None] = queue.Queue()
         assert child.stdout is not None

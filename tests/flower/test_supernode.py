@@ -79,7 +79,18 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert env["FLWR_TELEMETRY_ENABLED"] == "0" and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"
     assert "--allow-runtime-dependency-installation" not in " ".join(command)
 
-    fed.kill_site(name)  # kill -9: the hub still counts the node online until its heartbeat lapses
+    os.kill(site.pid, signal.SIGKILL)  # kill -9 of fedsieve-site alone: its SuperNode goes too
+    deadline = time.monotonic() + 60
+    while any("flower-supernode" in c for c in group_commands(site.pid).values()):
+        assert time.monotonic() < deadline, "the SuperNode outlived its fedsieve-site"
+        time.sleep(0.5)
+    fed.kill_site(name)  # reaped; its SuperNode deactivated the node on the way out
+    site = fed.start_site_command(name, command, bare_env(tmp_path))
+    assert fed.wait_connected(name) == node  # the port and the node free at once
+
+    fed.kill_site(
+        name
+    )  # kill -9 of the whole site: the hub counts the node online until its heartbeat lapses
     time.sleep(RESTART_AFTER_S)
     log = fed.site_log(name)
     start = log.stat().st_size
