@@ -18,7 +18,19 @@ Writes ``benchmarks/results/federation-loopback.json`` (and ``.md``):
   exchanges (train, then the sites' scoring);
 - ``mb_per_site_round``: what the hub sends a site per round (the global vector, for
   training and for scoring), and what comes back (the update);
-- ``unregistered_refused``: a SuperNode with an unregistered key was refused.
+- ``unregistered_refused``: a SuperNode with an unregistered key was refused;
+- ``own_data``: a pilot on the sites' own image folders (three of PNG files, one of DICOM
+  files, written from ``--dataset``'s simulated partition) with a hub that holds no data
+  (``eval.where: sites``; ``--own-data-only`` runs it alone and keeps the rest of the
+  record): ``hub_data_files_opened`` (files the hub's processes opened under its data
+  root, which holds the dataset's files: every Python process of the SuperLink and its
+  ServerApps counts ``open`` audit events there, ``sys.addaudithook``),
+  ``max_abs_diff_vs_simulation`` (the same folders simulated here), ``pooled_auc_error``
+  (the run's final test AUC, pooled from the sites' histograms, against the AUC of the
+  final model's predictions on the sites' test rows pooled here), ``second_run_ok`` (the
+  same run again in the same hub folder finished and journaled only its own rounds) and
+  ``site_restart_rejoined_s`` (a site killed with SIGKILL and started again 5 s later:
+  seconds from its restart until it rejoined, Flower's heartbeat window included).
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +48,7 @@ from benchmarks.common import cpu_environment, write_summary
 from config.assembly import build_global_model
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
-from federated.data import load_medmnist
+from federated.data import load_medmnist, to_tensors
 from federated.loop import train
 from federated.server import ServerState
 from federated.vectors import model_to_vector
@@ -95,6 +109,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dataset", default="breastmnist")
     parser.add_argument("--rule", default="median")
     parser.add_argument(
+        "--own-data-only",
+        action="store_true",
+        help="run only the own-data pilot and update its part of the record",
+    )
+    parser.add_argument(
         "--baseline-rounds", type=int, default=None,
         help="rounds of Flower's FedAvg beside it (default: --rounds); the ratio is per round",
     )  # fmt: skip
@@ -103,10 +122,188 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+AUDIT_HOOK = """import os, sys
+_root = os.environ.get("FEDSIEVE_AUDIT_ROOT")
+if _root:
+    def _audit(event, args, _root=_root, _log=os.environ["FEDSIEVE_AUDIT_LOG"]):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.abspath(os.fsdecode(args[0]))
+            if path.startswith(_root):
+                with open(_log, "a") as log:
+                    log.write(path + "\\n")
+    sys.addaudithook(_audit)
+"""
+OWN_FORMATS = ("png", "png", "png", "dcm")  # three PNG sites and one DICOM site
+RESTART_AFTER_S = 5.0
+
+
+def own_folders(out: Path, data: Any) -> dict[str, Path]:
+    split = split_partition(data.train.targets, "iid", len(OWN_FORMATS), 0, {}, 0, 0.2)
+    folders = {}
+    for k, image_format in enumerate(OWN_FORMATS):
+        name = f"hospital-{'abcd'[k]}"
+        write_site_files(
+            data, split.clients[k : k + 1], split.local_tests[k : k + 1], [name], out, image_format
+        )
+        folders[name] = out / name
+    return folders
+
+
+def own_params(dataset_labels: tuple[str, ...], rounds: int, sites: list[dict[str, Any]]) -> Params:
+    return Params.model_validate({
+        "data": {"dataset": "own-pilot", "own": {"task": "binary-class" if len(dataset_labels) == 2
+                 else "multi-class", "classes": list(dataset_labels), "channels": 1}},
+        "model": {"name": "small_cnn"},
+        "train": {"rounds": rounds, "device": "cpu", "backend": "sequential"},
+        "eval": {"where": "sites"},
+        "noniid": {"every": 0, "final": False},
+        "federation": {"runtime": "flower", "superlink": CONNECTION, "sites": sites,
+                       "round_timeout": 600},
+    })  # fmt: skip
+
+
+def pooled_auc_error(params: Params, state: ServerState, folders: list[Path]) -> float:
+    """The run's final pooled test AUC against the AUC of its final model's predictions
+    on every site's test rows, pooled here."""
+    import torch
+
+    from config.dataset import dataset_info_of
+    from federated.metrics import evaluate
+    from federated.vectors import vector_to_model_
+
+    info = dataset_info_of(params.data)
+    tests = [to_tensors(load_site_data(f, info).test, info) for f in folders]
+    images = torch.cat([t[0] for t in tests])
+    targets = torch.cat([t[1] for t in tests])
+    model = build_global_model(params, info)
+    vector_to_model_(model, state.global_vector)
+    pooled = evaluate(model.eval(), images, targets, multi_label=info.multi_label)
+    return abs(float(state.history[-1]["test_auc"]) - float(pooled["auc"]))
+
+
+def audited_data_root(work: Path, root: Path, dataset: str) -> tuple[Path, Path]:
+    """A data root holding the dataset's file, and the log every Python process started
+    from here on writes each file it opens there to (``sitecustomize``'s audit hook)."""
+    hub_data, audit, opened = work / "hub-data", work / "audit", work / "opened.log"
+    hub_data.mkdir()
+    shutil.copy(root / f"{dataset}.npz", hub_data)
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(AUDIT_HOOK)
+    opened.touch()
+    os.environ |= {
+        "FEDSIEVE_AUDIT_ROOT": str(hub_data.resolve()),
+        "FEDSIEVE_AUDIT_LOG": str(opened),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(audit), os.environ.get("PYTHONPATH")])),
+    }
+    return hub_data, opened
+
+
+def start_own_sites(
+    fed: Loopback, folders: dict[str, Path], plan: Path, draft: Params
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Each folder's site registered and started as its operator would (``fedsieve-site``);
+    the sites as params name them, and each site's command."""
+    from config.dataset import dataset_info_of
+
+    sites, commands = [], {}
+    for name, folder in folders.items():
+        key = make_site_key(fed.work / "keys", name)
+        node = fed.register(key.public)
+        commands[name] = fed.site_command(key, folder, plan)
+        fed.start_site_command(name, commands[name])
+        samples = len(load_site_data(folder, dataset_info_of(draft.data)).train)
+        sites.append({"name": name, "node_id": node, "samples": samples})
+    for name in folders:
+        fed.wait_connected(name, timeout=300)
+    return sites, commands
+
+
+def twice_in_one_folder(fed: Loopback, hub: HubFiles, config: dict[str, str], rounds: int) -> bool:
+    """The same run twice in one hub folder: each finished and journaled its own rounds."""
+    runs_ok = []
+    for token in ("first", "second"):
+        fed.run_app(APP_DIR, config | {"run-token": token}, timeout=3600)
+        outcome = hub.read_outcome(token) or {}
+        own_rounds = [report.round for report in hub.journaled(token)[0]]
+        runs_ok.append(
+            outcome.get("status") == "finished" and own_rounds == list(range(1, rounds + 1))
+        )
+    return all(runs_ok)
+
+
+def rejoin_s(fed: Loopback, name: str, command: list[str]) -> float:
+    """A site killed with SIGKILL (all its processes) and started again 5 s later: seconds
+    from its restart until it rejoined."""
+    fed.kill_site(name)
+    time.sleep(RESTART_AFTER_S)
+    restarted = time.perf_counter()
+    fed.start_site_command(name, command)
+    fed.wait_connected(name, timeout=300)
+    return time.perf_counter() - restarted
+
+
+def own_data_pilot(root: Path, dataset: str, rounds: int) -> dict[str, Any]:
+    """Four sites on their own image folders, a hub that holds no data: the measurements
+    the module's docstring names under ``own_data``."""
+    from config.dataset import dataset_info_of
+    from flowerapp.hub import site_task
+    from flowerapp.plan import write_plan
+
+    data = load_medmnist(dataset, root)
+    with Loopback(bin_dir=FLOWER_BIN) as fed:
+        hub_data, opened = audited_data_root(fed.work, root, dataset)
+        folders = own_folders(fed.work / "hospitals", data)
+        fed.start_superlink()
+        plan = fed.work / "plan.json"
+        draft = own_params(data.info.labels, rounds, [])
+        write_plan(plan, site_task(draft, dataset_info_of(draft.data)))
+        sites, commands = start_own_sites(fed, folders, plan, draft)
+        params = own_params(data.info.labels, rounds, sites)
+        hub = HubFiles(fed.work / "hub")
+        write_params(hub.params, params)
+        checkpoint = hub.folder / "checkpoint.pt"
+        config = {"hub-folder": str(hub.folder), "data-root": str(hub_data),
+                  "checkpoint": str(checkpoint)}  # fmt: skip
+        second_run_ok = twice_in_one_folder(fed, hub, config, rounds)
+        final = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
+        rejoined = rejoin_s(fed, "hospital-b", commands["hospital-b"])
+        files_opened = len(opened.read_text().splitlines())
+        # the hook's positive control: a process of the same environment that opens a file
+        # of the data root is counted
+        control = f"open({str(hub_data / f'{dataset}.npz')!r}, 'rb').close()"
+        subprocess.run([str(FLOWER_BIN / "python"), "-c", control], check=True)
+        hook_live = len(opened.read_text().splitlines()) == files_opened + 1
+        simulation = simulated_federation(params, None, list(folders.values()))
+        simulated = train(simulation, simulation.initial_state(), rounds)
+        auc_error = pooled_auc_error(params, final, list(folders.values()))
+    return {
+        "sites": dict(zip(folders, OWN_FORMATS, strict=True)),
+        "rounds": rounds,
+        "dataset": dataset,
+        "eval_where": "sites",
+        "hub_data_files_opened": files_opened,
+        "audit_hook_counted_a_control_open": hook_live,
+        "max_abs_diff_vs_simulation": float(
+            (final.global_vector - simulated.global_vector).abs().max()
+        ),
+        "pooled_auc_error": auc_error,
+        "final_test_auc": float(final.history[-1]["test_auc"]),
+        "second_run_ok": second_run_ok,
+        "site_restart_after_s": RESTART_AFTER_S,
+        "site_restart_rejoined_s": rejoined,
+    }
+
+
 def main() -> None:
     args = parse_args()
-    baseline_rounds = args.baseline_rounds
     root = Path(os.environ.get("MEDMNIST_ROOT", REPO / "data" / "medmnist")).resolve()
+    if args.own_data_only:
+        record = json.loads(RESULTS.with_suffix(".json").read_text())
+        record["own_data"] = own_data_pilot(root, args.dataset, rounds=3)
+        RESULTS.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["own_data"], indent=2))
+        return
+    baseline_rounds = args.baseline_rounds
     with Loopback(bin_dir=FLOWER_BIN) as fed:
         files = site_files(fed.work / "sites", args.dataset, root, args.sites)
         fed.start_superlink()
@@ -187,6 +384,7 @@ def main() -> None:
         "unregistered_refused": refused,
         "transport_94mb": transport,
         "excluded_rows": sum(bool(r["excluded"]) for r in final.trail),
+        "own_data": own_data_pilot(root, args.dataset, rounds=3),
     }
     lines = [
         f"# Real sites on loopback: {args.sites} sites x {args.rounds} rounds ({args.dataset}, small CNN)",

@@ -679,6 +679,29 @@ def loopback_block() -> str:
     return table(("measure", "figure", "goal"), rows)
 
 
+def loopback_own_data_block() -> str:
+    """The pilot on the sites' own image folders with a hub that holds no data
+    (benchmarks/federation_loopback.py, ``own_data``)."""
+    r = results_json("federation-loopback")["own_data"]
+    kinds = ", ".join(f"{name} {kind.upper()}" for name, kind in r["sites"].items())
+    rows = [
+        ("sites and their images", kinds, ""),
+        ("`hub_data_files_opened` (its data root holds the dataset's files)",
+         f"**{r['hub_data_files_opened']}**", "0"),
+        ("the count's control: one open of a data-root file by a process of the hub's environment",
+         "counted" if r["audit_hook_counted_a_control_open"] else "**not counted**", "counted"),
+        (f"`max_abs_diff_vs_simulation` (final global model, {r['rounds']} rounds)",
+         f"**{r['max_abs_diff_vs_simulation']:.1g}**", "≤ 1e-6"),
+        ("`pooled_auc_error` (pooled histograms vs the pooled predictions' AUC)",
+         f"**{r['pooled_auc_error']:.1g}**", "≤ 1e-3"),
+        ("`second_run_ok` (the same run again, its own rounds only)",
+         "yes" if r["second_run_ok"] else "**no**", "yes"),
+        (f"`site_restart_rejoined_s` (SIGKILL, restarted {r['site_restart_after_s']:g} s later)",
+         f"{r['site_restart_rejoined_s']:.0f} s", ""),
+    ]  # fmt: skip
+    return table(("measure", "figure", "goal"), rows)
+
+
 def ratio_check(value: float, goal: float, *, at_most: bool) -> str:
     met = value <= goal if at_most else value >= goal
     return f"{'≤' if at_most else '≥'} {goal:g} " + ("✓" if met else "✗")
@@ -962,6 +985,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
+    | {"federation-loopback-own-data": loopback_own_data_block}
     | {
         "pipeline-overhead": overhead_block,
         "federation-smoke": federation_smoke_block,

@@ -331,65 +331,6 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     assert metrics["rounds"] == 3 and metrics["site_acc_worst"] == min(r["acc"] for r in scored)
 
 
-def test_a_hub_that_holds_no_data_trains_at_the_sites_and_registers_a_model(
-    hub: Hub, tmp_path: Path, prefect_server: str
-) -> None:
-    """``fedsieve run`` with ``eval.where: sites``, MEDMNIST_ROOT naming a folder that does
-    not exist and downloads off (opening or fetching a data file would fail; a chmod-000
-    folder would not stop root, who runs these tests in the images): the hub trains at the
-    sites, logs the sites' pooled scores, registers the model, and ends where the same
-    federation simulated ends (each site file's test split scored as a site scores it)."""
-    from mlflow import MlflowClient
-
-    names = site_names()
-    raw = hub.flower_params(
-        names, eval={"every": 2, "where": "sites"}, data={"dataset": "digits", "download": False}
-    )
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    absent = tmp_path / "no-data-here"
-    env = hub.fed.flwr_env() | {
-        "PREFECT_API_URL": prefect_server, "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
-        "MLFLOW_TRACKING_URI": tracking, "MEDMNIST_ROOT": str(absent),
-    }  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    assert not absent.exists()
-    params = Params.model_validate(raw)
-    checkpoint = read_checkpoint(
-        tmp_path / "artifacts" / "checkpoints" / "train.pt", params_hash(params)
-    )
-    remote = ServerState.from_dict(checkpoint["state"])
-    federation = simulated_federation(params, None, [hub.files[n] for n in names])
-    local = train(federation, federation.initial_state(), params.train.rounds)
-    assert (remote.global_vector - local.global_vector).abs().max().item() <= TOLERANCE
-    for at_sites, simulated_row in zip(remote.history, local.history, strict=True):
-        scores = {k for k in at_sites if k.startswith(("test_", "val_"))}
-        assert scores == {f"test_{k}" for k in ("loss", "acc", "auc", "ece", "brier")}
-        for key in scores:
-            assert abs(at_sites[key] - simulated_row[key]) <= TOLERANCE, key
-    assert [(r["round"], r["site"]) for r in remote.sites] == [(2, s) for s in range(len(names))]
-
-    client = MlflowClient(tracking)
-    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
-    assert run.info.status == "FINISHED"
-    assert client.search_model_versions(f"run_id = '{run.info.run_id}'")
-    assert not run.inputs.dataset_inputs  # the hub used no data file
-    with (tmp_path / "reports" / "rounds.csv").open() as rounds:
-        last = list(csv.DictReader(rounds))[-1]
-    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    for key in ("test_loss", "test_acc", "test_auc", "test_ece", "test_brier"):
-        assert metrics[key] == pytest.approx(float(last[key])), key
-        assert run.data.metrics[f"final_{key}"] == pytest.approx(metrics[key])
-    assert not (tmp_path / "reports" / "calibration.png").exists()  # needs per-example values
-    sites = json.loads((tmp_path / "reports" / "sites.json").read_text())["sites"]
-    assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))
-
-
 def test_a_scheduled_deployment_trains_at_the_sites(
     hub: Hub, tmp_path: Path, prefect_server: str
 ) -> None:

@@ -1,11 +1,13 @@
 """The three-hospital pilot of docs/federation.md on loopback, on the hospitals' own image
 folders: three sites of PNG files and one of DICOM files (written from digits' simulated
 partition), a hub that holds no images (its MedMNIST root does not exist), scored at the
-sites. ``fedsieve run`` trains there, registers a model, and ends where the same
-federation simulated from the same folders ends."""
+sites. ``fedsieve run`` trains there, logs the sites' pooled scores, registers a model,
+and ends where the same federation simulated from the same folders ends (each folder's
+test rows scored as a site scores them); the hub's MLflow run logs no dataset input."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -92,10 +94,25 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
     local = train(federation, federation.initial_state(), params.train.rounds)
     diff = (remote.global_vector - local.global_vector).abs().max().item()
     assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
-    metrics = json.loads((project / "reports" / "metrics.json").read_text())
-    assert metrics["test_acc"] == pytest.approx(local.history[-1]["test_acc"], abs=TOLERANCE)
-    assert metrics["test_auc"] == pytest.approx(local.history[-1]["test_auc"], abs=TOLERANCE)
+    for at_sites, simulated_row in zip(remote.history, local.history, strict=True):
+        scores = {k for k in at_sites if k.startswith(("test_", "val_"))}
+        assert scores == {f"test_{k}" for k in ("loss", "acc", "auc", "ece", "brier")}
+        for key in scores:  # pooled from the sites' held-out rows, as simulated
+            assert abs(at_sites[key] - simulated_row[key]) <= TOLERANCE, key
+    rounds = params.train.rounds
+    assert {(r["round"], r["site"]) for r in remote.sites} == {
+        (t, s) for t in range(1, rounds + 1) for s in range(len(names))
+    }
+
     client = MlflowClient(tracking)
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
     assert run.info.status == "FINISHED"
     assert client.search_model_versions("name = 'fedsieve-digits-folders'")
+    assert not run.inputs.dataset_inputs  # the hub used no data file
+    with (project / "reports" / "rounds.csv").open() as table:
+        last = list(csv.DictReader(table))[-1]
+    metrics = json.loads((project / "reports" / "metrics.json").read_text())
+    for key in ("test_loss", "test_acc", "test_auc", "test_ece", "test_brier"):
+        assert metrics[key] == pytest.approx(float(last[key])), key
+        assert run.data.metrics[f"final_{key}"] == pytest.approx(metrics[key])
+    assert not (project / "reports" / "calibration.png").exists()  # needs per-example values
