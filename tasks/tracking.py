@@ -16,6 +16,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import os
 import queue
 import subprocess
 import threading
@@ -38,6 +39,7 @@ __all__ = [
     "child_run_results",
     "describe",
     "flatten_params",
+    "fluent_tracking_at",
     "git_commit",
     "open_training_run",
     "run_tags",
@@ -107,6 +109,28 @@ def _child_run_results(parent_run_id: str, uri: str) -> dict[str, dict[str, Any]
             "accuracy": [m.value for m in sorted(history, key=lambda m: m.step)],
         }
     return results
+
+
+@contextlib.contextmanager
+def fluent_tracking_at(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (the one ``log_model`` uses) pointed at ``uri`` for the block
+    only. ``mlflow.set_tracking_uri`` also writes ``MLFLOW_TRACKING_URI`` into the process
+    environment, which every later child process (a ``flwr``, a DVC stage, another run)
+    would inherit; both are put back as they were."""
+    import mlflow
+
+    variable = "MLFLOW_TRACKING_URI"
+    environment_before = os.environ.get(variable)
+    uri_before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(uri_before)
+        if environment_before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = environment_before
 
 
 @contextlib.contextmanager
@@ -358,8 +382,7 @@ class Tracker:
         import mlflow.pytorch
         import torch
 
-        mlflow.set_tracking_uri(self.uri)
-        with mlflow.start_run(run_id=self.run_id):
+        with fluent_tracking_at(self.uri), mlflow.start_run(run_id=self.run_id):
             mlflow.pytorch.log_model(
                 model,
                 name="model",

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from fedsieve.cli import main
 from fedsieve.ops import final_metric, list_runs, promote_champion
+from tasks.tracking import fluent_tracking_at
 
 MODEL = "fedsieve-breastmnist"
 T0 = 1_760_000_000_000  # ms
@@ -46,9 +47,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "o": client.create_experiment("other", artifact_location=str(root / "a-other")),
     }
     run_ids, versions = [], {}
-    previous_uri = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
+    with fluent_tracking_at(uri):
         for index, (name, tags, final, registered, experiment) in enumerate(RUNS):
             run = client.create_run(
                 experiments[experiment],
@@ -78,8 +77,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 versions[index] = str(version.version)
             client.set_terminated(run_id, status="FINISHED" if final else "KILLED")
             run_ids.append(run_id)
-    finally:
-        mlflow.set_tracking_uri(previous_uri)
     yield {"uri": uri, "client": client, "run_ids": run_ids, "versions": versions}
 
 

@@ -247,6 +247,23 @@ def test_a_model_that_cannot_be_logged_is_stated_once_and_tracking_goes_quiet(tm
     assert "after" not in MlflowClient(uri).get_run(tracker.run_id).data.metrics
 
 
+def test_logging_a_model_leaves_the_process_environment_as_it_was(tmp_path, monkeypatch):
+    """MLflow's fluent API writes MLFLOW_TRACKING_URI into os.environ; a run that logged its
+    model must not hand its store to every child process started after it (a later run's
+    ``flwr``, a DVC stage), which would then log into the wrong store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("environment", uri)
+    tracker.start(run_id=None, run_name="r", tags={})
+    model = torch.nn.Linear(3, 2)
+    tracker.log_model(model, input_example=torch.ones(2, 3).numpy(), registered_name="env")
+    tracker.end()
+
+    assert tracker.failed is None
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert MlflowClient(uri).get_registered_model("env").latest_versions
+
+
 def test_a_store_that_failed_is_not_tried_again_by_later_trackers(tmp_path, caplog):
     uri = f"sqlite:///{tmp_path / 'not-a-folder' / 'x' / 'mlflow.db'}"
     (tmp_path / "not-a-folder").write_text("")  # the store cannot be created under a file
