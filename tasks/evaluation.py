@@ -23,6 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from config.assembly import build_global_model, dataset_info_of, resolve_device
+from config.errors import ServiceError
 from config.params import Params, eval_batch_size
 from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
@@ -316,7 +317,32 @@ def log_final_results(
     info: DatasetInfo,
 ) -> None:
     """Final metrics (``final_*``), the pre-test rates and reports, and the model, logged
-    and registered as ``fedsieve-<dataset>`` (comparison cells skip the model)."""
+    and registered as ``fedsieve-<dataset>`` (comparison cells skip the model). A run is
+    green only with all of it: should tracking fail here (the store away while the model
+    is logged), the whole record is tried once more, and if the store still does not
+    answer the stage fails in one line saying what to run (its outputs are kept)."""
+
+    def record() -> None:
+        _record_final_results(tracker, params, paths, results, model, info)
+
+    record()
+    if not tracker.retried("the final results and the model", record):
+        raise ServiceError(
+            f"MLflow tracking failed while logging the final results and the model "
+            f"({tracker.failed}); reports/ and artifacts/model are kept: run `fedsieve "
+            "evaluate` (or `fedsieve run --resume`) once the tracking server answers, and "
+            "they are logged, and the model registered, in the same MLflow run"
+        )
+
+
+def _record_final_results(
+    tracker: Tracker,
+    params: Params,
+    paths: ProjectPaths,
+    results: dict[str, Any],
+    model: torch.nn.Module,
+    info: DatasetInfo,
+) -> None:
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
     if paths.calibration.exists():

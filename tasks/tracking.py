@@ -234,16 +234,24 @@ class Tracker:
             return None
 
     def start(self, *, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
-        """Resume ``run_id`` when it exists in the store, else create a run."""
+        """Resume ``run_id`` when it exists in the store, else create a run. A run to
+        resume whose store does not answer is still this tracker's run: what it should
+        hold is owed to it (:meth:`retried`), not forgotten as if it were never tracked."""
         self._guarded(
             "starting the run", lambda: self._start(run_id, run_name, tags), needs_run=False
         )
+        if self.run_id is None and run_id is not None and self.failed is not None:
+            self.run_id = run_id
 
-    def _start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
+    def _connect(self) -> None:
         from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
 
         self._client = MlflowClient(self.uri)
+
+    def _start(self, run_id: str | None, run_name: str, tags: Mapping[str, str]) -> None:
+        from mlflow.exceptions import MlflowException
+
+        self._connect()
         if run_id is not None:
             try:
                 self._client.get_run(run_id)
@@ -333,21 +341,34 @@ class Tracker:
         return [int(row["round"]) for row in missing]
 
     def recovered(self, history: Sequence[Mapping[str, float]]) -> bool:
-        """Whether the run's tracking holds every round of ``history``: true unless its
-        tracking failed after the run was opened and the store still does not answer.
-        When it answers again, the rounds it lost are logged now and tracking resumes.
-        (A run whose store never answered was never tracked: nothing to recover.)"""
+        """Whether the run's tracking holds every round of ``history`` (see :meth:`retried`):
+        when the store answers again, the rounds it lost are logged now and tracking
+        resumes."""
+        return self.retried(
+            "the rounds it lost (from the run's history)", lambda: self.log_missing_rounds(history)
+        )
+
+    def retried(self, what: str, record: Callable[[], object]) -> bool:
+        """Whether the run's tracking holds ``what``: true unless tracking failed after
+        the run was opened and ``record`` (which logs all of ``what``), tried once more,
+        fails again. (A run whose store never answered was never tracked: true.)"""
         if self.failed is None or self.run_id is None:
             return True
         lost_at = self.failed
         self.failed = None  # one more try
-        backfilled = self.log_missing_rounds(history)
+        if self._client is None:  # the store did not answer when the run was reopened
+            self._guarded("reconnecting", self._connect, needs_run=False)
+        if self.failed is None:
+            record()
         if self.failed is not None:
             return False
+        self._failed_uris.pop(self.uri, None)
         log.warning(
-            "MLflow tracking at %s is back (it failed: %s); rounds %s logged from the "
-            "run's history", self.uri, lost_at, backfilled,
-        )  # fmt: skip
+            "MLflow tracking at %s is back (it failed: %s); %s logged again",
+            self.uri,
+            lost_at,
+            what,
+        )
         return True
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -382,6 +403,10 @@ class Tracker:
         import mlflow.pytorch
         import torch
 
+        if registered_name is not None and self._client.search_model_versions(
+            f"name='{registered_name}' and run_id='{self.run_id}'"
+        ):
+            return  # registered by an earlier try of this run: once is enough
         with fluent_tracking_at(self.uri), mlflow.start_run(run_id=self.run_id):
             mlflow.pytorch.log_model(
                 model,

@@ -96,3 +96,105 @@ def test_the_failure_is_stated_once(unreachable_run):
     port = unreachable_run["uri"].rsplit(":", 1)[1]
     statements = unreachable_run["logs"].mentioning(f":{port}", "port=" + port)
     assert len(statements) == 1, [f"{r.name}: {r.getMessage()[:120]}" for r in statements]
+
+
+class MlflowServer:
+    """``mlflow server`` on a loopback port with its store in ``folder``; stopped (by its
+    PID) and started again on the same port and store: an outage a client cannot tell
+    from a database gone away."""
+
+    def __init__(self, ops: Any, processes: Any, folder: Path) -> None:
+        self.ops, self.processes, self.folder = ops, processes, folder
+        self.url = f"http://127.0.0.1:{ops.free_port()}"
+        self.process: Any = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        port = self.url.rsplit(":", 1)[1]
+        self.process = self.processes.start(
+            [str(self.ops.bin / "mlflow"), "server", "--host", "127.0.0.1", "--port", port,
+             "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
+             "--artifacts-destination", str(self.folder / "artifacts")],
+            name=f"mlflow-{self.starts}", cwd=self.folder, env=self.ops.base_env(),
+        )  # fmt: skip
+        self.ops.wait_http(f"{self.url}/health", timeout=180, process=self.process)
+
+    def stop(self) -> None:
+        self.processes.stop(self.process)
+
+
+@pytest.fixture
+def mlflow_server(ops: Any, processes: Any, tmp_path_factory: pytest.TempPathFactory):
+    server = MlflowServer(ops, processes, tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_model_the_store_missed_is_logged_and_registered_once_when_it_answers(
+    mlflow_server: MlflowServer,
+) -> None:
+    """The server goes away as the model is logged (the run's metrics already in): the
+    model and its version are owed to the run; when it answers, one more try logs and
+    registers it, and a later try does not register it twice."""
+    from mlflow import MlflowClient
+
+    from tasks.tracking import Tracker
+
+    tracker = Tracker("model-outage", mlflow_server.url)
+    tracker.start(run_id=None, run_name="r", tags={})
+    tracker.log_metrics({"final_test_acc": 0.8})
+    example = torch.ones(2, 3).numpy()
+
+    def log_model() -> None:
+        tracker.log_model(torch.nn.Linear(3, 2), input_example=example, registered_name="owed")
+
+    mlflow_server.stop()
+    log_model()
+    assert tracker.failed is not None
+    assert not tracker.retried("the model", log_model)  # still away
+    mlflow_server.start()
+    assert tracker.retried("the model", log_model) and tracker.failed is None
+    log_model()  # registered already: not again
+    tracker.end()
+
+    client = MlflowClient(mlflow_server.url)
+    [version] = client.search_model_versions("name='owed'")
+    assert version.run_id == tracker.run_id
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_a_store_away_at_evaluation_fails_the_stage_and_evaluate_later_registers_the_model(
+    project: Path, prefect_server: str, mlflow_server: MlflowServer, monkeypatch
+) -> None:
+    """No green run without its model: the tracking server away while the evaluate stage
+    logs the final results and the model fails the stage in one line saying what to run
+    (its reports kept); run once the server answers, the same MLflow run gets them and
+    the model its version."""
+    from mlflow import MlflowClient
+
+    from config.errors import ServiceError
+    from flows.evaluate import evaluate_flow
+    from flows.partition import partition_flow
+    from flows.train import train_flow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    params = load_params(project / "params.yaml", TINY)
+    partition_flow(params, project)
+    train_flow(params, project)
+    mlflow_server.stop()
+
+    with pytest.raises(ServiceError, match=r"run `fedsieve evaluate` .* once the tracking"):
+        evaluate_flow(params, project)
+    assert json.loads((project / "reports" / "metrics.json").read_text())["rounds"] == 1
+    mlflow_server.start()
+    results = evaluate_flow(params, project)
+
+    client = MlflowClient(mlflow_server.url)
+    run_id = json.loads((project / "artifacts/model/tracking.json").read_text())["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["final_test_acc"] == pytest.approx(results["test_acc"])
+    [version] = client.search_model_versions(f"name='fedsieve-{params.data.dataset}'")
+    assert version.run_id == run_id
