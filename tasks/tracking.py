@@ -116,20 +116,19 @@ def fluent_tracking_at(uri: str) -> Iterator[None]:
     """MLflow's fluent API (the one ``log_model`` uses) pointed at ``uri`` for the block
     only. ``mlflow.set_tracking_uri`` also writes ``MLFLOW_TRACKING_URI`` into the process
     environment, which every later child process (a ``flwr``, a DVC stage, another run)
-    would inherit; both are put back as they were."""
+    would inherit. Afterwards the fluent URI is unset (fedsieve itself only uses clients
+    given their URI) and the environment is as it was, so the fluent API follows
+    ``MLFLOW_TRACKING_URI`` again."""
     import mlflow
 
     variable = "MLFLOW_TRACKING_URI"
     environment_before = os.environ.get(variable)
-    uri_before = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(uri_before)
-        if environment_before is None:
-            os.environ.pop(variable, None)
-        else:
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # unsets it (and the variable)
+        if environment_before is not None:
             os.environ[variable] = environment_before
 
 

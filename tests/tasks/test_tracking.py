@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import mlflow
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -261,6 +262,9 @@ def test_logging_a_model_leaves_the_process_environment_as_it_was(tmp_path, monk
 
     assert tracker.failed is None
     assert "MLFLOW_TRACKING_URI" not in os.environ
+    # nor is MLflow's own default left pinned to this run's store: it follows the variable
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'next.db'}")
+    assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'next.db'}"
     assert MlflowClient(uri).get_registered_model("env").latest_versions
 
 
