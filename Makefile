@@ -27,8 +27,8 @@ endif
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
 # torchvision dependency, then the project itself with the dev tools. The image runs the
-# same steps: `deps` before the source is copied (a layer source edits keep), `project`
-# after it (no dev tools in the image).
+# same steps, `deps project` (no dev tools), before the source is copied: the editable
+# install needs only pyproject.toml, so source edits keep those layers.
 setup: deps setup-flower
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[hub,dev]"
 	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:

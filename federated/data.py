@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import os
 import shutil
 import sys
 import tempfile
@@ -46,6 +47,7 @@ __all__ = [
     "load_digits",
     "load_medmnist",
     "to_tensors",
+    "unwritable",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -197,6 +199,21 @@ def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -
     return target
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why this process's user cannot create files in ``folder`` (or, where it does not
+    exist yet, in the nearest existing folder above it): that folder, its owner and mode.
+    None when it can."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
+    if os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
+        return None
+    try:
+        stat = existing.stat()
+        return f"{existing} belongs to uid {stat.st_uid} (mode {stat.st_mode & 0o7777:o})"
+    except OSError:
+        return f"{existing} cannot be reached"
+
+
 def ensure_medmnist(
     flag: str, root: Path, *, size: int = 28, download: bool = True, progress: bool = True
 ) -> Path:
@@ -218,6 +235,14 @@ def ensure_medmnist(
     how = f"download it from {info.url} (md5 {info.md5}) into {path.parent} or set MEDMNIST_ROOT"
     if not download:
         raise DataError(f"{path} not found and downloads are off; {how}")
+    if (reason := unwritable(path.parent)) is not None:  # said before the download, not as it
+        uid = os.geteuid()
+        raise DataError(
+            f"{path} not found, and the data folder {path.parent} cannot be written by uid "
+            f"{uid} to download it: {reason}; make it writable for uid {uid}, run the "
+            f"container as the folder's owner (docker run --user $(id -u):$(id -g) ...), or "
+            f"{how}"
+        )
     try:
         return download_medmnist(info, Path(root), progress=progress)
     except DataError:

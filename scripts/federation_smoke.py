@@ -146,9 +146,12 @@ class Stack:
         logs = [subprocess.run([*c, "logs", "--no-color"], env=self.env, capture_output=True,
                                text=True) for c in (self.hub, self.sites)]  # fmt: skip
         (work / "compose.log").write_text("".join(done.stdout + done.stderr for done in logs))
-        for command in (self.sites, self.hub):
-            subprocess.run([*command, "down", "--volumes", "--remove-orphans"], env=self.env,
-                           capture_output=True)  # fmt: skip
+        # one Compose project, two files: the sites' down must not take the hub's containers
+        # for orphans (Compose v1 then removed them without their anonymous volumes); the
+        # hub's down, last, removes what is left, volumes included
+        subprocess.run([*self.sites, "down", "--volumes"], env=self.env, capture_output=True)
+        subprocess.run([*self.hub, "down", "--volumes", "--remove-orphans"], env=self.env,
+                       capture_output=True)  # fmt: skip
 
 
 def layer_sizes(image: str, destinations: dict[str, str]) -> dict[str, float]:

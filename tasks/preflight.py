@@ -27,7 +27,7 @@ from aggregation import AggregationRule, build_aggregator, build_filter, build_p
 from aggregation.preaggregators import preaggregate
 from config.errors import ConfigError
 from config.params import Params, population
-from federated.data import DataError
+from federated.data import DataError, unwritable
 from federated.partition import PartitionError
 from federated.seeding import clients_per_round
 from registry import RegistryError
@@ -56,15 +56,9 @@ def check_writable(workdir: Path) -> None:
         folders["the MLflow store"] = Path(uri.removeprefix("sqlite:///")).absolute().parent
     uid = os.geteuid()
     for name, folder in folders.items():
-        folder = folder.absolute()
-        existing = next(p for p in (folder, *folder.parents) if os.path.lexists(p))
-        if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
-            try:
-                owner = f"belongs to uid {existing.stat().st_uid} (mode {existing.stat().st_mode & 0o7777:o})"
-            except OSError:
-                owner = "cannot be reached"
+        if (reason := unwritable(folder)) is not None:
             raise ConfigError(
-                f"{name} ({folder}) cannot be written by uid {uid}: {existing} {owner}; make "
+                f"{name} ({folder.absolute()}) cannot be written by uid {uid}: {reason}; make "
                 f"it writable for uid {uid}, or run the container as the folder's owner "
                 "(docker run --user $(id -u):$(id -g) ...; docs/container.md)"
             )

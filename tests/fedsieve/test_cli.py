@@ -172,6 +172,53 @@ def test_a_results_folder_it_cannot_write_is_refused_with_the_fix_before_anythin
     shutil.rmtree(base)
 
 
+def test_a_data_folder_it_cannot_write_is_named_with_its_owner_not_as_a_failed_download(
+    tmp_path, monkeypatch, capsys
+):
+    """A data folder mounted as another user's (``-v ./data:/app/data`` made root's) with the
+    dataset not in it yet: one line naming the folder, its owner and the fix, before any
+    download is tried or anything runs; not "the download failed"."""
+    import tempfile
+
+    import config.params
+    import tasks.preflight  # noqa: F401 (imported before the call: nobody cannot read /root)
+    from fedsieve.cli import main
+
+    base = Path(tempfile.mkdtemp(prefix="fedsieve-unwritable-data-"))  # reachable by any user
+    base.chmod(0o777)  # the project is writable: only the data folder is not
+    data = base / "data"
+    data.mkdir()
+    data.chmod(0o755)
+    project = base / "project"
+    project.mkdir()
+    project.chmod(0o777)
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    (project / "params.yaml").chmod(0o644)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MEDMNIST_ROOT", str(data))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    assert config.params.load_params
+    if os.geteuid() == 0:
+        os.seteuid(65534)
+        try:
+            code = main(["run"])
+        finally:
+            os.seteuid(0)
+    else:
+        data.chmod(0o555)
+        code = main(["run"])
+
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    [line] = stderr.strip().splitlines()
+    assert f"the data folder {data} cannot be written by uid" in line, line
+    assert f"{data} belongs to uid {data.stat().st_uid}" in line, line
+    assert "download failed" not in line and "Traceback" not in line
+    assert list(data.iterdir()) == [] and not (tmp_path / "prefect-home").exists()
+    shutil.rmtree(base)
+
+
 def test_list_names_every_registry_and_an_unknown_command_is_refused(medmnist_root, tmp_path):
     listed = fedsieve(tmp_path, medmnist_root, "list")
     unknown = fedsieve(tmp_path, medmnist_root, "no-such-command")

@@ -180,6 +180,26 @@ def test_compose_publishes_ports_on_loopback_only(compose):
         assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
 
 
+def test_a_workers_health_server_listens_on_loopback_only(compose):
+    # Prefect binds it to 0.0.0.0 by default; the health check asks 127.0.0.1 from inside
+    for name in ("worker", "worker-gpu"):
+        environment = compose["services"][name]["environment"]
+        assert environment["PREFECT_WORKER_WEBSERVER_HOST"] == "127.0.0.1", name
+        assert environment["FEDSIEVE_HEALTH_URL"].startswith("http://127.0.0.1:"), name
+
+
+def test_the_postgresql_stand_in_stops_as_the_official_image_does():
+    # a `docker stop` of the stand-in is PostgreSQL's fast shutdown (SIGINT), as postgres:16's
+    # STOPSIGNAL: an outage that begins when the fault says, not 10 s of pooled connections
+    standin = DockerfileParser(
+        fileobj=io.BytesIO((REPO / "scripts" / "postgres-standin" / "Dockerfile").read_bytes())
+    )
+    [stop] = instructions(standin, "STOPSIGNAL")
+    assert stop["value"] == "SIGINT"
+    entrypoint = (REPO / "scripts" / "postgres-standin" / "entrypoint.sh").read_text()
+    assert entrypoint.rstrip().splitlines()[-1].startswith('exec "$PGBIN/postgres"')  # gets it
+
+
 def test_compose_volumes_are_declared_and_hold_the_state(compose):
     declared = set(compose["volumes"])
     used = {
