@@ -200,6 +200,19 @@ def test_the_postgresql_stand_in_stops_as_the_official_image_does():
     assert entrypoint.rstrip().splitlines()[-1].startswith('exec "$PGBIN/postgres"')  # gets it
 
 
+def test_a_server_whose_database_is_away_shows_unhealthy_within_30_s(compose):
+    # Docker marks a service unhealthy after `retries` consecutive failed probes, `interval`
+    # apart, each taking at most `timeout`: the worst case from an outage's start
+    def seconds(value: str) -> float:
+        return float(value.removesuffix("s"))
+
+    for name in ("mlflow", "prefect-server"):
+        check = compose["services"][name]["healthcheck"]
+        worst = check["retries"] * (seconds(check["interval"]) + seconds(check["timeout"]))
+        assert worst <= 30, (name, check)
+        assert check["retries"] >= 2, "one slow probe alone must not mark a live server unhealthy"
+
+
 def test_compose_volumes_are_declared_and_hold_the_state(compose):
     declared = set(compose["volumes"])
     used = {
