@@ -5,9 +5,13 @@
    Workers send them every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (the compose
    stack sets 30: a dead run is Crashed within 180 s). The same automation then runs the
    ``close-crashed-run/fedsieve`` deployment (:mod:`flows.crashed`) for it on a worker of
-   the pool: its subflow runs Crashed, its MLflow runs KILLED.
+   its own pool (``fedsieve-ops``: no training worker need be left): its subflow runs
+   Crashed, its MLflow runs KILLED. Only the pipeline's runs are watched; their subflows
+   die with them and are closed with them.
 2. For every pipeline run that crashed otherwise (its process died while the worker
-   lived, and the worker reported it), the same closing run, on the Crashed event.
+   lived, and the worker reported it), the same closing run, on the Crashed event. A run
+   the zombie automation crashed sends that event too: its second closing run finds the
+   first and ends at once, closing nothing twice (:func:`flows.crashed.close_crashed_run`).
 
 Why the zombie automation closes the run itself rather than leave it to the Crashed
 event: the server orders events causally in memory (``prefect.server.events.ordering``),
@@ -54,6 +58,9 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
             after={"prefect.flow-run.heartbeat"},
             expect={"prefect.flow-run.*"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            # the pipeline's runs only: a stage's subflow stops beating with its parent, and
+            # the parent's closing run closes it (one closing run per crash, not one each)
+            match_related=pipeline_flows(),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
@@ -73,15 +80,20 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
         trigger=EventTrigger(
             expect={"prefect.flow-run.Crashed"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
-            match_related=ResourceSpecification(
-                {"prefect.resource.role": "flow", "prefect.resource.name": PIPELINE_FLOWS}
-            ),
+            match_related=pipeline_flows(),
             posture=Posture.Reactive,
             threshold=1,
         ),
         actions=[closing_run(close_deployment_id)],
     )
     return [zombie, close]
+
+
+def pipeline_flows() -> ResourceSpecification:
+    """Events about runs of the pipeline's flows (a run's flow is a related resource)."""
+    return ResourceSpecification(
+        {"prefect.resource.role": "flow", "prefect.resource.name": PIPELINE_FLOWS}
+    )
 
 
 def closing_run(close_deployment_id: str) -> RunDeployment:

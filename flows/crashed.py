@@ -9,12 +9,14 @@ annotations (see flows/deployment.py).
 """
 
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 
-__all__ = ["close_crashed_run", "flow_run_id_of"]
+__all__ = ["close_crashed_run", "earlier_closing_run", "flow_run_id_of"]
 
-RESOURCE_PREFIX = "prefect.flow-run."  # an event's resource id: prefect.flow-run.<uuid>
+RESOURCE_PREFIX = "prefect.flow-run."
+DEFERRED = "closed-by-an-earlier-run"  # the tag of a closing run that left it to another  # an event's resource id: prefect.flow-run.<uuid>
 
 
 def flow_run_id_of(resource: str) -> str:
@@ -25,8 +27,13 @@ def flow_run_id_of(resource: str) -> str:
 @flow(name="close-crashed-run")
 def close_crashed_run(flow_run: str) -> dict[str, Any]:
     """Mark the subflow runs of crashed ``flow_run`` Crashed and close the MLflow runs it
-    opened (tagged ``prefect_flow_run_id``) KILLED; what was closed."""
+    opened (tagged ``prefect_flow_run_id``) KILLED; what was closed. A closing run that
+    finds an earlier one for the same crash (both automations fire for a zombie run)
+    leaves the closing to it and says so."""
     flow_run_id = flow_run_id_of(flow_run)
+    if (earlier := _earlier_closing_run(flow_run_id)) is not None:
+        get_run_logger().info("flow run %s is closed by closing run %s", flow_run_id, earlier)
+        return {"flow_run": flow_run_id, "closed_by": earlier}
     subflows = _crash_unfinished_subflows(flow_run_id)
     killed = _kill_tracking_runs(flow_run_id)
     get_run_logger().info(
@@ -34,6 +41,50 @@ def close_crashed_run(flow_run: str) -> dict[str, Any]:
         flow_run_id, len(subflows), len(killed),
     )  # fmt: skip
     return {"flow_run": flow_run_id, "subflow_runs": subflows, "mlflow_runs": killed}
+
+
+def _earlier_closing_run(flow_run_id: str) -> str | None:
+    """The closing run this one defers to, when run from the deployment (by hand or in a
+    test it closes the run itself)."""
+    from prefect import runtime
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    deployment_id, this_run = runtime.deployment.id, runtime.flow_run.id
+    if deployment_id is None or this_run is None:
+        return None
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=200,  # the recent ones: both automations fire within minutes
+        )
+        earlier = earlier_closing_run(runs, this_run, flow_run_id)
+        if earlier is not None:  # on the record: this run closed nothing
+            tags = next(run.tags for run in runs if str(run.id) == this_run)
+            client.update_flow_run(UUID(this_run), tags=[*tags, DEFERRED])
+    return earlier
+
+
+def earlier_closing_run(runs: list[Any], this_run: str, flow_run_id: str) -> str | None:
+    """Of ``runs`` (closing runs), one for crashed ``flow_run_id`` created before
+    ``this_run``, neither failed, cancelled or crashed itself nor deferring (tagged
+    ``DEFERRED``) to another: it closes the crash."""
+    created = {str(run.id): run.created for run in runs}
+    if this_run not in created:
+        return None
+    given_up = {"FAILED", "CANCELLED", "CRASHED"}
+    earlier = [
+        run
+        for run in runs
+        if str(run.id) != this_run
+        and flow_run_id_of(str(run.parameters.get("flow_run", ""))) == flow_run_id
+        and run.created < created[this_run]
+        and (run.state_type is None or run.state_type.value not in given_up)
+        and DEFERRED not in run.tags
+    ]
+    return str(min(earlier, key=lambda run: run.created).id) if earlier else None
 
 
 def _crash_unfinished_subflows(flow_run_id: str) -> list[str]:

@@ -43,6 +43,8 @@ def test_the_automations_are_prefects_zombie_trigger_and_the_closing_run(prefect
     assert zombie.trigger.after == {"prefect.flow-run.heartbeat"}
     assert zombie.trigger.expect == {"prefect.flow-run.*"}
     assert zombie.trigger.within.total_seconds() == 180  # six missed heartbeats
+    # the pipeline's runs only: a subflow is closed with its parent, not on its own
+    assert zombie.trigger.match_related["prefect.resource.name"] == PIPELINE_FLOWS
     crash, closing = zombie.actions  # the zombie's run is closed without its Crashed event
     assert crash.type == "change-flow-run-state" and crash.state.value == "CRASHED"
     assert closing.type == "run-deployment" and closing.deployment_id == deployment_id
@@ -115,3 +117,51 @@ def test_a_killed_runs_subflows_and_mlflow_run_are_closed(
     assert set(states) == {"CRASHED"}
     assert close_crashed_run(root) == {"flow_run": root, "subflow_runs": [], "mlflow_runs": []}
     assert checkpoint.exists()  # what --resume continues from
+
+
+def test_a_crash_is_closed_once_when_both_automations_fire_for_it(
+    prefect_server, tmp_path, monkeypatch
+):
+    """A zombie run gets two closing runs (the zombie automation's and the Crashed event's):
+    the first closes it, the second finds the first and closes nothing; a closing run for
+    another crash is not deferred, nor is one whose earlier run failed."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import Crashed, Failed
+
+    from flows.crashed import DEFERRED, close_crashed_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with get_client(sync_client=True) as client:
+        closing_deployment = client.create_deployment(
+            flow_id=client.create_flow_from_name("close-crashed-run"),
+            name="closed-once",
+            entrypoint="flows/crashed.py:close_crashed_run",
+        )
+        crashes = []
+        for _ in range(2):  # two runs that died (any flow's run will do: nothing of it is read)
+            dead = client.create_flow_run(flow=close_crashed_run, name="a-dead-pipeline-run")
+            client.set_flow_run_state(dead.id, Crashed(message="missing heartbeats"), force=True)
+            crashes.append(str(dead.id))
+
+        def closing(crash: str):
+            return client.create_flow_run_from_deployment(
+                closing_deployment, parameters={"flow_run": f"prefect.flow-run.{crash}"}
+            )
+
+        first, second, other = closing(crashes[0]), closing(crashes[0]), closing(crashes[1])
+
+    def run(closing_run):
+        return run_flow(close_crashed_run, flow_run=closing_run, parameters=closing_run.parameters)
+
+    assert run(second) == {"flow_run": crashes[0], "closed_by": str(first.id)}
+    with get_client(sync_client=True) as client:
+        assert DEFERRED in client.read_flow_run(second.id).tags  # it closed nothing
+    assert run(first) == {"flow_run": crashes[0], "subflow_runs": [], "mlflow_runs": []}
+    assert run(other) == {"flow_run": crashes[1], "subflow_runs": [], "mlflow_runs": []}
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(first.id, Failed(message="its store was away"), force=True)
+        again = client.create_flow_run_from_deployment(
+            closing_deployment, parameters={"flow_run": crashes[0]}
+        )
+    assert run(again) == {"flow_run": crashes[0], "subflow_runs": [], "mlflow_runs": []}

@@ -296,21 +296,39 @@ def test_the_worker_runs_prefects_worker_command_against_the_services(compose):
     assert services["worker-gpu"]["build"]["args"]["TORCH_VARIANT"] == "cuda"
 
 
+def test_an_ops_worker_of_its_own_takes_the_closing_runs(compose):
+    from prefect.cli.worker import worker_app
+
+    ops = compose["services"]["ops-worker"]
+    subcommand, *argv = ops["command"]
+    _, bound, unknown = worker_app.parse_args(argv)
+    assert subcommand == "worker" and not unknown
+    assert bound.arguments["work_pool_name"] == "fedsieve-ops"
+    assert (
+        ops["environment"]["MLFLOW_TRACKING_URI"]
+        == compose["services"]["worker"]["environment"]["MLFLOW_TRACKING_URI"]
+    )  # it closes the runs where the workers track
+    assert "volumes" not in ops  # no data, no results: it only closes runs
+    assert ops["environment"]["PREFECT_WORKER_WEBSERVER_HOST"] == "127.0.0.1"
+
+
 def test_the_deploy_service_registers_prefect_yaml_with_the_placeholder_kept(compose):
     deploy = compose["services"]["deploy"]
     script = " ".join(deploy["command"])
     steps = [shlex.split(step) for step in script.split("&&")]
     assert steps[0][:3] == ["prefect", "work-pool", "create"] and "fedsieve" in steps[0]
-    assert steps[1] == ["env", "-u", "FEDSIEVE_HOME", "prefect", "--no-prompt", "deploy", "--all"]
-    assert steps[2] == ["python", "-m", "flows.automations"]  # after the deployments it runs
+    assert steps[1][:3] == ["prefect", "work-pool", "create"] and "fedsieve-ops" in steps[1]
+    assert steps[2] == ["env", "-u", "FEDSIEVE_HOME", "prefect", "--no-prompt", "deploy", "--all"]
+    assert steps[3] == ["python", "-m", "flows.automations"]  # after the deployments it runs
     project = yaml.safe_load((REPO / "prefect.yaml").read_text())
-    entrypoints = {d["entrypoint"] for d in project["deployments"]}
-    assert entrypoints == {
-        "flows/deployment.py:pipeline_from_file",  # the pipeline
-        "flows/crashed.py:close_crashed_run",  # what the crashed-run automation runs
+    pools = {d["entrypoint"]: d["work_pool"]["name"] for d in project["deployments"]}
+    assert pools == {
+        "flows/deployment.py:pipeline_from_file": "fedsieve",  # the pipeline
+        # what the crashed-run automation runs: on a pool of its own, so that closing a
+        # crash needs no training worker (the only one may be gone for good)
+        "flows/crashed.py:close_crashed_run": "fedsieve-ops",
     }
     for deployment in project["deployments"]:
-        assert deployment["work_pool"]["name"] == "fedsieve"
         module, _, function = deployment["entrypoint"].partition(":")
         assert (REPO / module).exists() and f"def {function}(" in (REPO / module).read_text()
 

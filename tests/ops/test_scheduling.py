@@ -244,7 +244,8 @@ def cancel_a_dispatched_grid(
 
 
 def create_process_work_pool(env: dict[str, str]) -> None:
-    """= `prefect work-pool create fedsieve --type process` (in-process: no CLI start-up)."""
+    """= `prefect work-pool create fedsieve --type process` and the same for the closing
+    runs' `fedsieve-ops` (in-process: no CLI start-up)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -252,14 +253,15 @@ def create_process_work_pool(env: dict[str, str]) -> None:
 
     connected = temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]})
     with connected, get_client(sync_client=True) as client:
-        client.create_work_pool(
-            WorkPoolCreate(
-                name="fedsieve",
-                type="process",
-                base_job_template=ProcessWorker.get_default_base_job_template(),
-            ),
-            overwrite=True,
-        )
+        for name in ("fedsieve", "fedsieve-ops"):
+            client.create_work_pool(
+                WorkPoolCreate(
+                    name=name,
+                    type="process",
+                    base_job_template=ProcessWorker.get_default_base_job_template(),
+                ),
+                overwrite=True,
+            )
 
 
 @pytest.mark.e2e
