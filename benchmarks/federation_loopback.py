@@ -30,7 +30,13 @@ Writes ``benchmarks/results/federation-loopback.json`` (and ``.md``):
   final model's predictions on the sites' test rows pooled here), ``second_run_ok`` (the
   same run again in the same hub folder finished and journaled only its own rounds) and
   ``site_restart_rejoined_s`` (a site killed with SIGKILL and started again 5 s later:
-  seconds from its restart until it rejoined, Flower's heartbeat window included).
+  seconds from its restart until it rejoined, Flower's heartbeat window included);
+- ``by_phase``: a round at 3 and at 10 sites timed by phase (``--phases-only``, ``--rounds``
+  each): each site's own phases per message (:mod:`flowerapp.timing`: the process's start
+  through Flower's runtime, the app's imports, Flower's loading of the app and message,
+  the task's checks and the site's data, the training or scoring) and the hub's wall time
+  of each exchange, with what no site process accounts for (polls, spawn, transfer);
+  beside ``round_s``, ``simulated_round_s``, ``flower_fedavg_round_s`` for the same sites.
 """
 
 from __future__ import annotations
@@ -112,6 +118,11 @@ def parse_args() -> argparse.Namespace:
         "--own-data-only",
         action="store_true",
         help="run only the own-data pilot and update its part of the record",
+    )
+    parser.add_argument(
+        "--phases-only",
+        action="store_true",
+        help="time a round at 3 and 10 sites by phase (--rounds each) and update that part",
     )
     parser.add_argument(
         "--baseline-rounds", type=int, default=None,
@@ -294,9 +305,95 @@ def own_data_pilot(root: Path, dataset: str, rounds: int) -> dict[str, Any]:
     }
 
 
+SITE_PHASES = ("start_s", "imports_s", "flower_s", "data_s", "work_s")  # flowerapp.timing
+PHASE_SITES = (3, 10)
+
+
+def start_sites(fed: Loopback, files: dict[str, Path]) -> list[dict[str, Any]]:
+    """Each site's key registered and its SuperNode started and connected; the sites as
+    ``federation.sites`` lists them."""
+    sites = []
+    for name, path in files.items():
+        key = make_site_key(fed.work / "keys", name)
+        node = fed.register(key.public)
+        fed.start_site(name, key, {"data-file": str(path)})
+        sites.append({"name": name, "node_id": node, "samples": len(load_site_data(path).train)})
+    for name in files:
+        fed.wait_connected(name)
+    return sites
+
+
+def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per kind of exchange (train, evaluate), medians over its exchanges: each site phase
+    (over sites too), the hub's wall time from send to the last reply, and what no site
+    process accounts for (``outside_s``: the wall time minus the slowest site's process,
+    start to answer: the SuperNode's poll, the process spawn, TLS transfer, Flower's
+    serialisation and the hub's poll)."""
+    from statistics import median
+
+    table = {}
+    for kind in ("train", "evaluate"):
+        rows = [e for e in exchanges if e["kind"] == kind and e["sites"]]
+        if not rows:
+            continue
+        phases = {
+            key: median(s[key] for e in rows for s in e["sites"].values()) for key in SITE_PHASES
+        }
+        phases["wall_s"] = median(e["wall_s"] for e in rows)
+        phases["outside_s"] = median(
+            e["wall_s"] - max(sum(s[k] for k in SITE_PHASES) for s in e["sites"].values())
+            for e in rows
+        )
+        table[kind] = phases
+    return table
+
+
+def timed_by_phase(root: Path, dataset: str, sites: int, rounds: int) -> dict[str, Any]:
+    """One federation of ``sites`` sites on loopback: its round time by phase, beside the
+    same federation simulated here and Flower's FedAvg app on the same SuperNodes."""
+    options = argparse.Namespace(dataset=dataset, rounds=rounds, rule="median")
+    with Loopback(bin_dir=FLOWER_BIN) as fed:
+        files = site_files(fed.work / "sites", dataset, root, sites)
+        fed.start_superlink()
+        params = hub_params(options, start_sites(fed, files), root)
+        hub = HubFiles(fed.work / "hub")
+        write_params(hub.params, params)
+        fed.run_app(APP_DIR, {"hub-folder": str(hub.folder), "data-root": str(root),
+                              "checkpoint": str(hub.folder / "checkpoint.pt")}, timeout=3600)  # fmt: skip
+        records = [json.loads(line) for line in hub.rounds.read_text().splitlines()]
+        exchanges = [json.loads(line) for line in hub.exchanges.read_text().splitlines()]
+        baseline_out = fed.work / "fedavg.json"
+        fed.run_app(BASELINE_APP, {"rounds": rounds, "channels": 1, "classes": 2,
+                                   "out": str(baseline_out), "data-root": str(root),
+                                   "dataset": dataset}, timeout=3600)  # fmt: skip
+        baseline = json.loads(baseline_out.read_text())
+        _, simulated_round_s = simulate(params, files, root)
+    round_s = per_round(records)
+    flower_round_s = per_round(baseline["rounds"][1:])
+    return {
+        "sites": sites,
+        "rounds": rounds,
+        "round_s": round_s,
+        "simulated_round_s": simulated_round_s,
+        "round_overhead_s": round_s - simulated_round_s,
+        "flower_fedavg_round_s": flower_round_s,
+        "round_time_over_flower_fedavg": round_s / flower_round_s,
+        "exchanges_per_round": len(exchanges) / max(1, len(records)),
+        "phases": phase_table(exchanges),
+    }
+
+
 def main() -> None:
     args = parse_args()
     root = Path(os.environ.get("MEDMNIST_ROOT", REPO / "data" / "medmnist")).resolve()
+    if args.phases_only:
+        record = json.loads(RESULTS.with_suffix(".json").read_text())
+        record["by_phase"] = {
+            str(n): timed_by_phase(root, args.dataset, n, args.rounds) for n in PHASE_SITES
+        }
+        RESULTS.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["by_phase"], indent=2))
+        return
     if args.own_data_only:
         record = json.loads(RESULTS.with_suffix(".json").read_text())
         record["own_data"] = own_data_pilot(root, args.dataset, rounds=3)
@@ -314,18 +411,7 @@ def main() -> None:
             refused = False
         except RuntimeError:
             refused = True
-        sites = []
-        for name, path in files.items():
-            key = make_site_key(fed.work / "keys", name)
-            node = fed.register(key.public)
-            fed.start_site(name, key, {"data-file": str(path)})
-            sites.append(
-                {"name": name, "node_id": node, "samples": len(load_site_data(path).train)}
-            )
-        for name in files:
-            fed.wait_connected(name)
-
-        params = hub_params(args, sites, root)
+        params = hub_params(args, start_sites(fed, files), root)
         hub = HubFiles(fed.work / "hub")
         write_params(hub.params, params)
         checkpoint = hub.folder / "checkpoint.pt"

@@ -702,6 +702,39 @@ def loopback_own_data_block() -> str:
     return table(("measure", "figure", "goal"), rows)
 
 
+def loopback_phases_block() -> str:
+    """A round at real sites timed by phase, at 3 and 10 sites (benchmarks/
+    federation_loopback.py ``--phases-only``, ``by_phase``): per exchange, the medians of
+    each site process's phases and of the hub's wall time."""
+    by_phase = results_json("federation-loopback")["by_phase"]
+    names = {
+        "start_s": "process start, Python and Flower's runtime",
+        "imports_s": "the app's imports (torch, the engine)",
+        "flower_s": "Flower: the app loaded, the message handed over",
+        "data_s": "the task checked, the site's data read",
+        "work_s": "training / scoring",
+        "outside_s": "outside any site process (polls, spawn, TLS, serialisation)",
+        "wall_s": "**the exchange, at the hub**",
+    }
+    columns = [(n, kind) for n in by_phase for kind in by_phase[n]["phases"]]
+    header = ("seconds (median)", *(f"{n} sites, {kind}" for n, kind in columns))
+    rows = [
+        (label, *(f"{by_phase[n]['phases'][kind][key]:.2f}" for n, kind in columns))
+        for key, label in names.items()
+    ]
+    totals = [
+        ("a round at the sites (`round_s`)", "round_s"),
+        ("the same round simulated here (`simulated_round_s`)", "simulated_round_s"),
+        ("Flower's FedAvg on the same SuperNodes (`flower_fedavg_round_s`)", "flower_fedavg_round_s"),
+        ("`round_time_over_flower_fedavg`", "round_time_over_flower_fedavg"),
+    ]  # fmt: skip
+    for label, key in totals:  # a round's figures, under each count's train column
+        rows.append(
+            (label, *(f"{by_phase[n][key]:.2f}" if kind == "train" else "" for n, kind in columns))
+        )
+    return table(header, rows)
+
+
 def ratio_check(value: float, goal: float, *, at_most: bool) -> str:
     met = value <= goal if at_most else value >= goal
     return f"{'≤' if at_most else '≥'} {goal:g} " + ("✓" if met else "✗")
@@ -986,6 +1019,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
     | {"federation-loopback-own-data": loopback_own_data_block}
+    | {"federation-loopback-phases": loopback_phases_block}
     | {
         "pipeline-overhead": overhead_block,
         "federation-smoke": federation_smoke_block,

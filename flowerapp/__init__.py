@@ -6,3 +6,5 @@ import Flower: they run in the Flower environment (``make setup-flower``), which
 the engine, torch and Flower, no Prefect, MLflow or DVC. :mod:`flowerapp.site_data`,
 :mod:`flowerapp.hub` and :mod:`flowerapp.certs` are imported by the hub's pipeline too.
 """
+
+from flowerapp import timing as _timing  # noqa: F401 (first: when the app's imports began)

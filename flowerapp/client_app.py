@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import cache, partial
@@ -56,12 +57,14 @@ from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.remote import score_request, summary_record, vector_record
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
 from flowerapp.task import SiteTask, TaskError
+from flowerapp.timing import IMPORTS_STARTED, PROCESS_STARTED, since
 from models import build_model
 
 __all__ = ["app"]
 
 log = logging.getLogger("flwr")
 app = ClientApp()
+IMPORTED = time.time()  # this module's imports (torch, the engine) done
 DEVICE = torch.device("cpu")
 REQUIRE_LOCAL_DP = "require-local-dp"  # node config: refuse every task without local DP
 UPDATES_SENT = "local-dp"  # the run's node state: the noised updates this site sent
@@ -171,7 +174,9 @@ Work = Callable[[SiteTask, SiteData, Tensor, nn.Module], RecordDict]
 
 def _answer(msg: Message, context: Context, work: Work) -> Message:
     """Run ``work(task, data, global_vector, model)``; a refusal or failure is one logged
-    line and an error reply, never a crashed SuperNode."""
+    line and an error reply, never a crashed SuperNode. The answer carries where the
+    process's time went (``timing``, :mod:`flowerapp.timing`)."""
+    entered = time.time()
     try:
         task = SiteTask.from_config(msg.content["task"])
         _check_approved(task, context)
@@ -179,7 +184,18 @@ def _answer(msg: Message, context: Context, work: Work) -> Message:
         global_vector = torch.from_numpy(np.array(msg.content["global"]["vector"].numpy()))
         data = _data_of(str(context.node_config["data-file"]), task)
         model = _task_model(task, data, global_vector)
-        return Message(work(task, data, global_vector, model), reply_to=msg)
+        loaded = time.time()
+        records = work(task, data, global_vector, model)
+        records["timing"] = MetricRecord(
+            {
+                "start_s": since(PROCESS_STARTED, IMPORTS_STARTED),  # Python, Flower, the FAB
+                "imports_s": IMPORTED - IMPORTS_STARTED,  # torch and the engine
+                "flower_s": entered - IMPORTED,  # Flower: the app loaded, the message pulled
+                "data_s": loaded - entered,  # the task checked, the site's data read
+                "work_s": time.time() - loaded,  # training or scoring
+            }
+        )
+        return Message(records, reply_to=msg)
     except (TaskRefused, TaskError, SiteDataError) as error:
         log.error("task refused: %s", error)
         reason = f"refused: {error}"

@@ -179,6 +179,15 @@ class HubFiles:
     def outcome(self) -> Path:
         return self.folder / "outcome.json"
 
+    @property
+    def exchanges(self) -> Path:
+        """Each exchange with the sites: its wall time and the sites' phases (timing)."""
+        return self.folder / "exchanges.jsonl"
+
+    def record_exchange(self, exchange: dict[str, Any], token: str) -> None:
+        with self.exchanges.open("a") as out:
+            out.write(json.dumps({"run": token, **exchange}) + "\n")
+
     def read_params(self) -> Params:
         return Params.model_validate(json.loads(self.params.read_text()))
 
@@ -186,6 +195,7 @@ class HubFiles:
         """Before a run starts: no journal or outcome of an earlier run left to read."""
         self.rounds.unlink(missing_ok=True)
         self.outcome.unlink(missing_ok=True)
+        self.exchanges.unlink(missing_ok=True)
 
     def journal(self, report: RoundReport, token: str, **extra: float) -> None:
         """Append one round's report as one line (one write: a reader never sees half of

@@ -20,8 +20,10 @@ round's evaluation, with a logged line.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +45,7 @@ from flowerapp.task import SiteTask
 
 __all__ = [
     "RemoteExecutor",
+    "exchange_record",
     "request_record",
     "score_request",
     "split_summary",
@@ -52,6 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 SeedOf = Callable[[int, int], int]
+OnExchange = Callable[[dict[str, Any]], None]
 
 
 def vector_record(vector: Tensor) -> ArrayRecord:
@@ -84,6 +88,19 @@ def split_summary(
     return summary_from(record, classes=classes, multi_label=multi_label, full=full)
 
 
+def exchange_record(
+    kind: str, round_number: int, wall_s: float, replies: dict[int, Message]
+) -> dict[str, Any]:
+    """One exchange as the hub saw it: its wall time from send to the last reply, and each
+    answering site's own phases (:mod:`flowerapp.timing`; seconds, nothing of its data)."""
+    sites = {
+        str(client): {key: float(value) for key, value in reply.content["timing"].items()}
+        for client, reply in replies.items()
+        if not reply.has_error() and "timing" in reply.content
+    }
+    return {"kind": kind, "round": round_number, "wall_s": wall_s, "sites": sites}
+
+
 class RemoteExecutor:
     """Trains and scores the sampled clients at their sites (client id -> Flower node)."""
 
@@ -95,12 +112,14 @@ class RemoteExecutor:
         *,
         seed_of: SeedOf,
         round_timeout: float,
+        on_exchange: OnExchange | None = None,
     ) -> None:
         self.grid = grid
         self.nodes = nodes
         self.task = task
         self.seed_of = seed_of
         self.round_timeout = round_timeout
+        self.on_exchange = on_exchange
         self.bytes_sent = 0  # the global vectors sent, for the transport's measurements
 
     def _send(
@@ -128,15 +147,20 @@ class RemoteExecutor:
                 )
             )
         self.bytes_sent += record.count_bytes() * len(messages)
+        started = time.perf_counter()
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        wall_s = time.perf_counter() - started
         # by the message each replies to: Flower's own error replies (an unreachable node)
         # come from the SuperLink, not from the site
         sent = {m.metadata.message_id: i for m, i in zip(messages, client_ids, strict=True)}
-        return {
+        answered = {
             sent[r.metadata.reply_to_message_id]: r
             for r in replies
             if r.metadata.reply_to_message_id in sent
         }
+        if self.on_exchange is not None:
+            self.on_exchange(exchange_record(kind, round_number, wall_s, answered))
+        return answered
 
     def train(
         self,

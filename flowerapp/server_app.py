@@ -75,6 +75,7 @@ def run_hub(
         grid, site_nodes(params), task,
         seed_of=lambda round_number, client: shuffle_seed(params, round_number, client),
         round_timeout=params.federation.round_timeout,
+        on_exchange=lambda exchange: files.record_exchange(exchange, token),
     )  # fmt: skip
     federation = hub_federation(params, data, executor, executor)
     saved = read_checkpoint(checkpoint, digest) if resume else None

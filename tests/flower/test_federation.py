@@ -90,6 +90,19 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
     # the sites scored the last round's model on their own held-out splits
     assert {int(row["site"]) for row in remote.sites if row["round"] == 2} == set(range(len(names)))
     assert all(0 <= row["acc"] <= 1 and row["n"] > 0 for row in remote.sites)
+    # where a round's time went: each exchange's wall time at the hub, and every answering
+    # site's phases, which its process spent within that wall time
+    files = HubFiles(hub.folder / "equivalence")
+    exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
+    assert [(e["kind"], e["round"]) for e in exchanges if e["kind"] == "train"] == [
+        ("train", 1), ("train", 2),
+    ]  # fmt: skip
+    for exchange in exchanges:
+        assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
+        for phases in exchange["sites"].values():
+            assert set(phases) == {"start_s", "imports_s", "flower_s", "data_s", "work_s"}
+            assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
+            assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
 
 
 def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
