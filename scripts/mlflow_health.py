@@ -3,6 +3,9 @@ request that reads its backend store (MLflow's own ``/health`` answers while Pos
 is away). Logs in as the admin the container's environment names (basic-auth app).
 
     python scripts/mlflow_health.py [URL, default http://127.0.0.1:5000]   # exit 0 or 1
+
+The request waits ``FEDSIEVE_HEALTH_TIMEOUT`` seconds (default 5, the compose probe's own
+timeout) before it counts as a failure.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ def main() -> int:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
+        timeout = float(os.environ.get("FEDSIEVE_HEALTH_TIMEOUT", "5"))
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return 0 if response.status == 200 else 1
     except (urllib.error.URLError, TimeoutError) as error:
         print(f"mlflow unhealthy: {error}", file=sys.stderr)
