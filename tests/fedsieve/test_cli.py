@@ -127,6 +127,22 @@ def test_a_corrupt_data_file_is_refused_by_its_md5_before_anything_runs(medmnist
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
 
 
+def run_where_it_cannot_write(folder: Path) -> int:
+    """``fedsieve run`` by a user who cannot write ``folder``: as root (who writes anywhere)
+    the call runs as nobody, whom the folder's root ownership refuses; otherwise the
+    folder is made read-only first."""
+    from fedsieve.cli import main
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return main(["run"])
+    os.seteuid(65534)
+    try:
+        return main(["run"])
+    finally:
+        os.seteuid(0)
+
+
 def test_a_results_folder_it_cannot_write_is_refused_with_the_fix_before_anything_runs(
     medmnist_root, tmp_path, monkeypatch, capsys
 ):
@@ -139,7 +155,6 @@ def test_a_results_folder_it_cannot_write_is_refused_with_the_fix_before_anythin
 
     import config.params
     import tasks.preflight  # noqa: F401 (imported before the call: nobody cannot read /root)
-    from fedsieve.cli import main
 
     base = Path(tempfile.mkdtemp(prefix="fedsieve-unwritable-"))  # reachable by any user
     base.chmod(0o755)
@@ -152,15 +167,7 @@ def test_a_results_folder_it_cannot_write_is_refused_with_the_fix_before_anythin
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
     assert config.params.load_params  # the modules the command needs, loaded as root
-    if os.geteuid() == 0:
-        os.seteuid(65534)
-        try:
-            code = main(["run"])
-        finally:
-            os.seteuid(0)
-    else:
-        (project / "reports").chmod(0o555)
-        code = main(["run"])
+    code = run_where_it_cannot_write(project / "reports")
 
     stderr = capsys.readouterr().err
     assert code == 2, stderr
@@ -182,7 +189,6 @@ def test_a_data_folder_it_cannot_write_is_named_with_its_owner_not_as_a_failed_d
 
     import config.params
     import tasks.preflight  # noqa: F401 (imported before the call: nobody cannot read /root)
-    from fedsieve.cli import main
 
     base = Path(tempfile.mkdtemp(prefix="fedsieve-unwritable-data-"))  # reachable by any user
     base.chmod(0o777)  # the project is writable: only the data folder is not
@@ -199,15 +205,7 @@ def test_a_data_folder_it_cannot_write_is_named_with_its_owner_not_as_a_failed_d
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
     assert config.params.load_params
-    if os.geteuid() == 0:
-        os.seteuid(65534)
-        try:
-            code = main(["run"])
-        finally:
-            os.seteuid(0)
-    else:
-        data.chmod(0o555)
-        code = main(["run"])
+    code = run_where_it_cannot_write(data)
 
     stderr = capsys.readouterr().err
     assert code == 2, stderr
