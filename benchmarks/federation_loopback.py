@@ -305,22 +305,42 @@ def own_data_pilot(root: Path, dataset: str, rounds: int) -> dict[str, Any]:
     }
 
 
-SITE_PHASES = ("start_s", "imports_s", "flower_s", "data_s", "work_s")  # flowerapp.timing
+SITE_PHASES = ("start_s", "imports_s", "flower_s", "handoff_s", "data_s", "work_s")
 PHASE_SITES = (3, 10)
 
 
-def start_sites(fed: Loopback, files: dict[str, Path]) -> list[dict[str, Any]]:
-    """Each site's key registered and its SuperNode started and connected; the sites as
-    ``federation.sites`` lists them."""
+def start_sites(
+    fed: Loopback, files: dict[str, Path], args: argparse.Namespace, root: Path
+) -> list[dict[str, Any]]:
+    """Each site's key registered and the site started as its operator starts it
+    (``fedsieve-site``: its SuperNode and its warm trainer, the hub's plan approved) and
+    connected; the sites as ``federation.sites`` lists them."""
+    from config.dataset import dataset_info_of
+    from flowerapp.hub import site_task
+    from flowerapp.plan import write_plan
+
+    draft = hub_params(args, [], root)
+    plan = fed.work / "plan.json"
+    write_plan(plan, site_task(draft, dataset_info_of(draft.data)))
     sites = []
     for name, path in files.items():
         key = make_site_key(fed.work / "keys", name)
         node = fed.register(key.public)
-        fed.start_site(name, key, {"data-file": str(path)})
+        fed.start_site_command(name, fed.site_command(key, path, plan))
         sites.append({"name": name, "node_id": node, "samples": len(load_site_data(path).train)})
     for name in files:
-        fed.wait_connected(name)
+        fed.wait_connected(name, timeout=300)
+        wait_trainer_ready(fed, name)
     return sites
+
+
+def wait_trainer_ready(fed: Loopback, name: str, timeout: float = 300) -> None:
+    """Until the site's warm trainer says it is ready (its first start is not timed)."""
+    deadline = time.monotonic() + timeout
+    while "warm trainer ready" not in fed.site_log(name).read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"site {name}'s warm trainer not ready in {timeout} s")
+        time.sleep(0.5)
 
 
 def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -337,13 +357,16 @@ def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if not rows:
             continue
         phases = {
-            key: median(s[key] for e in rows for s in e["sites"].values()) for key in SITE_PHASES
+            key: median(s.get(key, 0.0) for e in rows for s in e["sites"].values())
+            for key in SITE_PHASES
         }
         phases["wall_s"] = median(e["wall_s"] for e in rows)
         phases["outside_s"] = median(
-            e["wall_s"] - max(sum(s[k] for k in SITE_PHASES) for s in e["sites"].values())
+            e["wall_s"] - max(sum(s.get(k, 0.0) for k in SITE_PHASES) for s in e["sites"].values())
             for e in rows
         )
+        answers = [s.get("warm", 0.0) for e in rows for s in e["sites"].values()]
+        phases["warm_share"] = sum(answers) / len(answers)
         table[kind] = phases
     return table
 
@@ -355,7 +378,7 @@ def timed_by_phase(root: Path, dataset: str, sites: int, rounds: int) -> dict[st
     with Loopback(bin_dir=FLOWER_BIN) as fed:
         files = site_files(fed.work / "sites", dataset, root, sites)
         fed.start_superlink()
-        params = hub_params(options, start_sites(fed, files), root)
+        params = hub_params(options, start_sites(fed, files, options, root), root)
         hub = HubFiles(fed.work / "hub")
         write_params(hub.params, params)
         fed.run_app(APP_DIR, {"hub-folder": str(hub.folder), "data-root": str(root),
@@ -411,7 +434,7 @@ def main() -> None:
             refused = False
         except RuntimeError:
             refused = True
-        params = hub_params(args, start_sites(fed, files), root)
+        params = hub_params(args, start_sites(fed, files, args, root), root)
         hub = HubFiles(fed.work / "hub")
         write_params(hub.params, params)
         checkpoint = hub.folder / "checkpoint.pt"

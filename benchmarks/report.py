@@ -709,9 +709,10 @@ def loopback_phases_block() -> str:
     by_phase = results_json("federation-loopback")["by_phase"]
     names = {
         "start_s": "process start, Python and Flower's runtime",
-        "imports_s": "the app's imports (torch, the engine)",
+        "imports_s": "the ClientApp's imports (without a warm trainer: torch, the engine)",
         "flower_s": "Flower: the app loaded, the message handed over",
-        "data_s": "the task checked, the site's data read",
+        "handoff_s": "to the site's warm trainer and back (Unix socket)",
+        "data_s": "the task checked, the site's data at hand",
         "work_s": "training / scoring",
         "outside_s": "outside any site process (polls, spawn, TLS, serialisation)",
         "wall_s": "**the exchange, at the hub**",
@@ -719,9 +720,13 @@ def loopback_phases_block() -> str:
     columns = [(n, kind) for n in by_phase for kind in by_phase[n]["phases"]]
     header = ("seconds (median)", *(f"{n} sites, {kind}" for n, kind in columns))
     rows = [
-        (label, *(f"{by_phase[n]['phases'][kind][key]:.2f}" for n, kind in columns))
+        (label, *(f"{by_phase[n]['phases'][kind].get(key, 0.0):.2f}" for n, kind in columns))
         for key, label in names.items()
     ]
+    rows.append((
+        "answers from a warm trainer",
+        *(f"{by_phase[n]['phases'][kind].get('warm_share', 0.0):.0%}" for n, kind in columns),
+    ))  # fmt: skip
     totals = [
         ("a round at the sites (`round_s`)", "round_s"),
         ("the same round simulated here (`simulated_round_s`)", "simulated_round_s"),

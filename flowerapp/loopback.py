@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from flowerapp.certs import SiteKey, TlsFiles, make_tls
 from flowerapp.flwr_config import ConfigValue, config_pairs, flower_env, write_cli_config
+from flowerapp.trainer import prepare_dir, trainer_command
 
 HOST = "127.0.0.1"
 CONNECTION = "loopback"  # the SuperLink connection name in the flwr CLI config
@@ -400,6 +401,19 @@ class Loopback:
         if node_config:
             cmd += ["--node-config", " ".join(config_pairs(node_config))]
         return self.start_site_command(name, cmd)
+
+    def start_trainer(self, name: str, data: Path, plan: Path) -> Path:
+        """Start a site's warm trainer, as `fedsieve-site` does beside its SuperNode (here
+        it is not started again when it dies: tasks then run in the ClientApp); its
+        directory, the SuperNode's `trainer-dir` node config. Logs to the site's log;
+        stopped by `stop_site(f"{name}.trainer")` or on `close`."""
+        directory = self.work / "trainers" / name
+        prepare_dir(directory)
+        cmd = trainer_command(directory, data.resolve(), plan.resolve(), self.bin_dir / "python")
+        self.sites[f"{name}.trainer"] = self._spawn(
+            cmd, self.site_log(name), self.work / "home" / name
+        )
+        return directory
 
     def site_command(self, key: SiteKey, data: Path, plan: Path, *options: str) -> list[str]:
         """What a site operator runs (`fedsieve-site`), pointed at this SuperLink."""

@@ -17,6 +17,12 @@ anything starts. Tasks whose settings are not the plan are refused (:mod:`flower
 restart soon after a crash waits for the hub to let the node in again, and a hub that
 refuses the site (its key, its certificate) ends it in one line with its own exit code.
 It runs with Flower's telemetry and update check off, downloading nothing.
+
+Beside the SuperNode it keeps the site's warm trainer running (:mod:`flowerapp.trainer`):
+one process holding the engine, the site's data and the plan across rounds and runs, which
+each message's ClientApp hands its task to over a Unix socket in a private temporary
+directory (removed when the site stops). It starts once the hub has let the node in, and
+again whenever it exits.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,17 +44,18 @@ from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data
 from flowerapp.supernode import EXIT_CODES, EXIT_USAGE, Site, run_supernode
 from flowerapp.task import SiteTask, TaskError
+from flowerapp.trainer import KeptTrainer, prepare_dir, trainer_command
 
 __all__ = ["main", "supernode_command"]
 
 
 def supernode_command(
     data: Path, plan: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094,
-    local_dp: bool = False,
+    local_dp: bool = False, trainer_dir: Path | None = None,
 ) -> list[str]:  # fmt: skip
     """``flower-supernode`` with TLS (the hub's CA), SuperNode authentication (the site's
-    private key; its public key is registered at the hub), and the data file and approved
-    plan as node config."""
+    private key; its public key is registered at the hub), and the data file, approved
+    plan and warm trainer's directory as node config."""
     binary = Path(sys.executable).parent / "flower-supernode"
     return [
         str(binary),
@@ -59,6 +67,7 @@ def supernode_command(
         "--node-config", " ".join(config_pairs(
             {"data-file": str(data.resolve()), "approved-plan": str(plan.resolve())}
             | ({"require-local-dp": True} if local_dp else {})
+            | ({"trainer-dir": str(trainer_dir)} if trainer_dir else {})
         )),
     ]  # fmt: skip
 
@@ -167,13 +176,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{counts}; register samples: {len(data.train)}")
         return 0
     print(f"{counts}; connecting to {args.superlink}", file=sys.stderr)
-    command = supernode_command(
-        data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
-        args.local_dp,
-    )  # fmt: skip
-    site = Site(args.superlink, args.ca, args.key)
-    env = flower_env(Path(command[0]).parent)
-    return run_supernode(command, env, site, rejoin_timeout=args.rejoin_timeout)
+    with tempfile.TemporaryDirectory(prefix="fedsieve-site-") as private:
+        trainer_dir = Path(private)
+        prepare_dir(trainer_dir)
+        command = supernode_command(
+            data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
+            args.local_dp, trainer_dir,
+        )  # fmt: skip
+        env = flower_env(Path(command[0]).parent)
+        trainer = KeptTrainer(
+            trainer_command(trainer_dir, data.path.resolve(), args.plan.resolve()), env, sys.stderr
+        )
+        try:
+            site = Site(args.superlink, args.ca, args.key)
+            return run_supernode(
+                command, env, site, rejoin_timeout=args.rejoin_timeout, on_joined=trainer.start
+            )
+        finally:
+            trainer.stop()
 
 
 def console() -> None:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -46,13 +46,14 @@ __all__ = [
     "EXIT_USAGE",
     "Site",
     "run_supernode",
+    "stop_with_parent",
 ]
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """In the SuperNode's process, before it execs: SIGTERM when ``fedsieve-site`` dies,
     even by SIGKILL, so no SuperNode outlives its site process and holds its port and
     node (the SuperNode deactivates its node on SIGTERM, as on a stop)."""
@@ -140,10 +141,14 @@ def _refusal(attempt: _Attempt, site: Site) -> tuple[int, str]:
 class _Supervisor:
     """Runs flower-supernode until it joins and ends, retrying while the node is online."""
 
-    def __init__(self, command: Sequence[str], env: dict[str, str], out: IO[str]) -> None:
+    def __init__(
+        self, command: Sequence[str], env: dict[str, str], out: IO[str],
+        on_joined: Callable[[], object] | None = None,
+    ) -> None:  # fmt: skip
         self.command = list(command)
         self.env = env
         self.out = out
+        self.on_joined = on_joined
         self.child: subprocess.Popen[str] | None = None
         self.stopping = threading.Event()
         self.stop_at: float | None = None
@@ -191,6 +196,8 @@ class _Supervisor:
             if joined is not None:
                 attempt.node = int(joined.group(1))
                 self.say(line)
+                if self.on_joined is not None:
+                    self.on_joined()
                 if self.waiting_since is not None:
                     self.say(
                         f"fedsieve-site: rejoined as node {attempt.node}, "
@@ -217,7 +224,7 @@ class _Supervisor:
         self.child = child = subprocess.Popen(
             self.command, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-            preexec_fn=_stop_with_parent,
+            preexec_fn=stop_with_parent,
         )  # fmt: skip
         lines: queue.Queue[str | None] = queue.Queue()
         assert child.stdout is not None
@@ -290,8 +297,10 @@ def run_supernode(
     *,
     rejoin_timeout: float = 120.0,
     out: IO[str] | None = None,
+    on_joined: Callable[[], object] | None = None,
 ) -> int:
-    """Run ``command`` (flower-supernode) until it ends; ``fedsieve-site``'s exit code."""
-    supervisor = _Supervisor(command, env, out or sys.stderr)
+    """Run ``command`` (flower-supernode) until it ends; ``fedsieve-site``'s exit code.
+    ``on_joined`` is called whenever the hub has let the node in."""
+    supervisor = _Supervisor(command, env, out or sys.stderr, on_joined)
     with supervisor.signals():
         return supervisor.run(site, rejoin_timeout)

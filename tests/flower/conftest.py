@@ -17,14 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from config.params import Params
+from config.params import Params, params_hash
+from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo, dataset_info, load_digits
+from federated.server import ServerState
 from flowerapp.certs import SiteKey, make_site_key
-from flowerapp.hub import site_task
+from flowerapp.hub import HubFiles, site_task, write_params
 from flowerapp.loopback import CONNECTION, Loopback
 from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition
+from tasks.sites import APP_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
@@ -56,6 +59,7 @@ class Hub:
     keys: dict[str, SiteKey] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)  # site name -> registered node id
     schemas: dict[str, DatasetInfo | None] = field(default_factory=dict)  # folders' schemas
+    trainers: dict[str, Path] = field(default_factory=dict)  # site name -> its trainer's dir
 
     def add_site(
         self, name: str, data_file: Path, schema: DatasetInfo | None = None, **node_config: str
@@ -70,12 +74,20 @@ class Hub:
         return self.nodes[name]
 
     def start(self, name: str, **node_config: str) -> None:
+        """Start the site's SuperNode, and its warm trainer unless one is running."""
+        trainer = self.fed.sites.get(f"{name}.trainer")
+        if trainer is None or trainer.poll() is not None:
+            self.trainers[name] = self.fed.start_trainer(name, self.files[name], self.plan)
         self.fed.start_site(name, self.keys[name], self.node_config(name, **node_config))
         self.fed.wait_connected(name)
 
     def node_config(self, name: str, **extra: str) -> dict[str, str]:
-        """What ``fedsieve-site`` gives its SuperNode: the data file, the approved plan."""
-        return {"data-file": str(self.files[name]), "approved-plan": str(self.plan), **extra}
+        """What ``fedsieve-site`` gives its SuperNode: the data file, the approved plan and
+        its warm trainer's directory."""
+        return {
+            "data-file": str(self.files[name]), "approved-plan": str(self.plan),
+            "trainer-dir": str(self.trainers[name]), **extra,
+        }  # fmt: skip
 
     def sites_params(self, names: list[str]) -> list[dict[str, Any]]:
         return [
@@ -92,6 +104,25 @@ class Hub:
             "round_timeout": 60,
         }  # fmt: skip
         return params
+
+
+def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) -> ServerState:
+    """The hub's ServerApp run through ``flwr run`` to its end; its final state."""
+    params = Params.model_validate(raw)
+    files = HubFiles(hub.folder / name)
+    write_params(files.params, params)
+    checkpoint = files.folder / "checkpoint.pt"
+    config = {
+        "hub-folder": str(files.folder),
+        "data-root": str(hub.folder),
+        "checkpoint": str(checkpoint),
+    }
+    done = hub.fed.run_app(app, config, timeout=600)
+    outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
+    assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
+    saved = read_checkpoint(checkpoint, params_hash(params))
+    assert saved is not None
+    return ServerState.from_dict(saved["state"])
 
 
 def site_names(count: int = SITES) -> list[str]:

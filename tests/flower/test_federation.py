@@ -33,32 +33,13 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
-from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, site_names
+from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, run_at_sites, site_names
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
 FAULTY_APP = Path(__file__).resolve().parent / "faulty_app"
 TOLERANCE = 1e-6
 REFUSED = "Activation failed: No SuperNode found with the given public key."
-
-
-def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) -> ServerState:
-    """The hub's ServerApp run through ``flwr run`` to its end; its final state."""
-    params = Params.model_validate(raw)
-    files = HubFiles(hub.folder / name)
-    write_params(files.params, params)
-    checkpoint = files.folder / "checkpoint.pt"
-    config = {
-        "hub-folder": str(files.folder),
-        "data-root": str(hub.folder),
-        "checkpoint": str(checkpoint),
-    }
-    done = hub.fed.run_app(app, config, timeout=600)
-    outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
-    assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
-    saved = read_checkpoint(checkpoint, params_hash(params))
-    assert saved is not None
-    return ServerState.from_dict(saved["state"])
 
 
 def simulated(raw: dict[str, Any], hub: Hub, names: list[str]) -> ServerState:
@@ -77,7 +58,12 @@ def decisions(state: ServerState) -> list[tuple[int, int, bool, str]]:
 def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub) -> None:
     names = site_names()
     raw = hub.flower_params(names)
-    remote = run_at_sites(hub, raw, "equivalence")
+    cold = names[-1]  # its warm trainer is down: its ClientApps run the tasks themselves
+    hub.fed.stop_site(f"{cold}.trainer")
+    try:
+        remote = run_at_sites(hub, raw, "equivalence")
+    finally:
+        hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
     local = simulated(raw, hub, names)
 
     assert remote.round == local.round == 2
@@ -91,7 +77,8 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
     assert {int(row["site"]) for row in remote.sites if row["round"] == 2} == set(range(len(names)))
     assert all(0 <= row["acc"] <= 1 and row["n"] > 0 for row in remote.sites)
     # where a round's time went: each exchange's wall time at the hub, and every answering
-    # site's phases, which its process spent within that wall time
+    # site's phases, which its process spent within that wall time; a site's warm trainer
+    # did every task (the ClientApp only handed it over), but where none answered
     files = HubFiles(hub.folder / "equivalence")
     exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
     assert [(e["kind"], e["round"]) for e in exchanges if e["kind"] == "train"] == [
@@ -99,8 +86,11 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
     ]  # fmt: skip
     for exchange in exchanges:
         assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
-        for phases in exchange["sites"].values():
-            assert set(phases) == {"start_s", "imports_s", "flower_s", "data_s", "work_s"}
+        for site, phases in exchange["sites"].items():
+            assert phases.pop("warm") == float(site != str(names.index(cold))), exchange
+            assert set(phases) == {
+                "start_s", "imports_s", "flower_s", "handoff_s", "data_s", "work_s",
+            }  # fmt: skip
             assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
             assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
 

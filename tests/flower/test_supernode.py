@@ -5,7 +5,9 @@ its own exit code, no traceback. Each is run from a bare shell environment (no F
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flowerapp.certs import make_site_key, make_tls
+from flowerapp.hub import HubFiles
 from flowerapp.site import main as site_main
 from flowerapp.supernode import (
     EXIT_KEY_IN_USE,
@@ -22,8 +25,9 @@ from flowerapp.supernode import (
     EXIT_TLS,
     EXIT_USAGE,
 )
-from tests.flower.conftest import Hub
+from tests.flower.conftest import Hub, run_at_sites
 
+TRAINER_READY = r"warm trainer ready on .* \(pid (\d+)\)"
 RESTART_AFTER_S = 5.0  # the crash-and-restart the issue names: kill -9, start again 5 s later
 REJOIN_TIMEOUT = 150.0  # the hub's heartbeat window is 60 s
 
@@ -79,10 +83,14 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert env["FLWR_TELEMETRY_ENABLED"] == "0" and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"
     assert "--allow-runtime-dependency-installation" not in " ".join(command)
 
-    os.kill(site.pid, signal.SIGKILL)  # kill -9 of fedsieve-site alone: its SuperNode goes too
+    wait_for(fed.site_log(name), TRAINER_READY)
+    os.kill(site.pid, signal.SIGKILL)  # kill -9 of fedsieve-site alone: its children go too
     deadline = time.monotonic() + 60
-    while any("flower-supernode" in c for c in group_commands(site.pid).values()):
-        assert time.monotonic() < deadline, "the SuperNode outlived its fedsieve-site"
+    while any(
+        part in c for c in group_commands(site.pid).values()
+        for part in ("flower-supernode", "flowerapp.trainer")
+    ):  # fmt: skip
+        assert time.monotonic() < deadline, "a child outlived its fedsieve-site"
         time.sleep(0.5)
     fed.kill_site(name)  # reaped; its SuperNode deactivated the node on the way out
     site = fed.start_site_command(name, command, bare_env(tmp_path))
@@ -107,6 +115,42 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert restarted.wait(timeout=60) == EXIT_STOPPED
     assert fed.node_status(node) == "offline"  # the SuperNode deactivated its node on the way out
     fed.stop_site(name)
+
+
+def wait_for(log: Path, pattern: str, start: int = 0, timeout: float = 120) -> re.Match[str]:
+    """The first line of ``log`` from byte ``start`` on that matches ``pattern``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in lines_since(log, start):
+            if found := re.search(pattern, line):
+                return found
+        assert time.monotonic() < deadline, f"no {pattern!r} in {log}"
+        time.sleep(0.2)
+
+
+def test_the_sites_warm_trainer_is_started_again_and_trains_the_next_run(
+    hub: Hub, tmp_path: Path
+) -> None:
+    fed, name = hub.fed, "warm"
+    key = make_site_key(tmp_path, name)
+    node = fed.register(key.public)
+    fed.start_site_command(name, fed.site_command(key, hub.files["site-0"], hub.plan))
+    assert fed.wait_connected(name) == node
+    log = fed.site_log(name)
+    first = int(wait_for(log, TRAINER_READY).group(1))
+    start = log.stat().st_size
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(log, rf"warm trainer \(pid {first}\) exited with -9; starting", start)
+    second = int(wait_for(log, TRAINER_READY, start).group(1))
+    assert second != first
+
+    hub.files[name], hub.nodes[name] = hub.files["site-0"], node
+    run_at_sites(hub, hub.flower_params([name, "site-1"]), "warm-restarted")
+    exchanges = HubFiles(hub.folder / "warm-restarted").exchanges.read_text().splitlines()
+    answers = [json.loads(line)["sites"]["0"] for line in exchanges]
+    assert answers and all(phases["warm"] == 1.0 for phases in answers), answers
+    fed.stop_site(name)
+    assert not Path(f"/proc/{second}").exists()  # stopped with its site
 
 
 def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Path) -> None:
