@@ -66,8 +66,13 @@ def _data_of(path: str, task: SiteTask) -> SiteData:
 
 
 @cache
-def _approved_plan(path: str) -> dict[str, Any]:
+def _read_plan(path: str, version: tuple[int, ...]) -> dict[str, Any]:
     return read_plan(path)
+
+
+def _approved_plan(path: str) -> dict[str, Any]:
+    """The plan the site approved, read again when its operator changes the file."""
+    return _read_plan(path, _version(path))
 
 
 def warm_up(data: Path | None, plan: Path | None) -> None:
