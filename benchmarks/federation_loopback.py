@@ -344,7 +344,9 @@ def wait_trainer_ready(fed: Loopback, name: str, timeout: float = 300) -> None:
 
 
 def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per kind of exchange (train, evaluate), medians over its exchanges: each site phase
+    """Per kind of exchange (train alone in the first round, a model scored and the next
+    round trained in one exchange, the last model scored alone), medians over its
+    exchanges: each site phase
     (over sites too), the hub's wall time from send to the last reply, and what no site
     process accounts for (``outside_s``: the wall time minus the slowest site's process,
     start to answer: the SuperNode's poll, the process spawn, TLS transfer, Flower's
@@ -352,7 +354,7 @@ def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     from statistics import median
 
     table = {}
-    for kind in ("train", "evaluate"):
+    for kind in dict.fromkeys(e["kind"] for e in exchanges):  # train, evaluate+train, evaluate
         rows = [e for e in exchanges if e["kind"] == kind and e["sites"]]
         if not rows:
             continue

@@ -41,6 +41,7 @@ __all__ = [
     "ClientExecutor",
     "ClientResult",
     "LocalSiteScorer",
+    "NextRound",
     "OnResult",
     "Outcome",
     "ScoreRequest",
@@ -131,13 +132,25 @@ class SiteEvaluation:
     splits: dict[str, SplitSummary] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NextRound:
+    """The round that follows a scoring, and the clients it samples: they will train on
+    the model just scored (a scorer at remote sites has them do both in one exchange)."""
+
+    round: int
+    client_ids: tuple[int, ...]
+
+
 class SiteScorer(Protocol):
     """Scores the global model on sites' own held-out splits, where those splits live."""
 
     def score(
-        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
-    ) -> list[SiteEvaluation]:
-        """One evaluation per site that answered, in the order of ``client_ids``."""
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
+        then_train: NextRound | None = None,
+    ) -> list[SiteEvaluation]:  # fmt: skip
+        """One evaluation per site that answered, in the order of ``client_ids``.
+        ``then_train``: the next round's clients, who will train on ``global_vector``
+        (a hint; the next round asks its executor for their updates all the same)."""
         ...
 
 
@@ -185,8 +198,9 @@ class LocalSiteScorer:
     batch_size: int
 
     def score(
-        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
-    ) -> list[SiteEvaluation]:
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
+        then_train: NextRound | None = None,
+    ) -> list[SiteEvaluation]:  # fmt: skip
         vector_to_model_(self.model, global_vector)
         self.model.eval()
         evaluations = []

@@ -79,6 +79,7 @@ from federated.execution import (
     ClientExecutor,
     ClientResult,
     LocalSiteScorer,
+    NextRound,
     ScoreRequest,
     SequentialExecutor,
     SiteEvaluation,
@@ -540,14 +541,25 @@ class Federation:
         summaries = [e.splits[split] for e in evaluations if split in e.splits]
         return pooled_scores(summaries, multi_label=self.evaluation.multi_label, full=full)
 
-    def _evaluate_at_sites(self, state: ServerState, round_number: int) -> list[SiteEvaluation]:
+    def _evaluate_at_sites(
+        self, state: ServerState, round_number: int, next_round: NextRound | None = None
+    ) -> list[SiteEvaluation]:
         """Every site's summaries of its test and validation splits (and, when per-site
         evaluation is due, its row) for the state's global model."""
         request = ScoreRequest(
             splits=("test", "val"), full=self._full(round_number),
             rows=self._sites_due(round_number),
         )  # fmt: skip
-        return self._site_scorer().score(state.global_vector, self._ids(), request)
+        return self._site_scorer().score(state.global_vector, self._ids(), request, next_round)
+
+    def _next_round(self, state: ServerState) -> NextRound | None:
+        """The round after the state's, when one is due: the clients it samples, who train
+        on the state's model (remote sites then score it and train in one exchange)."""
+        following = state.round + 1
+        if following > self.config.rounds or state.halted or self.budget_spent(state):
+            return None
+        ids = tuple(self.clients[p].client_id for p in self.sample_clients(following))
+        return NextRound(following, ids)
 
     def _full(self, round_number: int) -> bool:
         return self.config.round_scores == "full" or round_number == self.config.rounds
@@ -565,8 +577,9 @@ class Federation:
         )
 
     def _site_rows(
-        self, state: ServerState, evaluations: Sequence[SiteEvaluation] | None = None
-    ) -> list[dict[str, float]]:
+        self, state: ServerState, evaluations: Sequence[SiteEvaluation] | None = None,
+        next_round: NextRound | None = None,
+    ) -> list[dict[str, float]]:  # fmt: skip
         """Every site's scores of the state's global model: on the local test splits held
         here, or as the sites scored it on their own (those that answered, from
         ``evaluations`` when the round's already came)."""
@@ -574,7 +587,7 @@ class Federation:
         if scorer is None and evaluations is None:
             return self.site_scores(self.global_model(state))
         if evaluations is None:
-            evaluations = scorer.score(state.global_vector, self._ids(), ScoreRequest())
+            evaluations = scorer.score(state.global_vector, self._ids(), ScoreRequest(), next_round)
         return [{"site": e.site, **e.row, "n": int(e.row["n"])} for e in evaluations if e.row]
 
     def budget_spent(self, state: ServerState) -> str | None:
@@ -669,14 +682,15 @@ class Federation:
         new_state = self._next_state(state, round_number, outcome)
         new_state.halted = halted
         evaluations = None
+        next_round = self._next_round(new_state)
         if self.evaluation.where == "sites":
-            evaluations = self._evaluate_at_sites(new_state, round_number)
+            evaluations = self._evaluate_at_sites(new_state, round_number, next_round)
         metrics = self._round_metrics(
             new_state, round_number, rows, updates, screen, outcome, evaluations
         )
         sites = []
         if self._sites_due(round_number):
-            scored = self._site_rows(new_state, evaluations)
+            scored = self._site_rows(new_state, evaluations, next_round)
             sites = [{"round": round_number, **row} for row in scored]
             if sites:  # remote sites that all failed to answer leave none
                 metrics |= site_summary(sites, self.config.target_acc)

@@ -40,7 +40,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -65,7 +74,7 @@ def _updates_sent(context: Context) -> int:
 
 
 def _job(kind: str, msg: Message, context: Context) -> Job:
-    request = msg.content.get("request") if kind == "evaluate" else None
+    request = msg.content.get("request")  # a train task with one: score, then train
     return Job(
         kind=kind,
         task=dict(msg.content["task"]),
@@ -116,6 +125,9 @@ def _answer(kind: str, msg: Message, context: Context) -> Message:
         {name: ArrayRecord({"vector": Array(array)}) for name, array in answer.arrays.items()}
         | {name: MetricRecord(values) for name, values in answer.metrics.items()}
     )
+    if answer.train_refused:
+        log.error("task %s", answer.train_refused)
+        records["train_refused"] = ConfigRecord({"reason": answer.train_refused})
     records["timing"] = MetricRecord(
         {
             "start_s": since(PROCESS_STARTED, IMPORTS_STARTED),  # Python, Flower, the FAB

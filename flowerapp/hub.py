@@ -124,8 +124,9 @@ def simulated_federation(
 ) -> Federation:
     """What a run at the sites must equal, in one process: each site's file as the client
     of its place in ``site_files`` (the order of ``federation.sites``), trained one after
-    another, scored on the hub's splits (``eval.where: hub``) or on each file's test and
-    validation splits as a site scores them (``sites``). The loopback tests and benchmark
+    another, scored on the hub's splits (``eval.where: hub``; each site's rows on its
+    file's test split) or on each file's test and validation splits as a site scores them
+    (``sites``). The loopback tests and benchmark
     compare with it."""
     info = dataset_info_of(params.data)
     sites = [load_site_data(file, info) for file in site_files]
@@ -142,8 +143,9 @@ def simulated_federation(
     else:
         val = to_tensors(data.val, data.info)
         evaluation = EvaluationSets(
-            test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label
-        )
+            test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label,
+            sites=tuple(to_tensors(site.test, info) for site in sites),  # their own rows
+        )  # fmt: skip
     return Federation(
         model=build_global_model(params, info),
         clients=clients,

@@ -15,6 +15,13 @@ summarise, fully or not, and whether the site's own row). A site answers with
 aggregates only (:func:`summary_record`); a summary that does not add up (histograms of
 the wrong shape, counts that are not the split's size) leaves that site out of the
 round's evaluation, with a logged line.
+
+One exchange a round: when the round loop says which clients the next round samples
+(``then_train``), those sites get one ``train`` message that carries the ``request``
+too: the site scores the model it received, then trains on it, and answers both. The
+scores are the round's; the updates are kept and handed to the next round's ``train``
+when it asks for that model and round (else it sends the round's messages as usual). The
+first round trains alone and the last model is scored alone.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +42,7 @@ from torch import Tensor
 from federated.client import ClientUpdate
 from federated.execution import (
     ClientResult,
+    NextRound,
     OnResult,
     ScoreRequest,
     SiteEvaluation,
@@ -121,12 +129,14 @@ class RemoteExecutor:
         self.round_timeout = round_timeout
         self.on_exchange = on_exchange
         self.bytes_sent = 0  # the global vectors sent, for the transport's measurements
+        self._trained: _Trained | None = None  # next round's updates, from the last scoring
 
     def _send(
         self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
-        request: ScoreRequest | None = None,
+        request: ScoreRequest | None = None, training: Sequence[int] = (),
     ) -> dict[int, Message]:  # fmt: skip
-        """One message per client; the replies that arrived in time, by client id."""
+        """One message per client (a ``train`` message to the ``training`` ones); the
+        replies that arrived in time, by client id."""
         record = vector_record(vector)
         messages = []
         for client_id in client_ids:
@@ -141,7 +151,7 @@ class RemoteExecutor:
                 Message(
                     content,
                     dst_node_id=self.nodes[client_id],
-                    message_type=kind,
+                    message_type="train" if client_id in training else kind,
                     group_id=str(round_number),
                     ttl=self.round_timeout,  # a task left undelivered by the deadline expires
                 )
@@ -159,7 +169,8 @@ class RemoteExecutor:
             if r.metadata.reply_to_message_id in sent
         }
         if self.on_exchange is not None:
-            self.on_exchange(exchange_record(kind, round_number, wall_s, answered))
+            label = f"{kind}+train" if training and kind != "train" else kind
+            self.on_exchange(exchange_record(label, round_number, wall_s, answered))
         return answered
 
     def train(
@@ -169,10 +180,26 @@ class RemoteExecutor:
         client_ids: Sequence[int],
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
-        replies = self._send("train", global_vector, round_number, client_ids)
-        return collect_results(
-            client_ids, lambda i: self._result(i, replies.get(i), global_vector), on_result
-        )
+        ready = self._take_trained(global_vector, round_number)
+        missing = [i for i in client_ids if i not in ready]
+        replies = self._send("train", global_vector, round_number, missing) if missing else {}
+
+        def result(client_id: int) -> ClientResult:
+            if client_id in ready:
+                return ready[client_id]
+            return self._result(client_id, replies.get(client_id), global_vector)
+
+        return collect_results(client_ids, result, on_result)
+
+    def _take_trained(self, global_vector: Tensor, round_number: int) -> dict[int, ClientResult]:
+        """The updates trained with the last scoring, if they are for this model and round
+        (used once)."""
+        trained, self._trained = self._trained, None
+        if trained is None or trained.round != round_number:
+            return {}
+        if not torch.equal(trained.vector, global_vector.detach().cpu()):
+            return {}
+        return trained.results
 
     def _result(self, client_id: int, reply: Message | None, like: Tensor) -> ClientResult:
         if reply is None:
@@ -183,6 +210,9 @@ class RemoteExecutor:
             error = reply.error
             outcome = "unavailable" if error.code == ErrorCode.NODE_UNAVAILABLE else "error"
             return ClientResult(client_id, outcome, message=_one_line(error.reason))
+        if "train_refused" in reply.content:  # it scored the model, but would not train
+            reason = str(reply.content["train_refused"]["reason"])
+            return ClientResult(client_id, "error", message=_one_line(reason))
         try:
             delta = reply.content["update"]["vector"].numpy()
             metrics = reply.content["metrics"]
@@ -197,11 +227,20 @@ class RemoteExecutor:
         return ClientResult(client_id, "ok", update)
 
     def score(
-        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest
-    ) -> list[SiteEvaluation]:
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
+        then_train: NextRound | None = None,
+    ) -> list[SiteEvaluation]:  # fmt: skip
         """Each site's answer to ``request`` for ``global_vector`` on its own held-out
-        splits (the sites that answered, with summaries that add up)."""
-        replies = self._send("evaluate", global_vector, 0, client_ids, request)
+        splits (the sites that answered, with summaries that add up); the ``then_train``
+        round's clients train on it in the same exchange."""
+        training = [i for i in (then_train.client_ids if then_train else ()) if i in client_ids]
+        round_number = then_train.round if then_train and training else 0
+        replies = self._send("evaluate", global_vector, round_number, client_ids, request, training)
+        if then_train is not None and training:
+            self._trained = _Trained(
+                then_train.round, global_vector.detach().cpu().clone(),
+                {i: self._result(i, replies.get(i), global_vector) for i in training},
+            )  # fmt: skip
         evaluations = []
         for client_id in client_ids:
             reply = replies.get(client_id)
@@ -229,6 +268,15 @@ class RemoteExecutor:
             for split in request.splits
         }
         return SiteEvaluation(client_id, row, summaries)
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """Updates the sites trained in a scoring exchange, for the round that asks for them."""
+
+    round: int
+    vector: Tensor
+    results: dict[int, ClientResult]
 
 
 def _one_line(text: str) -> str:

@@ -158,9 +158,18 @@ def _task_model(task: SiteTask, data: SiteData, global_vector: Tensor) -> nn.Mod
 def _train(
     job: Job, task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
 ) -> Answer:
+    """The update; when the job carries a score request too, the received model's
+    scores first (one exchange a round: the model is the last round's)."""
+    scores = _evaluate(job, task, data, global_vector, model) if job.request else Answer()
     privacy, sent = _local_privacy(task, job.node), job.updates_sent
     if privacy is not None:
-        _check_budget(privacy, sent)
+        try:
+            _check_budget(privacy, sent)
+        except TaskRefused as error:
+            if not job.request:
+                raise
+            scores.train_refused = f"refused: {error}"  # scored all the same
+            return scores
     (images, targets), _ = data.tensors(task.dataset_info(), DEVICE)
     client = ClientData(task.client, images, targets)
     loss_fn = loss_function(task.multi_label)
@@ -171,7 +180,7 @@ def _train(
         "num_samples": update.num_samples, "train_loss": update.train_loss,
     }  # fmt: skip
     delta = update.delta
-    answer = Answer()
+    answer = Answer(metrics=scores.metrics)
     if privacy is not None:
         delta = privacy.privatised_by_site(delta)
         epsilon = privacy.site_epsilon(sent + 1)

@@ -68,6 +68,7 @@ class Answer:
     metrics: dict[str, dict[str, float | int]] = field(default_factory=dict)
     refused: bool = False  # the task does not fit this site (one line in ``reason``)
     reason: str = ""  # a refusal or a failure; empty when the task ran
+    train_refused: str = ""  # scored, but the training part refused (local DP's budget)
     updates_sent: int | None = None  # local DP: the run's count after this answer
     log_lines: list[str] = field(default_factory=list)  # what the site logs about it
     data_s: float = 0.0  # the task checked, the site's data at hand

@@ -57,7 +57,7 @@ def decisions(state: ServerState) -> list[tuple[int, int, bool, str]]:
 
 def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub) -> None:
     names = site_names()
-    raw = hub.flower_params(names)
+    raw = hub.flower_params(names, eval={"every": 1})  # the sites score every round's model
     cold = names[-1]  # its warm trainer is down: its ClientApps run the tasks themselves
     hub.fed.stop_site(f"{cold}.trainer")
     try:
@@ -73,16 +73,21 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
     caught = {row["client"] for row in remote.trail if row["excluded"]}
     assert caught == {FLIPPER}, remote.trail
     assert all(row["reason"] == "pid_made" for row in remote.trail if row["excluded"])
-    # the sites scored the last round's model on their own held-out splits
-    assert {int(row["site"]) for row in remote.sites if row["round"] == 2} == set(range(len(names)))
-    assert all(0 <= row["acc"] <= 1 and row["n"] > 0 for row in remote.sites)
+    # the sites scored each round's model on their own held-out splits, as simulated
+    assert {(row["round"], int(row["site"])) for row in remote.sites} == {
+        (t, k) for t in (1, 2) for k in range(len(names))
+    }
+    for at_site, here in zip(remote.sites, local.sites, strict=True):
+        assert at_site.keys() == here.keys()
+        assert all(abs(at_site[k] - here[k]) <= TOLERANCE for k in here), (at_site, here)
     # where a round's time went: each exchange's wall time at the hub, and every answering
     # site's phases, which its process spent within that wall time; a site's warm trainer
     # did every task (the ClientApp only handed it over), but where none answered
+    # one exchange a round: round 1's model scored with round 2's training, the last alone
     files = HubFiles(hub.folder / "equivalence")
     exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
-    assert [(e["kind"], e["round"]) for e in exchanges if e["kind"] == "train"] == [
-        ("train", 1), ("train", 2),
+    assert [(e["kind"], e["round"]) for e in exchanges] == [
+        ("train", 1), ("evaluate+train", 2), ("evaluate", 0),
     ]  # fmt: skip
     for exchange in exchanges:
         assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
@@ -426,7 +431,8 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its
     names = ["ldp-0", "ldp-2"]
     private = {"privacy": {"mode": "local", "clip": clip, "noise_multiplier": z,
                            "target_epsilon": target}, "filters": [], "seed": seed,
-               "train": {"client_fraction": 0.5}, "partition": {"num_clients": 2}}  # fmt: skip
+               "train": {"client_fraction": 0.5}, "partition": {"num_clients": 2},
+               "eval": {"every": 1}}  # fmt: skip
     plan = write_site_plan(hub, tmp_path / "local-dp-plan.json", **private)
     for name, base in zip(names, ("site-0", "site-2"), strict=True):
         hub.add_site(name, hub.files[base], **{"approved-plan": str(plan)})
@@ -443,6 +449,10 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its
         "refused: privacy budget: one more update would take this site's ε to "
         f"{budget.site_epsilon(2):.3f}, past privacy_target_epsilon = 1.8"
     )
+    # round 1's model was scored at both sites, the one refusing to train on it too
+    assert {(row["round"], int(row["site"])) for row in remote.sites} == {
+        (t, k) for t in (1, 2) for k in (0, 1)
+    }
     log = hub.fed.site_log(names[chosen]).read_text()
     assert f"this site's ε = {budget.site_epsilon(1):.4f} (δ = 1e-05) after 1 updates" in log
     # the simulation's accountant gives the site the same ε for the same round
