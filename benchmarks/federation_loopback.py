@@ -14,10 +14,11 @@ Writes ``benchmarks/results/federation-loopback.json`` (and ``.md``):
 - ``round_overhead_s``: a round at the sites minus the same round simulated here (local
   training, aggregation, scoring): what the transport adds. Flower's own polling sets most
   of it: an idle SuperNode asks for work every 3 s and ``Grid.send_and_receive`` looks for
-  replies every 3 s, and each message starts a ClientApp process; a round is two
-  exchanges (train, then the sites' scoring);
-- ``mb_per_site_round``: what the hub sends a site per round (the global vector, for
-  training and for scoring), and what comes back (the update);
+  replies every 3 s, and each message starts a ClientApp process (which hands the task to
+  the site's warm trainer); a round is one exchange (the last round's model scored and
+  this round trained: ``flowerapp.remote``);
+- ``mb_per_site_round``: what the hub sends a site per round (the global vector), and
+  what comes back (the update);
 - ``unregistered_refused``: a SuperNode with an unregistered key was refused;
 - ``own_data``: a pilot on the sites' own image folders (three of PNG files, one of DICOM
   files, written from ``--dataset``'s simulated partition) with a hub that holds no data
@@ -34,7 +35,8 @@ Writes ``benchmarks/results/federation-loopback.json`` (and ``.md``):
 - ``by_phase``: a round at 3 and at 10 sites timed by phase (``--phases-only``, ``--rounds``
   each): each site's own phases per message (:mod:`flowerapp.timing`: the process's start
   through Flower's runtime, the app's imports, Flower's loading of the app and message,
-  the task's checks and the site's data, the training or scoring) and the hub's wall time
+  the hand-off to the warm trainer, the task's checks and the site's data, the training
+  or scoring; whether a warm trainer answered) and the hub's wall time
   of each exchange, with what no site process accounts for (polls, spawn, transfer);
   beside ``round_s``, ``simulated_round_s``, ``flower_fedavg_round_s`` for the same sites.
 """

@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+PULL_INTERVAL_S = 0.2  # how often the hub looks for the sites' replies (Flower's own: 3 s)
 SeedOf = Callable[[int, int], int]
 OnExchange = Callable[[dict[str, Any]], None]
 
@@ -158,7 +159,7 @@ class RemoteExecutor:
             )
         self.bytes_sent += record.count_bytes() * len(messages)
         started = time.perf_counter()
-        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        replies = self._exchange(messages)
         wall_s = time.perf_counter() - started
         # by the message each replies to: Flower's own error replies (an unreachable node)
         # come from the SuperLink, not from the site
@@ -172,6 +173,23 @@ class RemoteExecutor:
             label = f"{kind}+train" if training and kind != "train" else kind
             self.on_exchange(exchange_record(label, round_number, wall_s, answered))
         return answered
+
+    def _exchange(self, messages: list[Message]) -> list[Message]:
+        """Push ``messages`` and pull their replies until all came or ``round_timeout``
+        passed: ``Grid.send_and_receive`` does the same but looks every 3 s, fixed in
+        Flower 1.32.1; its public ``push_messages``/``pull_messages`` let the hub look
+        every ``PULL_INTERVAL_S``, so a round does not wait for a poll that found nothing."""
+        waiting = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + self.round_timeout
+        replies: list[Message] = []
+        while waiting:
+            pulled = list(self.grid.pull_messages(waiting))
+            replies.extend(pulled)
+            waiting -= {reply.metadata.reply_to_message_id for reply in pulled}
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(PULL_INTERVAL_S)
+        return replies
 
     def train(
         self,
@@ -208,6 +226,10 @@ class RemoteExecutor:
             )
         if reply.has_error():
             error = reply.error
+            if error.code == ErrorCode.REPLY_MESSAGE_UNAVAILABLE:  # the task expired unanswered
+                return ClientResult(
+                    client_id, "timeout", message=f"no reply within {self.round_timeout:g} s"
+                )
             outcome = "unavailable" if error.code == ErrorCode.NODE_UNAVAILABLE else "error"
             return ClientResult(client_id, outcome, message=_one_line(error.reason))
         if "train_refused" in reply.content:  # it scored the model, but would not train
