@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # Flower's TTL
 PULL_INTERVAL_S = 0.2  # how often the hub looks for the sites' replies (Flower's own: 3 s)
 SeedOf = Callable[[int, int], int]
 OnExchange = Callable[[dict[str, Any]], None]
@@ -226,7 +227,7 @@ class RemoteExecutor:
             )
         if reply.has_error():
             error = reply.error
-            if error.code == ErrorCode.REPLY_MESSAGE_UNAVAILABLE:  # the task expired unanswered
+            if error.code in EXPIRED:  # the task expired unanswered: as no reply at all
                 return ClientResult(
                     client_id, "timeout", message=f"no reply within {self.round_timeout:g} s"
                 )
