@@ -332,17 +332,8 @@ def start_sites(
         sites.append({"name": name, "node_id": node, "samples": len(load_site_data(path).train)})
     for name in files:
         fed.wait_connected(name, timeout=300)
-        wait_trainer_ready(fed, name)
+        fed.wait_line(name, "warm trainer ready", timeout=300)  # its first start is not timed
     return sites
-
-
-def wait_trainer_ready(fed: Loopback, name: str, timeout: float = 300) -> None:
-    """Until the site's warm trainer says it is ready (its first start is not timed)."""
-    deadline = time.monotonic() + timeout
-    while "warm trainer ready" not in fed.site_log(name).read_text(errors="replace"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"site {name}'s warm trainer not ready in {timeout} s")
-        time.sleep(0.5)
 
 
 def phase_table(exchanges: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -21,6 +21,7 @@ __all__ = [
     "dataset_info_of",  # from config.dataset, beside the parts built from it
     "federation_config",
     "local_training",
+    "noniid_check",
     "read_dataset",  # likewise
     "resolve_device",
 ]
@@ -80,22 +81,35 @@ def federation_config(params: Params) -> FederationConfig:
     )
 
 
+def noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
+    """EMA's CV non-IID check as ``noniid`` sets it (None when off, and for multi-label
+    data, which its losses do not cover)."""
+    noniid = params.noniid
+    if info.multi_label or (noniid.every == 0 and not noniid.exclude and not noniid.final):
+        return None
+    return NonIIDCheck(
+        every=noniid.every, loss=noniid.loss, threshold=noniid.threshold,
+        exclude=noniid.exclude, z=noniid.z,
+    )  # fmt: skip
+
+
 def build_defence(
     params: Params,
+    info: DatasetInfo,
     *,
-    noniid: NonIIDCheck | None = None,
     root: ClientData | None = None,
     server_batch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Defence:
-    """The rule, filters, pre-aggregators and central or local DP of ``params``, with the
-    server's own data where a rule needs it (``root``: FLTrust; ``server_batch``: Zeno)."""
+    """The rule, filters, pre-aggregators, non-IID check and central or local DP of
+    ``params`` for data described by ``info``, with the server's own data where a rule
+    needs it (``root``: FLTrust; ``server_batch``: Zeno)."""
     return Defence(
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=tuple(build_filter(f.name, **f.params()) for f in params.filters),
         preaggregators=tuple(
             build_preaggregator(p.name, **p.params()) for p in params.preaggregators
         ),
-        noniid=noniid,
+        noniid=noniid_check(params, info),
         privacy=None if params.privacy.mode == "off" else privacy_budget(params),
         root=root,
         server_batch=server_batch,

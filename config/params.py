@@ -531,14 +531,6 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
         refused.append(
             ("attack.name", "must be none: a site's data is its own, attacks are simulated")
         )
-    noniid = params.noniid
-    if noniid.every or noniid.exclude or noniid.final:
-        refused.append(
-            (
-                "noniid",
-                "must be off (every 0, exclude and final false): it scores each client's data at the server",
-            )
-        )
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
     sites, given = len(params.federation.sites), params.partition.num_clients
@@ -570,14 +562,6 @@ def hub_data_needed(params: Params) -> list[tuple[str, str]]:
         )
     if params.partition.root_size:
         needed.append(("partition.root_size", "must be 0: the hub holds no training images"))
-    noniid = params.noniid
-    if noniid.every or noniid.exclude or noniid.final:
-        needed.append(
-            (
-                "noniid",
-                "must be off (every 0, exclude and final false): it scores each client's data at the hub",
-            )
-        )
     if params.attack.name == "backdoor":
         needed.append(("attack.name backdoor", "is scored on triggered test images at the hub"))
     if params.federation.runtime == "simulation":
@@ -694,7 +678,10 @@ def params_warnings(params: Params) -> list[str]:
 
 
 def _format_error(error: ValidationError, source: str) -> str:
-    first = error.errors()[0]
+    """The error in one line; an unknown key first (a misspelt key also leaves the key it
+    meant missing: ``node-id`` for ``node_id``)."""
+    errors = error.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if not key:  # a check across sections: its message names the keys

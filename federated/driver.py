@@ -35,9 +35,14 @@ def round_line(report: RoundReport, rounds: int) -> str:
     metrics = report.metrics
     scores = " ".join(f"{name} {metrics[key]:.4f}" for name, key in SHOWN if key in metrics)
     left_out = sum(bool(row.get("excluded")) for row in report.clients)
+    skipped = (
+        "; too few clients kept: round skipped, the model unchanged"
+        if metrics.get("round_skipped")
+        else ""
+    )
     return (
         f"round {report.round}/{rounds}: test {scores or '(not scored)'}, "
-        f"{left_out} of {len(report.clients)} clients left out"
+        f"{left_out} of {len(report.clients)} clients left out{skipped}"
     )
 
 

@@ -27,7 +27,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
@@ -103,33 +103,57 @@ class ClientExecutor(Protocol):
 
 
 SPLITS = ("test", "val")  # the held-out splits a site may be asked to summarise
+DATA_LOSSES = ("", "mse", "cross_entropy")  # the non-IID check's losses (none, or one)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScoreRequest:
     """What the hub asks the sites to score: the splits to summarise for pooling
     (``test``, ``val``), whether fully (loss, ACC, AUC, ECE, Brier) or loss and ACC only,
-    and whether each site's own row of scores on its test split (per-site evaluation)."""
+    whether each site's own row of scores on its test split (per-site evaluation), and
+    ``data_loss``: the model's loss on the site's training data (``mse`` or
+    ``cross_entropy``, EMA's non-IID check; one number, the data stays; ``""``: not asked)."""
 
     splits: tuple[str, ...] = ()
     full: bool = True
     rows: bool = True
+    data_loss: str = ""
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.splits if s not in SPLITS]
         if unknown:
             raise ValueError(f"splits must be among {SPLITS}, got {unknown}")
+        if self.data_loss not in DATA_LOSSES:
+            raise ValueError(f"data_loss must be one of {DATA_LOSSES}, got {self.data_loss!r}")
+
+    def to_config(self) -> dict[str, str | bool]:
+        """The request as flat values, as it travels to a site."""
+        return {
+            "splits": ",".join(self.splits), "full": self.full, "rows": self.rows,
+            "data_loss": self.data_loss,
+        }  # fmt: skip
+
+    @classmethod
+    def from_config(cls, values: Mapping[str, Any]) -> ScoreRequest:
+        """The request a site was sent (:meth:`to_config`)."""
+        splits = tuple(s for s in str(values["splits"]).split(",") if s)
+        return cls(
+            splits=splits, full=bool(values["full"]), rows=bool(values["rows"]),
+            data_loss=str(values.get("data_loss", "")),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SiteEvaluation:
     """One site's answer: its row (``n``, ``loss``, ``acc``, ``auc``, ... of its test
-    split, fully scored; empty when not asked or it holds no test split) and a summary of
-    each requested split (``n == 0`` for a split it does not hold)."""
+    split, fully scored; empty when not asked or it holds no test split), a summary of
+    each requested split (``n == 0`` for a split it does not hold) and, when asked, the
+    model's loss on its training data (``data_loss``)."""
 
     site: int
     row: dict[str, float] = field(default_factory=dict)
     splits: dict[str, SplitSummary] = field(default_factory=dict)
+    data_loss: float | None = None
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,10 @@ def _load_folder(table: Path, info: DatasetInfo) -> LabelledImages:
         except OSError as error:
             raise DataError(f"{where}: {row['file']}: {error.strerror or error}") from None
         digest.update(raw)
-        images.append(read_image(file, info))
+        try:
+            images.append(read_image(file, info))
+        except DataError as error:  # the file named with its row, as every other problem
+            raise DataError(f"{where}: {row['file']}: {error}") from None
         labels.append(_parse_label(row["label"], info, where))
         if "split" in row:
             splits.append(_parse_split(row["split"], where))
@@ -171,7 +174,8 @@ def _read_table(table: Path) -> list[tuple[int, dict[str, str]]]:
 
 
 def read_image(file: Path, info: DatasetInfo) -> np.ndarray:
-    """One image file as uint8 ``(size, size)`` or ``(size, size, 3)`` in ``info``'s schema."""
+    """One image file as uint8 ``(size, size)`` or ``(size, size, 3)`` in ``info``'s schema
+    (a file it cannot read: a DataError saying why; the caller names the file)."""
     from PIL import Image
 
     suffix = file.suffix.lower()
@@ -184,13 +188,13 @@ def read_image(file: Path, info: DatasetInfo) -> np.ndarray:
                 image = _eight_bit(opened)
         else:
             raise DataError(
-                f"{file.name}: unknown image type {suffix or '(no suffix)'}; allowed: "
+                f"unknown image type {suffix or '(no suffix)'}; allowed: "
                 f"{', '.join(IMAGE_SUFFIXES + DICOM_SUFFIXES)}"
             )
     except DataError:
         raise
     except Exception as error:  # Pillow's and pydicom's own errors: truncated, not an image
-        raise DataError(f"{file}: not a readable image ({type(error).__name__}: {error})") from None
+        raise DataError(f"not a readable image ({type(error).__name__}: {error})") from None
     image = image.convert("L" if info.n_channels == 1 else "RGB")
     if image.size != (info.size, info.size):
         image = image.resize((info.size, info.size), _resample(info.resample))
@@ -275,8 +279,8 @@ def _class_index(token: str, info: DatasetInfo, where: str) -> int:
     if token.isdigit() and int(token) < info.n_classes:
         return int(token)
     raise DataError(
-        f"{where}: label {token!r} is not a class; allowed: {', '.join(info.labels)} "
-        f"(or 0..{info.n_classes - 1})"
+        f"{where}: label {token!r} is not a class; allowed: "
+        f"{', '.join(repr(label) for label in info.labels)} (or 0..{info.n_classes - 1})"
     )
 
 

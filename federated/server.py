@@ -397,10 +397,15 @@ class Federation:
             )
         _check_evaluation(config, evaluation, defence, threat)
         remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
-        if remote and (execution.executor is None or defence.noniid is not None):
+        if remote and execution.executor is None:
             raise ValueError(
                 f"clients {remote[:5]} hold no data here: they need an executor of their "
-                "own (execution.executor=) and no non-IID check (it scores their data)"
+                "own (execution.executor=)"
+            )
+        if remote and defence.noniid is not None and evaluation.site_scorer is None:
+            raise ValueError(
+                f"clients {remote[:5]} hold no data here: the non-IID check needs their "
+                "losses from a site scorer (evaluation.site_scorer=)"
             )
         device = (
             evaluation.test[0].device
@@ -548,7 +553,7 @@ class Federation:
         evaluation is due, its row) for the state's global model."""
         request = ScoreRequest(
             splits=("test", "val"), full=self._full(round_number),
-            rows=self._sites_due(round_number),
+            rows=self._sites_due(round_number), data_loss=self._losses_ahead(next_round),
         )  # fmt: skip
         return self._site_scorer().score(state.global_vector, self._ids(), request, next_round)
 
@@ -587,7 +592,8 @@ class Federation:
         if scorer is None and evaluations is None:
             return self.site_scores(self.global_model(state))
         if evaluations is None:
-            evaluations = scorer.score(state.global_vector, self._ids(), ScoreRequest(), next_round)
+            request = ScoreRequest(data_loss=self._losses_ahead(next_round))
+            evaluations = scorer.score(state.global_vector, self._ids(), request, next_round)
         return [{"site": e.site, **e.row, "n": int(e.row["n"])} for e in evaluations if e.row]
 
     def budget_spent(self, state: ServerState) -> str | None:
@@ -615,26 +621,71 @@ class Federation:
         model = self.selected_model(state) if selected else self.global_model(state)
         return attack_success_rate(model, *self.threat.backdoor_test)
 
-    def trained_model_noniid(self, model: nn.Module, loss: str, threshold: float) -> NonIIDResult:
+    def data_losses(
+        self, vector: Tensor, positions: Sequence[int], loss: str,
+        then_train: NextRound | None = None,
+    ) -> dict[int, float]:  # fmt: skip
+        """The model ``vector``'s ``loss`` on the training data of the clients at
+        ``positions``, by client id (EMA's Algorithm 3): computed here for clients held here
+        (as the server sees their data, poisoned labels included), or by the sites on their
+        own data, one number each (those that answered; ``then_train``: the round whose
+        clients train on ``vector``, which remote sites do in the same exchange)."""
+        clients = [self.clients[p] for p in positions]
+        if all(c.client_id in self._held_here for c in clients):
+            model = self._load(vector)
+            datasets = [(c.images, c.targets) for c in clients]  # type: ignore[union-attr]
+            values = client_losses(model, datasets, loss=loss, device=self.device)  # type: ignore[arg-type]
+            return dict(zip([c.client_id for c in clients], values.tolist(), strict=True))
+        request = ScoreRequest(rows=False, data_loss=loss)
+        ids = [c.client_id for c in clients]
+        answers = self._site_scorer().score(vector, ids, request, then_train)
+        return {e.site: e.data_loss for e in answers if e.data_loss is not None}
+
+    def trained_model_noniid(
+        self, model: nn.Module, loss: str, threshold: float
+    ) -> NonIIDResult | None:
         """EMA's Algorithms 3-4 as the paper runs them: the trained ``model``'s ``loss`` on
-        every client's local data (as the server sees it, poisoned labels included) and the
-        CV verdict against ``threshold``."""
-        datasets = [(client.images, client.targets) for client in self.clients]
-        losses = client_losses(model, datasets, loss=loss, device=self.device)  # type: ignore[arg-type]
-        return noniid_verdict(losses, threshold=threshold)
+        every client's local data (at the sites, by the sites) and the CV verdict against
+        ``threshold``; ``client_ids`` are the clients the losses are of. None when fewer
+        than two sites answered (a CV of one loss says nothing)."""
+        losses = self.data_losses(model_to_vector(model), range(len(self.clients)), loss)
+        if len(losses) < 2:
+            return None
+        result = noniid_verdict(np.array(list(losses.values())), threshold=threshold)
+        return replace(result, client_ids=tuple(losses))
+
+    def _screened(self, round_number: int) -> bool:
+        """Whether the round's clients are screened by the non-IID check (due by ``every``,
+        or every round when it excludes)."""
+        check = self.defence.noniid
+        if check is None:
+            return False
+        return check.exclude or (check.every > 0 and round_number % check.every == 0)
+
+    def _losses_ahead(self, next_round: NextRound | None) -> str:
+        """The non-IID check's loss when the next round screens clients at remote sites:
+        asked with this round's scoring, so the screen needs no exchange of its own
+        (``""``: not needed)."""
+        check = self.defence.noniid
+        if check is None or next_round is None or len(self._held_here) == len(self.clients):
+            return ""
+        return check.loss if self._screened(next_round.round) else ""
 
     def _noniid_screen(self, state: ServerState, round_number: int, positions: list[int]) -> Screen:
         """EMA's Algorithms 3-4 on the round's clients at the current global model: their
         losses, the CV verdict, and (``exclude``) the ids whose loss z-score is too high."""
         check = self.defence.noniid
-        due = check is not None and check.every > 0 and round_number % check.every == 0
-        if check is None or not (due or check.exclude) or len(positions) < 2:
+        if check is None or not self._screened(round_number) or len(positions) < 2:
             return Screen()
-        model = self.global_model(state)
-        datasets = [(self.clients[p].images, self.clients[p].targets) for p in positions]
-        losses = client_losses(model, datasets, loss=check.loss, device=self.device)
-        verdict = noniid_verdict(losses, threshold=check.threshold)
         ids = [self.clients[p].client_id for p in positions]
+        by_id = self.data_losses(
+            state.global_vector, positions, check.loss, NextRound(round_number, tuple(ids))
+        )
+        ids = [i for i in ids if i in by_id]  # a site that did not answer is not screened
+        if len(ids) < 2:
+            return Screen()
+        losses = np.array([by_id[i] for i in ids])
+        verdict = noniid_verdict(losses, threshold=check.threshold)
         excluded: set[int] = set()
         if check.exclude:
             keep = noniid_exclusions(losses, check.z)

@@ -29,7 +29,10 @@ IDENTITY = (
 REASONS = {
     "noniid_loss": "left out before training by the non-IID screen: its loss on the global "
     "model was an outlier (z-score above noniid.z)",
-    "client_error": "its local training failed",
+    "client_error": "its local training failed or the site refused the task",
+    "client_timeout": "no reply came within federation.round_timeout",
+    "client_unavailable": "the site was not connected (its SuperNode offline)",
+    "bad_update": "its update had the wrong shape or type",
     "non_finite": "its update held NaN or Inf and never reached the model",
 }
 

@@ -6,7 +6,10 @@ count and mean training loss) and an ``evaluate`` task with aggregates
 (:func:`federated.execution.evaluate_site`): its own scores of its test split (n, loss,
 ACC, AUC, calibration) and, for the splits the message's ``request`` names (test, val),
 summaries the hub pools (counts, means, calibration bins, per-class score histograms):
-never images, labels or per-example values. It trains exactly as
+never images, labels or per-example values; asked, also the model's loss on its
+training data (EMA's non-IID check, one number). A ``query.pretest`` task answers with
+the gradient or one-epoch update EMA's pre-test examines (refused under local DP). It
+trains exactly as
 a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
 so a federation of sites ends where its simulation does. A task that does not fit the
 site's data (image shape, classes, model size), or whose settings are not the training
@@ -97,6 +100,14 @@ def _run(job: Job, context: Context) -> tuple[Answer, bool]:
     return run_job(job), False
 
 
+def _error(msg: Message, answer: Answer) -> Message:
+    """The refusal or failure, logged in one line and sent as Flower's error reply."""
+    log.error("task %s", answer.reason if answer.refused else f"failed: {answer.reason}")
+    return Message(
+        Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=answer.reason), reply_to=msg
+    )
+
+
 def _answer(kind: str, msg: Message, context: Context) -> Message:
     """The site's reply; a refusal or failure is one logged line and an error reply, never
     a crashed SuperNode. The answer carries where the process's time went (``timing``,
@@ -105,18 +116,11 @@ def _answer(kind: str, msg: Message, context: Context) -> Message:
     try:
         job = _job(kind, msg, context)
     except Exception as error:  # a message without the records a task needs
-        log.error("task failed: %s: %s", type(error).__name__, error)
-        reason = f"{type(error).__name__}: {error}"
-        return Message(
-            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg
-        )
+        return _error(msg, Answer(reason=f"{type(error).__name__}: {error}"))
     handed = time.time()
     answer, warm = _run(job, context)
     if answer.failed:
-        log.error("task %s", answer.reason if answer.refused else f"failed: {answer.reason}")
-        return Message(
-            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=answer.reason), reply_to=msg
-        )
+        return _error(msg, answer)
     for line in answer.log_lines:
         log.info("%s", line)
     if answer.updates_sent is not None:
@@ -152,3 +156,10 @@ def score(msg: Message, context: Context) -> Message:
     """Score the global model as the message's ``request`` asks (without one, the site's
     own row only)."""
     return _answer("evaluate", msg, context)
+
+
+@app.query("pretest")
+def pretest(msg: Message, context: Context) -> Message:
+    """The gradient or one-epoch update EMA's pre-test examines (the ``request``'s
+    ``mode``), at the global model, as a simulated client computes it."""
+    return _answer("pretest", msg, context)

@@ -113,7 +113,7 @@ def hub_federation(
         clients=registered_clients(params),
         local=local_training(params),
         config=federation_config(params),
-        defence=build_defence(params, server_batch=val),
+        defence=build_defence(params, info, server_batch=val),
         evaluation=evaluation,
         execution=Execution(executor=executor),
     )
@@ -151,7 +151,7 @@ def simulated_federation(
         clients=clients,
         local=local_training(params),
         config=federation_config(params),
-        defence=build_defence(params, server_batch=val),
+        defence=build_defence(params, info, server_batch=val),
         evaluation=evaluation,
         execution=Execution(backend="sequential"),
     )
@@ -186,6 +186,12 @@ class HubFiles:
         """Each exchange with the sites: its wall time and the sites' phases (timing)."""
         return self.folder / "exchanges.jsonl"
 
+    @property
+    def pretest_updates(self) -> Path:
+        """The pre-test stage's updates from the sites (``torch.save``: ``client_ids``,
+        ``updates`` stacked ``(n_sites, d)``, ``token``)."""
+        return self.folder / "pretest-updates.pt"
+
     def record_exchange(self, exchange: dict[str, Any], token: str) -> None:
         with self.exchanges.open("a") as out:
             out.write(json.dumps({"run": token, **exchange}) + "\n")
@@ -198,6 +204,7 @@ class HubFiles:
         self.rounds.unlink(missing_ok=True)
         self.outcome.unlink(missing_ok=True)
         self.exchanges.unlink(missing_ok=True)
+        self.pretest_updates.unlink(missing_ok=True)
 
     def journal(self, report: RoundReport, token: str, **extra: float) -> None:
         """Append one round's report as one line (one write: a reader never sees half of

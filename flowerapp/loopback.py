@@ -445,19 +445,29 @@ class Loopback:
         node's key). Raises if the SuperNode exits first, e.g. because its key is not
         registered.
         """
+        return int(self.wait_line(name, _NODE_ID_LINE, timeout=timeout).group(1))
+
+    def wait_line(
+        self, name: str, pattern: str | re.Pattern[str], *, since: int | None = None,
+        timeout: float = START_TIMEOUT,
+    ) -> re.Match[str]:  # fmt: skip
+        """The first match of ``pattern`` in site ``name``'s log from byte ``since`` on
+        (default: where this start of the site began); raises if the site exits first or
+        ``timeout`` passes."""
         proc = self.sites[name]
         log = self.site_log(name)
+        start = self._site_log_start[name] if since is None else since
         deadline = time.monotonic() + timeout
         while True:
             with log.open("rb") as handle:
-                handle.seek(self._site_log_start[name])
-                match = _NODE_ID_LINE.search(handle.read().decode(errors="replace"))
+                handle.seek(start)
+                match = re.search(pattern, handle.read().decode(errors="replace"))
             if match:
-                return int(match.group(1))
+                return match
             if proc.poll() is not None:
-                raise RuntimeError(f"SuperNode {name} exited with {proc.returncode}; see {log}")
+                raise RuntimeError(f"site {name} exited with {proc.returncode}; see {log}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"SuperNode {name} not connected in {timeout} s; see {log}")
+                raise TimeoutError(f"site {name}: no {pattern!r} in {timeout} s; see {log}")
             time.sleep(0.1)
 
     def stop_site(self, name: str, grace: float = STOP_GRACE) -> int | None:

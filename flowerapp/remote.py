@@ -12,7 +12,7 @@ the registered one) is the round loop's job, as for every executor.
 It also asks the sites to score a global vector on their held-out splits (``score``, one
 ``evaluate`` message each with the task and a ``request`` record: which splits to
 summarise, fully or not, and whether the site's own row). A site answers with
-aggregates only (:func:`summary_record`); a summary that does not add up (histograms of
+aggregates only (``federated.metrics.summary_values``); a summary that does not add up (histograms of
 the wrong shape, counts that are not the split's size) leaves that site out of the
 round's evaluation, with a logged line.
 
@@ -22,11 +22,18 @@ too: the site scores the model it received, then trains on it, and answers both.
 scores are the round's; the updates are kept and handed to the next round's ``train``
 when it asks for that model and round (else it sends the round's messages as usual). The
 first round trains alone and the last model is scored alone.
+
+EMA's statistics at the sites: a score request may ask for the model's loss on each
+site's training data (``data_loss``, the non-IID check's one number per site); when the
+round's scoring brought the next round's losses with its training, the screen that asks
+for them is answered from that exchange. ``pretest_updates`` asks every site for the
+gradient or one-epoch update the pre-test examines (``query.pretest`` messages).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -48,16 +55,14 @@ from federated.execution import (
     SiteEvaluation,
     collect_results,
 )
-from federated.metrics import SplitSummary, summary_from, summary_values
+from federated.metrics import SplitSummary, summary_from
 from flowerapp.task import SiteTask
 
 __all__ = [
     "RemoteExecutor",
     "exchange_record",
     "request_record",
-    "score_request",
     "split_summary",
-    "summary_record",
     "vector_record",
 ]
 
@@ -74,21 +79,9 @@ def vector_record(vector: Tensor) -> ArrayRecord:
 
 
 def request_record(request: ScoreRequest) -> ConfigRecord:
-    """A score request as the ``request`` record of an ``evaluate`` message."""
-    return ConfigRecord(
-        {"splits": ",".join(request.splits), "full": request.full, "rows": request.rows}
-    )
-
-
-def score_request(record: ConfigRecord) -> ScoreRequest:
-    """The score request a site was sent (:func:`request_record`)."""
-    splits = tuple(s for s in str(record["splits"]).split(",") if s)
-    return ScoreRequest(splits=splits, full=bool(record["full"]), rows=bool(record["rows"]))
-
-
-def summary_record(summary: SplitSummary) -> MetricRecord:
-    """A split's summary as a site sends it: counts and sums, no per-example value."""
-    return MetricRecord(summary_values(summary))
+    """A score request as the ``request`` record of a message (a site reads it back with
+    :meth:`~federated.execution.ScoreRequest.from_config`)."""
+    return ConfigRecord(request.to_config())
 
 
 def split_summary(
@@ -135,7 +128,7 @@ class RemoteExecutor:
 
     def _send(
         self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
-        request: ScoreRequest | None = None, training: Sequence[int] = (),
+        request: ConfigRecord | None = None, training: Sequence[int] = (),
     ) -> dict[int, Message]:  # fmt: skip
         """One message per client (a ``train`` message to the ``training`` ones); the
         replies that arrived in time, by client id."""
@@ -148,7 +141,7 @@ class RemoteExecutor:
             )  # fmt: skip
             content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())})
             if request is not None:
-                content["request"] = request_record(request)
+                content["request"] = request
             messages.append(
                 Message(
                     content,
@@ -249,6 +242,26 @@ class RemoteExecutor:
             return ClientResult.failed(client_id, error)
         return ClientResult(client_id, "ok", update)
 
+    def pretest_updates(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int], mode: str
+    ) -> dict[int, Tensor]:
+        """What EMA's pre-test examines, from each site that answered (by client id): the
+        gradient at ``global_vector`` (``mode`` ``gradient``) or one local epoch's update
+        (``delta``, with ``round_number``'s batch order); a site that did not is logged."""
+        replies = self._send(
+            "query.pretest", global_vector, round_number, client_ids, ConfigRecord({"mode": mode})
+        )
+        updates = {}
+        for client_id in client_ids:
+            result = self._result(client_id, replies.get(client_id), global_vector)
+            delta = None if result.update is None else result.update.delta
+            if delta is None or delta.shape != global_vector.shape or not delta.isfinite().all():
+                why = result.message or "not a finite vector of the model's size"
+                log.warning("site %d sent no pre-test update: %s", client_id, why)
+                continue
+            updates[client_id] = delta
+        return updates
+
     def score(
         self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
         then_train: NextRound | None = None,
@@ -256,14 +269,49 @@ class RemoteExecutor:
         """Each site's answer to ``request`` for ``global_vector`` on its own held-out
         splits (the sites that answered, with summaries that add up); the ``then_train``
         round's clients train on it in the same exchange."""
+        known = self._known_losses(global_vector, client_ids, request, then_train)
+        if known is not None:
+            return known
         training = [i for i in (then_train.client_ids if then_train else ()) if i in client_ids]
         round_number = then_train.round if then_train and training else 0
-        replies = self._send("evaluate", global_vector, round_number, client_ids, request, training)
+        replies = self._send(
+            "evaluate", global_vector, round_number, client_ids, request_record(request), training
+        )
+        evaluations = self._evaluations(client_ids, replies, request)
         if then_train is not None and training:
             self._trained = _Trained(
                 then_train.round, global_vector.detach().cpu().clone(),
                 {i: self._result(i, replies.get(i), global_vector) for i in training},
+                request.data_loss, frozenset(client_ids),
+                {e.site: e.data_loss for e in evaluations if e.data_loss is not None},
             )  # fmt: skip
+        return evaluations
+
+    def _known_losses(
+        self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
+        then_train: NextRound | None,
+    ) -> list[SiteEvaluation] | None:  # fmt: skip
+        """The sites' losses of their training data for this model, when the request asks
+        nothing else and the exchange that trained ``then_train``'s round already brought
+        them (the last round's scoring asked for them: the non-IID check's screen then
+        costs no exchange of its own)."""
+        trained = self._trained
+        if (
+            trained is None or then_train is None or trained.round != then_train.round
+            or request != ScoreRequest(rows=False, data_loss=trained.loss_name)
+            or not trained.asked.issuperset(client_ids)
+            or not torch.equal(trained.vector, global_vector.detach().cpu())
+        ):  # fmt: skip
+            return None
+        return [
+            SiteEvaluation(i, data_loss=trained.losses[i])
+            for i in client_ids
+            if i in trained.losses
+        ]
+
+    def _evaluations(
+        self, client_ids: Sequence[int], replies: dict[int, Message], request: ScoreRequest
+    ) -> list[SiteEvaluation]:
         evaluations = []
         for client_id in client_ids:
             reply = replies.get(client_id)
@@ -290,16 +338,26 @@ class RemoteExecutor:
             )
             for split in request.splits
         }
-        return SiteEvaluation(client_id, row, summaries)
+        data_loss = None
+        if request.data_loss:
+            data_loss = float(reply.content["data"]["loss"])
+            if not math.isfinite(data_loss) or data_loss < 0:
+                raise ValueError(f"a loss of its training data of {data_loss}")
+        return SiteEvaluation(client_id, row, summaries, data_loss)
 
 
 @dataclass(frozen=True)
 class _Trained:
-    """Updates the sites trained in a scoring exchange, for the round that asks for them."""
+    """Updates the sites trained in a scoring exchange, for the round that asks for them,
+    and the losses of their training data that exchange brought (``loss_name``: asked of
+    the ``asked`` sites; ``""``: none asked)."""
 
     round: int
     vector: Tensor
     results: dict[int, ClientResult]
+    loss_name: str
+    asked: frozenset[int]
+    losses: dict[int, float]
 
 
 def _one_line(text: str) -> str:

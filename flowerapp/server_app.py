@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -27,12 +28,13 @@ from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.driver import RunDriver
-from federated.server import RoundReport, ServerState
+from federated.loop import train
+from federated.server import Federation, RoundReport, ServerState
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
 from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
 
-__all__ = ["app", "run_hub"]
+__all__ = ["app", "run_hub", "run_pretest"]
 
 log = logging.getLogger("flwr")
 app = ServerApp()
@@ -44,11 +46,17 @@ def main(grid: Grid, context: Context) -> None:
     files = HubFiles(Path(str(config["hub-folder"])))
     token = str(config.get("run-token", ""))
     try:
-        outcome = run_hub(
-            grid, files, data_root=Path(str(config["data-root"])),
-            checkpoint=Path(str(config["checkpoint"])), run_id=str(config.get("run-id", "")) or None,
-            resume=bool(config.get("resume", False)), token=token,
-        )  # fmt: skip
+        if config.get("stage", "train") == "pretest":
+            outcome = run_pretest(
+                grid, files, data_root=Path(str(config["data-root"])), token=token
+            )
+        else:
+            outcome = run_hub(
+                grid, files, data_root=Path(str(config["data-root"])),
+                checkpoint=Path(str(config["checkpoint"])),
+                run_id=str(config.get("run-id", "")) or None,
+                resume=bool(config.get("resume", False)), token=token,
+            )  # fmt: skip
     except Exception as error:  # said in outcome.json for the hub's pipeline, then raised
         outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
         log.error("hub failed: %s", traceback.format_exc())
@@ -66,18 +74,7 @@ def run_hub(
     started = time.monotonic()
     params = files.read_params()
     digest = params_hash(params)
-    data = None  # eval.where: sites: the hub holds no images
-    if params.eval.where == "hub":
-        data = read_dataset(params.data, medmnist_root=data_root, workdir=Path.cwd())
-    task = site_task(params, dataset_info_of(params.data))
-    log.info("training plan sha256 %s (what `fedsieve plan` writes)", plan_digest(task))
-    executor = RemoteExecutor(
-        grid, site_nodes(params), task,
-        seed_of=lambda round_number, client: shuffle_seed(params, round_number, client),
-        round_timeout=params.federation.round_timeout,
-        on_exchange=lambda exchange: files.record_exchange(exchange, token),
-    )  # fmt: skip
-    federation = hub_federation(params, data, executor, executor)
+    executor, federation = _at_sites(grid, files, params, data_root=data_root, token=token)
     saved = read_checkpoint(checkpoint, digest) if resume else None
     state = federation.initial_state()
     if saved is not None:
@@ -102,7 +99,61 @@ def run_hub(
     return {
         "status": "finished", "rounds": end.state.round, "stopped_early": end.stopped_early,
         "bytes_sent": executor.bytes_sent,
+        "trained_noniid": _trained_noniid(params, federation, end.state),
     }  # fmt: skip
+
+
+def run_pretest(grid: Grid, files: HubFiles, *, data_root: Path, token: str) -> dict[str, Any]:
+    """The pre-test stage at the sites, as the simulated stage runs it: ``pretest.round``
+    rounds trained as training would train them, then every site's gradient or one-epoch
+    update at that model (``pretest.mode``), saved for the hub's pipeline to test
+    (:attr:`HubFiles.pretest_updates`; the sites that did not answer are named)."""
+    params = files.read_params()
+    executor, federation = _at_sites(grid, files, params, data_root=data_root, token=token)
+    state = train(federation, federation.initial_state(), params.pretest.round)
+    ids = [client.client_id for client in federation.clients]
+    updates = executor.pretest_updates(
+        state.global_vector, state.round + 1, ids, params.pretest.mode
+    )
+    answered = list(updates)
+    stacked = torch.stack([updates[i].cpu() for i in answered]) if answered else torch.empty(0)
+    torch.save({"client_ids": answered, "updates": stacked, "token": token}, files.pretest_updates)
+    return {"status": "finished", "rounds": state.round, "answered": answered,
+            "missing": [i for i in ids if i not in updates]}  # fmt: skip
+
+
+def _at_sites(
+    grid: Grid, files: HubFiles, params: Params, *, data_root: Path, token: str
+) -> tuple[RemoteExecutor, Federation]:
+    """The remote executor over the registered sites and the federation the hub runs
+    with it (the hub's splits read under ``eval.where: hub``; none under ``sites``)."""
+    data = None  # eval.where: sites: the hub holds no images
+    if params.eval.where == "hub":
+        data = read_dataset(params.data, medmnist_root=data_root, workdir=Path.cwd())
+    task = site_task(params, dataset_info_of(params.data))
+    log.info("training plan sha256 %s (what `fedsieve plan` writes)", plan_digest(task))
+    executor = RemoteExecutor(
+        grid, site_nodes(params), task,
+        seed_of=lambda round_number, client: shuffle_seed(params, round_number, client),
+        round_timeout=params.federation.round_timeout,
+        on_exchange=lambda exchange: files.record_exchange(exchange, token),
+    )  # fmt: skip
+    return executor, hub_federation(params, data, executor, executor)
+
+
+def _trained_noniid(
+    params: Params, federation: Federation, state: ServerState
+) -> dict[str, Any] | None:
+    """EMA's check of the trained model (``noniid.final``): each site's loss of it on its
+    own training data, one number each, and the CV verdict (None when not asked, or when
+    fewer than two sites answered)."""
+    if not params.noniid.final or federation.defence.noniid is None:
+        return None
+    noniid = params.noniid
+    result = federation.trained_model_noniid(
+        federation.selected_model(state), noniid.loss, noniid.threshold
+    )
+    return None if result is None else result.trained_report(noniid.loss)
 
 
 def _site_epsilons(params: Params, report: RoundReport) -> str:

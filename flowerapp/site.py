@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import ssl
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flowerapp.flwr_config import config_pairs, flower_env
 from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data
-from flowerapp.supernode import EXIT_CODES, EXIT_USAGE, Site, run_supernode
+from flowerapp.supernode import EXIT_CODES, EXIT_TLS, EXIT_USAGE, Site, run_supernode
 from flowerapp.task import SiteTask, TaskError
 from flowerapp.trainer import KeptTrainer, prepare_dir, trainer_command
 
@@ -93,6 +94,29 @@ def credentials_problem(ca: Path, key: Path) -> str | None:
             "(python -m flowerapp.certs --no-tls --site NAME writes one)"
         )
     return None
+
+
+def hub_certificate_problem(superlink: str, ca: Path, timeout: float = 10.0) -> str | None:
+    """Why the hub's certificate cannot be trusted for ``superlink`` (None: it can, or the
+    hub does not answer yet, which the SuperNode retries): one TLS handshake verifying
+    the chain against ``--ca`` and the host name. Flower's SuperNode would only retry a
+    host name the certificate was not issued for, without end."""
+    host, _, port = superlink.rpartition(":")
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols(["h2"])  # as a gRPC client
+    try:
+        with (
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=host.strip("[]")),
+        ):
+            return None
+    except ssl.SSLCertVerificationError as error:
+        return (
+            f"TLS to {superlink} failed ({error.verify_message}): the hub's certificate is "
+            f"not signed by --ca {ca}, or not issued for the host name {host}"
+        )
+    except (OSError, ValueError):  # not answering yet, or no TLS talk: the SuperNode says
+        return None
 
 
 def port_problem(port: int) -> str | None:
@@ -176,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{counts}; register samples: {len(data.train)}")
         return 0
     print(f"{counts}; connecting to {args.superlink}", file=sys.stderr)
+    problem = hub_certificate_problem(args.superlink, args.ca)
+    if problem:
+        print(f"fedsieve-site: error: {problem}", file=sys.stderr)
+        return EXIT_TLS
     with tempfile.TemporaryDirectory(prefix="fedsieve-site-") as private:
         trainer_dir = Path(private)
         prepare_dir(trainer_dir)

@@ -21,12 +21,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from federated.client import ClientData, train_client
+from federated.client import ClientData, client_gradient, train_client
 from federated.data import to_tensors
 from federated.execution import ScoreRequest, evaluate_site
 from federated.layout import use_fast_layout_
 from federated.metrics import loss_function, summary_values
 from federated.privacy import ClientPrivacy, site_privacy
+from federated.stats.noniid import client_losses
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
@@ -197,16 +198,6 @@ def _train(
     return answer
 
 
-def _request(job: Job) -> ScoreRequest:
-    """The score request the message carried (without one, the site's own row only)."""
-    if job.request is None:
-        return ScoreRequest()
-    splits = tuple(s for s in str(job.request["splits"]).split(",") if s)
-    return ScoreRequest(
-        splits=splits, full=bool(job.request["full"]), rows=bool(job.request["rows"])
-    )
-
-
 def _evaluate(
     job: Job, task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
 ) -> Answer:
@@ -215,17 +206,51 @@ def _evaluate(
         "test": to_tensors(data.test, info, device=DEVICE),
         "val": to_tensors(data.val, info, device=DEVICE),
     }
+    request = ScoreRequest() if job.request is None else ScoreRequest.from_config(job.request)
     vector_to_model_(model, global_vector)
     row, summaries = evaluate_site(
-        model.eval(), splits, _request(job), multi_label=task.multi_label,
+        model.eval(), splits, request, multi_label=task.multi_label,
         batch_size=task.eval_batch_size,
     )  # fmt: skip
     metrics = {"scores": row or {"n": 0.0}}
     metrics |= {name: summary_values(summary) for name, summary in summaries.items()}
+    if request.data_loss:  # EMA's non-IID check: one number of the training data, as simulated
+        (images, targets), _ = data.tensors(info, DEVICE)
+        (loss,) = client_losses(model, [(images, targets)], loss=request.data_loss, device=DEVICE)  # type: ignore[arg-type]
+        metrics["data"] = {"loss": float(loss)}
     return Answer(metrics=metrics)
 
 
-WORK = {"train": _train, "evaluate": _evaluate}
+def _pretest(
+    job: Job, task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
+) -> Answer:
+    """What EMA's pre-test examines, as the simulated stage computes it: the gradient of
+    the site's mean loss at the global model (``gradient``) or one local epoch's update
+    (``delta``). Never under local DP: only noised updates leave such a site."""
+    if task.privacy_mode == "local":
+        raise TaskRefused(
+            "privacy_mode=local: the pre-test needs this site's raw gradient or update, "
+            "and with local DP only noised updates leave the site"
+        )
+    mode = str((job.request or {}).get("mode", ""))
+    if mode not in PRETEST_MODES:
+        raise TaskRefused(f"pre-test mode must be one of {PRETEST_MODES}, got {mode!r}")
+    (images, targets), _ = data.tensors(task.dataset_info(), DEVICE)
+    client = ClientData(task.client, images, targets)
+    loss_fn = loss_function(task.multi_label)
+    if mode == "gradient":
+        vector = client_gradient(model, global_vector, client, loss_fn)
+    else:
+        local = replace(task.local_training(), epochs=1)
+        vector = train_client(
+            model, global_vector, client, local, loss_fn, seed=task.shuffle_seed
+        ).delta
+    metrics: dict[str, float | int] = {"num_samples": len(targets), "train_loss": math.nan}
+    return Answer(arrays={"update": vector.detach().cpu().numpy()}, metrics={"metrics": metrics})
+
+
+PRETEST_MODES = ("gradient", "delta")
+WORK = {"train": _train, "evaluate": _evaluate, "pretest": _pretest}
 
 
 def run_job(job: Job) -> Answer:

@@ -53,12 +53,12 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
-def stop_with_parent() -> None:
-    """In the SuperNode's process, before it execs: SIGTERM when ``fedsieve-site`` dies,
+def stop_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child of ``fedsieve-site``, before it execs: ``signum`` when the site dies,
     even by SIGKILL, so no SuperNode outlives its site process and holds its port and
     node (the SuperNode deactivates its node on SIGTERM, as on a stop)."""
     if LIBC is not None:
-        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        LIBC.prctl(PR_SET_PDEATHSIG, signum)
 
 
 EXIT_STOPPED = 0  # stopped by SIGTERM or Ctrl-C

@@ -26,6 +26,7 @@ import argparse
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,12 +53,12 @@ ConfigValue = str | int | float | bool
 class Job:
     """One message's task as plain values: what the ClientApp received and knows."""
 
-    kind: str  # "train" or "evaluate"
+    kind: str  # "train", "evaluate" or "pretest"
     task: dict[str, ConfigValue]  # the task record (flowerapp.task.SiteTask's fields)
     vector: np.ndarray  # the global model
     node: dict[str, ConfigValue]  # the SuperNode's node config (data file, approved plan)
     updates_sent: int = 0  # local DP: the noised updates this site sent in the run
-    request: dict[str, ConfigValue] | None = None  # evaluate: which splits to summarise
+    request: dict[str, ConfigValue] | None = None  # evaluate: which splits; pretest: mode
 
 
 @dataclass
@@ -137,6 +138,9 @@ def serve(directory: Path, data: Path | None = None, plan: Path | None = None) -
                 log.warning("a task was not answered: %s: %s", type(error).__name__, error)
 
 
+SITE_DIED = signal.SIGUSR1  # the trainer's parent-death signal: only the site's death sends it
+
+
 class KeptTrainer:
     """The warm trainer as a child of ``fedsieve-site``, started again whenever it exits
     until :meth:`stop`; it dies with the site (its parent-death signal)."""
@@ -159,8 +163,9 @@ class KeptTrainer:
 
         self.starts += 1
         child = subprocess.Popen(
-            self.command, env=self.env, stdin=subprocess.DEVNULL, preexec_fn=stop_with_parent
-        )
+            self.command, env=self.env, stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: stop_with_parent(SITE_DIED),
+        )  # fmt: skip
         self._say(f"fedsieve-site: warm trainer started (pid {child.pid})")
         return child
 
@@ -215,6 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="fedsieve-site trainer: %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # fedsieve-site stops it, quietly
+
+    def site_died(*_: object) -> None:
+        """fedsieve-site was killed (SIGKILL) and could not remove the private directory
+        with its key: this process removes it on its way out."""
+        shutil.rmtree(args.dir, ignore_errors=True)
+        sys.exit(0)
+
+    signal.signal(SITE_DIED, site_died)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the site's terminal: its parent's
     serve(args.dir, args.data, args.plan)
     return 0

@@ -64,12 +64,12 @@ def train_flow(
         if params.federation.runtime == "flower":  # the sites train; the hub aggregates
             if params.eval.where == "hub":  # the hub scores on its own splits
                 load_verified_dataset(params.data, workdir)
-            state = train_at_sites(
+            state, trained_noniid = train_at_sites(
                 params, paths, tracker, digest, data_root=data_root(params.data.root, workdir),
                 resume=checkpoint is not None,
             )  # fmt: skip
             model = selected_model(params, dataset_info_of(params.data), state)
-            write_training_reports(paths, model, state, params, tracker)
+            write_training_reports(paths, model, state, params, tracker, trained_noniid)
             halt_if_bound_exceeded(state)
             halt_if_tracking_lost(tracker, state)
             return write_run_info(paths, tracker, state, digest)

@@ -351,8 +351,8 @@ def _record_final_results(
     if sites:  # the final model per site: a table the MLflow UI shows, and the file
         tracker.log_table(sites, "sites.json")
         tracker.log_artifact(paths.sites_final, "reports")
-    if paths.pretest.exists() and params.federation.runtime == "simulation":  # not at sites
-        pretest = json.loads(paths.pretest.read_text())
+    pretest = json.loads(paths.pretest.read_text()) if paths.pretest.exists() else {}
+    if pretest and pretest.get("ran", True):  # a stage at sites that could not run: no rates
         keys = ("shapiro_rate", "anderson_rate", "n_tests")
         tracker.log_metrics(
             {f"pretest_{k}": pretest[k] for k in keys if pretest.get(k) is not None}

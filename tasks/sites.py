@@ -17,7 +17,9 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from prefect import get_run_logger, task
@@ -38,7 +40,7 @@ from tasks.stopping import stop_if_requested
 from tasks.tracking import Tracker
 from tasks.training import record_budget_spent, run_driver
 
-__all__ = ["APP_DIR", "flower_cli", "selected_model", "train_at_sites"]
+__all__ = ["APP_DIR", "flower_cli", "pretest_updates_at_sites", "selected_model", "train_at_sites"]
 
 APP_DIR = Path(__file__).resolve().parent.parent / "flowerapp" / "app"  # the FAB's source
 POLL_S = 0.5
@@ -65,26 +67,19 @@ def _run_config(values: dict[str, str | bool]) -> list[str]:
 def train_at_sites(
     params: Params, paths: ProjectPaths, tracker: Tracker, digest: str, *, data_root: Path,
     resume: bool,
-) -> ServerState:  # fmt: skip
+) -> tuple[ServerState, dict[str, Any] | None]:  # fmt: skip
     """The run's rounds at the sites (the ServerApp on the SuperLink), each logged to
-    MLflow as it ends; the final server state. The run starts clean: an earlier run's
-    ServerApp still running from this folder is stopped, its journal and outcome are
-    removed, and this run's token marks what its own ServerApp writes."""
+    MLflow as it ends; the final server state and the trained model's non-IID check (as
+    :func:`tasks.training.trained_model_noniid` gives it; the sites' losses of it). The
+    run starts clean: an earlier run's ServerApp still running from this folder is
+    stopped, its journal and outcome are removed, and this run's token marks what its own
+    ServerApp writes."""
     files = HubFiles(paths.artifacts / "hub")
-    log_path = files.folder / "flwr-run.log"
-    if log_path.exists() and not files.outcome.exists():  # killed before it could stop it
-        _stop_run(log_path, params.federation.superlink)
-    files.clear()
-    write_params(files.params, params)
-    token = uuid.uuid4().hex
     saved = read_checkpoint(paths.checkpoint, digest) if resume else None
     config = {
-        "hub-folder": str(files.folder.resolve()), "data-root": str(data_root.resolve()),
         "checkpoint": str(paths.checkpoint.resolve()), "run-id": tracker.run_id or "",
-        "resume": saved is not None, "run-token": token,
+        "resume": saved is not None,
     }  # fmt: skip
-    command = [str(flower_cli()), "run", str(APP_DIR), params.federation.superlink,
-               *_run_config(config), "--stream"]  # fmt: skip
     get_run_logger().info(
         "training at %d sites through SuperLink connection %r",
         len(params.federation.sites),
@@ -92,10 +87,69 @@ def train_at_sites(
     )
     driver = run_driver(params.train.rounds, tracker, checkpoint=None)
     after = saved["state"]["round"] if saved is not None else 0
+
+    def follow(process: subprocess.Popen[bytes], token: str) -> None:
+        _follow(process, files, token, driver, after=after)
+
+    outcome = _run_at_hub(params, files, config, data_root=data_root, follow=follow)
+    record_budget_spent(tracker, outcome.get("stopped_early"))
+    checkpoint = read_checkpoint(paths.checkpoint, digest)
+    if checkpoint is None:
+        raise RuntimeError(f"the ServerApp finished but left no checkpoint at {paths.checkpoint}")
+    return ServerState.from_dict(checkpoint["state"]), outcome.get("trained_noniid")
+
+
+@task(name="pretest-updates-at-sites", cache_policy=NO_CACHE)
+def pretest_updates_at_sites(
+    params: Params, paths: ProjectPaths, *, data_root: Path
+) -> tuple[torch.Tensor, list[int]]:
+    """The pre-test stage at the sites: ``pretest.round`` rounds trained there as training
+    would train them, then each site's gradient or one-epoch update (``pretest.mode``),
+    stacked ``(n_sites, d)``, with the client ids of the sites that answered."""
+    files = HubFiles(paths.artifacts / "hub-pretest")
+    get_run_logger().info(
+        "pre-test at %d sites through SuperLink connection %r",
+        len(params.federation.sites),
+        params.federation.superlink,
+    )
+
+    def wait(process: subprocess.Popen[bytes], token: str) -> None:
+        while process.poll() is None:
+            stop_if_requested()
+            time.sleep(POLL_S)
+
+    outcome = _run_at_hub(params, files, {"stage": "pretest"}, data_root=data_root, follow=wait)
+    saved = torch.load(files.pretest_updates, map_location="cpu", weights_only=True)
+    if outcome["missing"]:
+        names = [params.federation.sites[i].name for i in outcome["missing"]]
+        get_run_logger().warning("pre-test: no update from %s", ", ".join(names))
+    return saved["updates"], list(saved["client_ids"])
+
+
+def _run_at_hub(
+    params: Params, files: HubFiles, config: dict[str, str | bool], *, data_root: Path,
+    follow: Callable[[subprocess.Popen[bytes], str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """``flwr run`` of the hub's ServerApp with ``config`` (the hub's folder, data root and
+    a new run token added), ``follow`` called until it ends; its finished outcome. An
+    earlier run's ServerApp still running from this folder is stopped first and its files
+    removed; on failure or cancellation here, the run there is stopped too."""
+    log_path = files.folder / "flwr-run.log"
+    if log_path.exists() and not files.outcome.exists():  # killed before it could stop it
+        _stop_run(log_path, params.federation.superlink)
+    files.clear()
+    write_params(files.params, params)
+    token = uuid.uuid4().hex
+    config = {
+        "hub-folder": str(files.folder.resolve()), "data-root": str(data_root.resolve()),
+        "run-token": token, **config,
+    }  # fmt: skip
+    command = [str(flower_cli()), "run", str(APP_DIR), params.federation.superlink,
+               *_run_config(config), "--stream"]  # fmt: skip
     with log_path.open("w") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         try:
-            _follow(process, files, token, driver, after=after)
+            follow(process, token)
         finally:
             if process.poll() is None:  # cancelled or failed here: stop the run there too
                 _stop_run(log_path, params.federation.superlink)
@@ -105,11 +159,7 @@ def train_at_sites(
     if outcome is None or outcome["status"] != "finished":
         why = outcome["error"] if outcome else _last_line(log_path)
         raise RuntimeError(f"the hub's ServerApp did not finish: {why} (log: {log_path})")
-    record_budget_spent(tracker, outcome.get("stopped_early"))
-    checkpoint = read_checkpoint(paths.checkpoint, digest)
-    if checkpoint is None:
-        raise RuntimeError(f"the ServerApp finished but left no checkpoint at {paths.checkpoint}")
-    return ServerState.from_dict(checkpoint["state"])
+    return outcome
 
 
 def _follow(

@@ -27,15 +27,16 @@ from tasks.plots_stats import pretest_figure
 from tasks.reports import ProjectPaths, write_json
 
 __all__ = [
+    "NOT_RUN_UNDER_LOCAL_DP",
     "collect_client_updates",
     "test_normality",
     "write_pretest_not_run",
     "write_pretest_report",
 ]
 
-NOT_RUN_AT_SITES = (
-    "not run: federation.runtime is flower, the sites hold the data, and the pre-test "
-    "trains every client at the hub"
+NOT_RUN_UNDER_LOCAL_DP = (
+    "not run: privacy.mode is local, and only noised updates leave the sites (the "
+    "pre-test needs their raw gradients or updates)"
 )
 
 
@@ -67,13 +68,16 @@ def collect_client_updates(federation: Federation, state: ServerState, mode: str
 
 @task(name="test-normality", cache_policy=NO_CACHE)
 def test_normality(
-    federation: Federation, updates: torch.Tensor, *, alpha: float, max_tests: int | None, seed: int
-) -> PretestResult:
+    model: torch.nn.Module, updates: torch.Tensor, *, alpha: float, max_tests: int | None,
+    seed: int,
+) -> PretestResult:  # fmt: skip
+    """Shapiro-Wilk and Anderson-Darling on a seeded sample of coordinates of ``updates``
+    (one row per client), reported per layer of ``model``."""
     coords = sample_coordinates(updates.shape[1], max_tests, seed)
     return pretest_normality(
         updates.detach().cpu().double().numpy(),
         alpha=alpha,
-        layer_slices=layout_of(federation.model).slices(),
+        layer_slices=layout_of(model).slices(),
         coords=coords,
     )
 
@@ -83,15 +87,18 @@ test_normality.__test__ = False  # not a pytest test despite its name
 
 @task(name="write-pretest-report", cache_policy=NO_CACHE)
 def write_pretest_report(
-    paths: ProjectPaths, params: Params, result: PretestResult, updates: torch.Tensor
-) -> dict[str, Any]:
+    paths: ProjectPaths, params: Params, result: PretestResult, updates: torch.Tensor,
+    held_at: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``reports/pretest.json`` (rates overall and per layer) and its figure (p-value
     histograms, QQ plots); says so plainly when a normal share is below
-    ``pretest.warn_below``."""
+    ``pretest.warn_below``. ``held_at``: where the updates came from (real sites: which
+    answered), added to the report."""
     report = {
         "dataset": params.data.dataset,
         "mode": params.pretest.mode,
         "round": params.pretest.round,
+        **(held_at or {}),
         **result.to_dict(),
     }
     write_json(paths.pretest, report)
@@ -104,13 +111,13 @@ def write_pretest_report(
 
 
 @task(name="pretest-not-run", cache_policy=NO_CACHE)
-def write_pretest_not_run(paths: ProjectPaths) -> dict[str, Any]:
-    """The pre-test stage at real sites: its report and figure say that it did not run,
+def write_pretest_not_run(paths: ProjectPaths, reason: str) -> dict[str, Any]:
+    """A pre-test stage at real sites that could not run: its report and figure say so,
     and why; no rates."""
-    report = {"runtime": "flower", "ran": False, "reason": NOT_RUN_AT_SITES}
+    report = {"runtime": "flower", "ran": False, "reason": reason}
     write_json(paths.pretest, report)
-    plot_note(f"pre-test {NOT_RUN_AT_SITES}", paths.pretest_plot)
-    get_run_logger().info("pre-test %s", NOT_RUN_AT_SITES)
+    plot_note(f"pre-test {reason}", paths.pretest_plot)
+    get_run_logger().warning("pre-test %s", reason)
     return report
 
 

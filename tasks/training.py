@@ -35,14 +35,13 @@ from federated.attacks import (
 from federated.backdoor_eval import triggered_test_set
 from federated.checkpoint import save_checkpoint
 from federated.client import ClientData
-from federated.data import DatasetInfo, MedMNISTData, to_tensors
+from federated.data import MedMNISTData, to_tensors
 from federated.driver import SHOWN, RunDriver
 from federated.loop import train
 from federated.server import (
     EvaluationSets,
     Execution,
     Federation,
-    NonIIDCheck,
     RoundReport,
     ServerState,
     ThreatModel,
@@ -167,19 +166,6 @@ def _backdoor_test(
     return triggered_test_set(*test, attack), attack.target_label
 
 
-def _noniid_check(params: Params, info: DatasetInfo) -> NonIIDCheck | None:
-    noniid = params.noniid
-    if info.multi_label or (noniid.every == 0 and not noniid.exclude and not noniid.final):
-        return None
-    return NonIIDCheck(
-        every=noniid.every,
-        loss=noniid.loss,
-        threshold=noniid.threshold,
-        exclude=noniid.exclude,
-        z=noniid.z,
-    )
-
-
 FEW_LOCAL_STEPS = 4  # SGD steps a round below which a small model rarely leaves its start
 
 
@@ -251,7 +237,7 @@ def federation_from_params(
         config=federation_config(params),
         defence=build_defence(
             params,
-            noniid=_noniid_check(params, data.info),
+            data.info,
             root=_root_data(data, root, len(parts), device),
             server_batch=val,  # Zeno's held-out batch
         ),
@@ -403,13 +389,7 @@ def trained_model_noniid(
     if not params.noniid.final or federation.defence.noniid is None or len(federation.clients) < 2:
         return None
     result = federation.trained_model_noniid(model, params.noniid.loss, params.noniid.threshold)
-    ids = [str(client.client_id) for client in federation.clients]
-    return {
-        "cv": result.cv,
-        "verdict": result.verdict,
-        "loss": params.noniid.loss,
-        "client_losses": dict(zip(ids, result.losses.tolist(), strict=True)),
-    }
+    return None if result is None else result.trained_report(params.noniid.loss)
 
 
 def noniid_report(
@@ -553,6 +533,23 @@ def halt_if_tracking_lost(tracker: Tracker, state: ServerState) -> None:
 @task(name="halt-if-bound-exceeded", cache_policy=NO_CACHE)
 def halt_if_bound_exceeded(state: ServerState) -> None:
     """Fail closed: a run whose round left out more clients than ``train.max_excluded``
-    ends here, after its reports are written, with that round's one-line reason."""
+    ends here, after its reports are written, with that round's one-line reason; so does
+    a run none of whose rounds was aggregated (its model is the initial one: never
+    evaluated as trained, never registered)."""
     if state.halted is not None:
         raise RunHalted(state.halted)
+    rounds = [row for row in state.history if "round_skipped" in row]
+    if rounds and all(row["round_skipped"] for row in rounds):
+        first = next((row for row in state.trail if row["excluded"]), None)
+        why = "" if first is None else f"; round 1: client {first['client']} {_left_out(first)}"
+        raise RunHalted(
+            f"no round was aggregated: each of the {len(rounds)} rounds kept fewer clients "
+            f"than train.min_clients (reports/exclusions.csv){why}; the model is the "
+            "initial one and is not registered"
+        )
+
+
+def _left_out(row: dict[str, Any]) -> str:
+    """Why a trail row's client was left out, in a few words (its message when it has one)."""
+    message = str(row.get("message") or "").strip()
+    return f"{row['reason']}: {message}" if message else str(row["reason"])

@@ -148,6 +148,7 @@ class NonIIDResult:
     zscores: np.ndarray  # (n_clients,)
     mean: float
     std: float  # population
+    client_ids: tuple[int, ...] = ()  # whose losses, in order, where the caller knows
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: scalars and per-client lists."""
@@ -160,6 +161,12 @@ class NonIIDResult:
             "losses": self.losses.tolist(),
             "zscores": self.zscores.tolist(),
         }
+
+    def trained_report(self, loss: str) -> dict[str, Any]:
+        """The trained model's check as reports/noniid.json keeps it: the CV, the verdict,
+        the loss and each client's loss by id (``client_ids``)."""
+        losses = dict(zip(map(str, self.client_ids), self.losses.tolist(), strict=True))
+        return {"cv": self.cv, "verdict": self.verdict, "loss": loss, "client_losses": losses}
 
 
 def noniid_verdict(

@@ -129,7 +129,6 @@ HUB_DATA = [
     (["aggregate.name=zeno", "aggregate.b=1"], "aggregate zeno"),
     (["aggregate.name=fltrust", "partition.root_size=50"], "aggregate fltrust"),
     (["partition.root_size=50"], "partition.root_size must be 0"),
-    (["noniid.final=true"], "noniid must be off"),
     (["attack.name=backdoor"], "attack.name backdoor"),
     (["partition.local_test=0"], "partition.local_test must be > 0"),
     (["eval.select=best_val"], "eval.select best_val"),
@@ -143,6 +142,15 @@ def test_scored_at_the_sites_what_needs_images_at_the_hub_is_refused_in_one_line
 
     message = str(error.value)
     assert "\n" not in message and f"eval.where = sites: {what}" in message
+
+
+def test_the_non_iid_check_runs_where_the_data_is_at_real_sites_and_scored_at_sites():
+    # the sites compute their losses of the model on their own data (one number each)
+    checked = {"every": 1, "final": True, "exclude": True}
+    params = validate_params(at_sites(noniid=checked, eval={"where": "sites"}), "params")
+
+    assert params.noniid.exclude and params.eval.where == "sites"
+    assert load_params(PARAMS, ["eval.where=sites"]).noniid.every == 1
 
 
 def test_scoring_at_the_hub_hashes_as_before_eval_where_and_at_the_sites_differently():
@@ -184,3 +192,13 @@ def test_a_partition_that_is_not_the_sites_is_refused_in_one_line() -> None:
         "partition.num_clients out or make it 3"
     )
     assert validate_params(at_sites(partition={"num_clients": 3}), "params").partition
+
+
+def test_a_misspelt_key_in_a_site_entry_is_named_not_the_key_it_left_missing() -> None:
+    sites = [{"name": "a", "node-id": 1, "samples": 100}, *SITES[1:]]
+    with pytest.raises(ConfigError) as error:
+        validate_params(at_sites() | {"federation": {"runtime": "flower", "sites": sites}}, "p")
+
+    message = str(error.value)
+    assert "unknown key 'federation.sites.0.node-id'" in message, message
+    assert "name, node_id, samples" in message and "\n" not in message

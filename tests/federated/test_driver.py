@@ -66,3 +66,13 @@ def test_the_round_line_shows_the_scores_a_round_has():
     assert (
         round_line(accuracy, 4) == "round 2/4: test loss 0.5000 acc 0.7500, 1 of 2 clients left out"
     )
+
+
+def test_the_round_line_says_when_the_round_was_skipped():
+    clients = [{"client": 0, "excluded": True}, {"client": 1, "excluded": True}]
+    skipped = RoundReport(1, {"test_acc": 0.5, "round_skipped": 1.0}, clients)
+
+    assert round_line(skipped, 3) == (
+        "round 1/3: test acc 0.5000, 2 of 2 clients left out; too few clients kept: round "
+        "skipped, the model unchanged"
+    )

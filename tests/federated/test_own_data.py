@@ -152,7 +152,7 @@ def test_a_table_without_a_split_column_is_split_seeded_and_stratified(
         ("file,label,split\ntrain/00000.png,1,train\nnone.png,malignant,train\n",
          "row 3: none.png: No such file"),
         ("file,label\ntrain/00000.png,cancer\n",
-         "row 2: label 'cancer' is not a class; allowed: malignant, normal, benign (or 0..1)"),
+         "row 2: label 'cancer' is not a class; allowed: 'malignant', 'normal, benign' (or 0..1)"),
         ("file,label\ntrain/00000.png,0;1\n",
          "row 2: label '0;1'; a binary-class dataset has one class per image"),
         ("file,label,split\ntrain/00000.png,0,holdout\n",
@@ -162,8 +162,8 @@ def test_a_table_without_a_split_column_is_split_seeded_and_stratified(
         ("file,label\n", "no rows"),
         ("file,label\ntrain/00000.png,0\ntrain/00000.png,1\n",
          "row 3: train/00000.png is listed again (first on row 2)"),
-        ("file,label\nbroken.png,0\n", "broken.png: not a readable image"),
-        ("file,label\nnotes.txt,0\n", "notes.txt: unknown image type .txt"),
+        ("file,label\nbroken.png,0\n", "row 2: broken.png: not a readable image"),
+        ("file,label\nnotes.txt,0\n", "row 2: notes.txt: unknown image type .txt"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_read_is_named_in_one_line(

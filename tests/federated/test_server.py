@@ -646,3 +646,18 @@ def test_updates_noised_at_the_sites_are_averaged_as_they_came_not_noised_again(
     released = torch.stack(list(sites.sent.values())).sum(dim=0) / 4
     assert torch.allclose(state.global_vector - start.global_vector, released, atol=1e-6)
     assert [row["privacy_epsilon"] for row in state.trail] == [privacy.site_epsilon(1)] * 4
+
+
+def test_the_non_iid_check_of_sites_elsewhere_needs_a_site_scorer(medmnist_root):
+    """Clients that hold no data here: their losses for EMA's check come from the sites
+    (a site scorer); without one the federation is refused before any round."""
+    simulated = make_federation(medmnist_root, rounds=1)
+    check = NonIIDCheck(every=1, loss="mse", threshold=0.25, exclude=False, z=2.0)
+    with pytest.raises(ValueError, match="the non-IID check needs their losses from a site"):
+        Federation(
+            model=simulated.model,
+            clients=[RegisteredClient(c.client_id, len(c)) for c in simulated.clients],
+            local=simulated.local, config=simulated.config,
+            defence=replace(simulated.defence, noniid=check),
+            evaluation=simulated.evaluation, execution=Execution(executor=simulated.executor),
+        )  # fmt: skip

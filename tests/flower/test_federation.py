@@ -33,6 +33,8 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
+from tasks.stats import collect_client_updates, test_normality
+from tasks.training import trained_model_noniid
 from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, run_at_sites, site_names
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
@@ -98,6 +100,78 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
             }  # fmt: skip
             assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
             assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
+
+
+def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub) -> None:
+    """EMA's CV check at real sites (every round, excluding, and on the trained model):
+    each site sends its loss of the model it received on its own training data, one
+    number; the hub's losses, CVs, exclusions and final verdict equal the simulation's,
+    which computes them on the same data in one process. The losses come with the
+    exchange that trains: the round's scoring brings the next round's, so a round with
+    the check costs no exchange of its own."""
+    names = site_names()
+    checked = {"every": 1, "final": True, "exclude": True, "z": 1.2}
+    raw = hub.flower_params(names, noniid=checked, eval={"every": 1})
+    remote = run_at_sites(hub, raw, "noniid")
+    params = Params.model_validate(raw)
+    federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
+    local = train(federation, federation.initial_state(), params.train.rounds)
+
+    assert decisions(remote) == decisions(local)
+    assert any(row["reason"] == "noniid_loss" for row in remote.trail), remote.trail
+    for at_site, here in zip(remote.trail, local.trail, strict=True):
+        assert abs(at_site["noniid_loss"] - here["noniid_loss"]) <= TOLERANCE, (at_site, here)
+    for at_site, here in zip(remote.history, local.history, strict=True):
+        assert abs(at_site["noniid_cv"] - here["noniid_cv"]) <= TOLERANCE
+    diff = (remote.global_vector - local.global_vector).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
+    files = HubFiles(hub.folder / "noniid")
+    trained = json.loads(files.outcome.read_text())["trained_noniid"]
+    expected = trained_model_noniid(federation, federation.selected_model(local), params)
+    assert expected is not None and trained["verdict"] == expected["verdict"]
+    assert trained["client_losses"].keys() == expected["client_losses"].keys()
+    for site, loss in expected["client_losses"].items():
+        assert abs(trained["client_losses"][site] - loss) <= TOLERANCE
+    exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
+    assert [(e["kind"], e["round"]) for e in exchanges] == [
+        ("evaluate+train", 1),  # round 1's screen, with its training
+        ("evaluate+train", 2),  # round 1's scores and round 2's screen, with its training
+        ("evaluate", 0),  # round 2's scores
+        ("evaluate", 0),  # the trained model's check
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "after"), [("gradient", 1), ("delta", 0)])
+def test_the_pretest_at_the_sites_tests_what_the_simulation_tests(
+    hub: Hub, mode: str, after: int
+) -> None:
+    """The pre-test stage at real sites: ``pretest.round`` rounds trained there, then each
+    site's gradient (or one-epoch update) at that model, sent to the hub; the updates and
+    the normality rates equal the simulated stage's on the same files."""
+    names = site_names()
+    raw = hub.flower_params(names, pretest={"mode": mode, "round": after})
+    params = Params.model_validate(raw)
+    files = HubFiles(hub.folder / f"pretest-{mode}")
+    write_params(files.params, params)
+    config = {"hub-folder": str(files.folder), "data-root": str(hub.folder), "stage": "pretest"}
+    done = hub.fed.run_app(APP_DIR, config, timeout=600)
+    outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
+    assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
+    assert outcome["rounds"] == after and outcome["missing"] == []
+    saved = torch.load(files.pretest_updates, weights_only=True)
+
+    federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
+    state = train(federation, federation.initial_state(), after)
+    expected = collect_client_updates.fn(federation, state, mode)
+    assert saved["client_ids"] == list(range(len(names)))
+    diff = (saved["updates"] - expected).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
+    tested = {"alpha": 0.05, "max_tests": None, "seed": 0}
+    at_sites = test_normality.fn(federation.model, saved["updates"], **tested)
+    here = test_normality.fn(federation.model, expected, **tested)
+    assert at_sites.n_tests == here.n_tests > 0
+    assert abs(at_sites.shapiro_rate - here.shapiro_rate) <= 0.01
+    assert abs(at_sites.anderson_rate - here.anderson_rate) <= 0.01
 
 
 def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
@@ -229,11 +303,13 @@ def logged_rounds(client: Any, run_id: str) -> dict[int, float]:
 
 
 def assert_sites_hold_the_data(project: Path) -> None:
-    """The partition and pre-test stages at real sites: no simulated partition or
-    pre-test, their reports saying that the sites hold the data."""
+    """The partition and pre-test stages at real sites: no simulated partition, its report
+    saying that the sites hold the data; the pre-test run on what every site sent."""
     partition = json.loads((project / "reports" / "partition.json").read_text())
     assert partition["held_at"] == "sites" and "clients" not in partition
-    assert json.loads((project / "reports" / "pretest.json").read_text())["ran"] is False
+    pretest = json.loads((project / "reports" / "pretest.json").read_text())
+    assert pretest["runtime"] == "flower" and pretest["sites"] == site_names(), pretest
+    assert pretest["n_tests"] > 0 and 0 <= pretest["shapiro_rate"] <= 1, pretest
 
 
 def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
@@ -490,6 +566,8 @@ def make_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
     for key, value in raw.items():
         merged = isinstance(value, dict) and isinstance(full.get(key), dict)
         full[key] = full[key] | value if merged else value
+    # the training settings are the plan the sites approved, not the repository's
+    full["train"] |= Params.model_validate(raw).train.model_dump(mode="json")
     full["partition"]["num_clients"] = len(raw["federation"]["sites"])  # the sites
     (project / "params.yaml").write_text(yaml.safe_dump(full))
     done = subprocess.run(
@@ -538,9 +616,16 @@ def test_runs_in_one_checkout_each_log_only_their_own_rounds(
         "third": (make_run, hub.flower_params(names, train={"rounds": 1})),
     }
     client, reported = MlflowClient(tracking), {}
+    approved = hub.plan.read_bytes()
     for name, (command, raw) in runs.items():
-        said = command(project, env, raw)
+        if name == "second":  # the sites' operators approve the plan with central DP
+            write_plan(hub.plan, site_task(Params.model_validate(raw), dataset_info("digits")))
+        try:
+            said = command(project, env, raw)
+        finally:
+            hub.plan.write_bytes(approved)
         assert ("rc 0:" in said) == (name != "failed"), said
+        assert "no round was aggregated" not in said, said  # the sites trained each run
         assert "JSONDecodeError" not in said, said
         reported[name] = reported_rounds(project)
 
@@ -555,5 +640,6 @@ def test_runs_in_one_checkout_each_log_only_their_own_rounds(
     assert "stopped_early" not in logged[2].data.tags
     assert_sites_hold_the_data(project)
     artifacts = {a.path for a in client.list_artifacts(logged[2].info.run_id)}
-    assert not artifacts & {"partition", "pretest"}  # nothing simulated logged into it
-    assert "pretest_shapiro_rate" not in logged[2].data.metrics
+    assert "partition" not in artifacts  # nothing simulated logged into it
+    assert "pretest" in artifacts  # the pre-test of what the sites sent
+    assert "pretest_shapiro_rate" in logged[2].data.metrics

@@ -4,6 +4,7 @@ writes (``fedsieve plan``) is what its tasks carry, and a departure from it is n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -212,3 +213,42 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     out = capsys.readouterr().out
     assert "images: 3 training, 1 test and 0 validation images fit" in out
     assert out.rstrip().endswith("register samples: 3")
+
+
+def test_a_hub_certificate_not_issued_for_the_address_the_site_dials_is_named(
+    tmp_path: Path,
+) -> None:
+    """Flower's SuperNode retries a host-name mismatch without end; the site's handshake
+    before it starts names it (exit 4), and lets a hub whose certificate fits, or that is
+    not up yet, through to the SuperNode."""
+    import socket
+    import ssl
+    import threading
+
+    from flowerapp.site import hub_certificate_problem
+
+    def serve(hosts: tuple[str, ...]) -> tuple[str, Path]:
+        tls = make_tls(tmp_path / hosts[0], hosts)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(tls.server_cert, tls.server_key)
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def accept() -> None:
+            connection, _ = listener.accept()
+            with listener, connection, contextlib.suppress(ssl.SSLError, OSError):
+                context.wrap_socket(connection, server_side=True).close()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return f"127.0.0.1:{listener.getsockname()[1]}", tls.ca_cert
+
+    address, ca = serve(("hub.example",))
+    problem = hub_certificate_problem(address, ca)
+    assert problem is not None and "not issued for the host name 127.0.0.1" in problem, problem
+    assert "IP address mismatch" in problem and "\n" not in problem
+
+    address, ca = serve(("127.0.0.1",))
+    assert hub_certificate_problem(address, ca) is None
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert hub_certificate_problem(f"127.0.0.1:{port}", ca) is None  # not up yet: retried

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from flowerapp.certs import make_site_key, make_tls
+from flowerapp.certs import SiteKey, make_site_key, make_tls
 from flowerapp.hub import HubFiles
 from flowerapp.site import main as site_main
 from flowerapp.supernode import (
@@ -27,7 +27,7 @@ from flowerapp.supernode import (
 )
 from tests.flower.conftest import Hub, run_at_sites
 
-TRAINER_READY = r"warm trainer ready on .* \(pid (\d+)\)"
+TRAINER_READY = r"warm trainer ready on (.*) \(pid (\d+)\)"
 RESTART_AFTER_S = 5.0  # the crash-and-restart the issue names: kill -9, start again 5 s later
 REJOIN_TIMEOUT = 150.0  # the hub's heartbeat window is 60 s
 
@@ -64,15 +64,25 @@ def group_commands(pgid: int) -> dict[int, str]:
     return found
 
 
+def start_new_site(
+    hub: Hub, tmp_path: Path, name: str, env: dict[str, str] | None = None
+) -> tuple[SiteKey, int, list[str], subprocess.Popen[bytes]]:
+    """A new site's key registered and the site started as its operator starts it
+    (``fedsieve-site`` on site-0's data and the hub's plan), admitted: its key, node id,
+    command and process."""
+    key = make_site_key(tmp_path, name)
+    node = hub.fed.register(key.public)
+    command = hub.fed.site_command(key, hub.files["site-0"], hub.plan)
+    site = hub.fed.start_site_command(name, command, env)
+    assert hub.fed.wait_connected(name) == node
+    return key, node, command, site
+
+
 def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     hub: Hub, tmp_path: Path
 ) -> None:
     fed, name = hub.fed, "phoenix"
-    key = make_site_key(tmp_path, name)
-    node = fed.register(key.public)
-    command = fed.site_command(key, hub.files["site-0"], hub.plan)
-    site = fed.start_site_command(name, command, bare_env(tmp_path))
-    assert fed.wait_connected(name) == node
+    _, node, command, site = start_new_site(hub, tmp_path, name, bare_env(tmp_path))
     # the SuperNode found flower-superexec without the venv on PATH, Flower's switches set
     supernodes = [pid for pid, cmd in group_commands(site.pid).items() if "flower-supernode" in cmd]
     deadline = time.monotonic() + 60
@@ -83,14 +93,15 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert env["FLWR_TELEMETRY_ENABLED"] == "0" and env["FLWR_DISABLE_UPDATE_CHECK"] == "1"
     assert "--allow-runtime-dependency-installation" not in " ".join(command)
 
-    wait_for(fed.site_log(name), TRAINER_READY)
+    private = Path(fed.wait_line(name, TRAINER_READY).group(1)).parent
+    assert private.exists()
     os.kill(site.pid, signal.SIGKILL)  # kill -9 of fedsieve-site alone: its children go too
     deadline = time.monotonic() + 60
     while any(
         part in c for c in group_commands(site.pid).values()
         for part in ("flower-supernode", "flowerapp.trainer")
-    ):  # fmt: skip
-        assert time.monotonic() < deadline, "a child outlived its fedsieve-site"
+    ) or private.exists():  # fmt: skip
+        assert time.monotonic() < deadline, "a child or the trainer's key outlived the site"
         time.sleep(0.5)
     fed.kill_site(name)  # reaped; its SuperNode deactivated the node on the way out
     site = fed.start_site_command(name, command, bare_env(tmp_path))
@@ -117,31 +128,18 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     fed.stop_site(name)
 
 
-def wait_for(log: Path, pattern: str, start: int = 0, timeout: float = 120) -> re.Match[str]:
-    """The first line of ``log`` from byte ``start`` on that matches ``pattern``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for line in lines_since(log, start):
-            if found := re.search(pattern, line):
-                return found
-        assert time.monotonic() < deadline, f"no {pattern!r} in {log}"
-        time.sleep(0.2)
-
-
 def test_the_sites_warm_trainer_is_started_again_and_trains_the_next_run(
     hub: Hub, tmp_path: Path
 ) -> None:
     fed, name = hub.fed, "warm"
-    key = make_site_key(tmp_path, name)
-    node = fed.register(key.public)
-    fed.start_site_command(name, fed.site_command(key, hub.files["site-0"], hub.plan))
-    assert fed.wait_connected(name) == node
-    log = fed.site_log(name)
-    first = int(wait_for(log, TRAINER_READY).group(1))
-    start = log.stat().st_size
+    _, node, _, _ = start_new_site(hub, tmp_path, name)
+    first = int(fed.wait_line(name, TRAINER_READY).group(2))
+    start = fed.site_log(name).stat().st_size
     os.kill(first, signal.SIGKILL)
-    assert wait_for(log, rf"warm trainer \(pid {first}\) exited with -9; starting", start)
-    second = int(wait_for(log, TRAINER_READY, start).group(1))
+    assert fed.wait_line(
+        name, rf"warm trainer \(pid {first}\) exited with -9; starting", since=start
+    )
+    second = int(fed.wait_line(name, TRAINER_READY, since=start).group(2))
     assert second != first
 
     hub.files[name], hub.nodes[name] = hub.files["site-0"], node
@@ -184,10 +182,7 @@ def test_a_site_whose_key_is_revoked_while_it_runs_stops_and_says_why(
     hub: Hub, tmp_path: Path
 ) -> None:
     fed, name = hub.fed, "revoked"
-    key = make_site_key(tmp_path, name)
-    node = fed.register(key.public)
-    site = fed.start_site_command(name, fed.site_command(key, hub.files["site-0"], hub.plan))
-    assert fed.wait_connected(name) == node
+    key, node, _, site = start_new_site(hub, tmp_path, name)
     fed.unregister(node)
     assert site.wait(timeout=120) == EXIT_KEY_REFUSED
     lines = fed.site_log(name).read_text().splitlines()

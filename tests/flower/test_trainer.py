@@ -61,11 +61,22 @@ def jobs(data: Path, plan: Path) -> dict[str, Job]:
     )
     vector = model_to_vector(model).detach().numpy()
     node = {"data-file": str(data), "approved-plan": str(plan)}
-    request = {"splits": "test,val", "full": True, "rows": True}
+    request = {"splits": "test,val", "full": True, "rows": True, "data_loss": "mse"}
+    local_dp = task | {
+        "privacy_mode": "local", "privacy_clip": 1.0, "privacy_noise_multiplier": 1.0,
+        "privacy_delta": 1e-5,
+    }  # fmt: skip
+    unpinned = {"data-file": str(data)}  # no approved plan: the local-DP task is not off-plan
     return {
         "train": Job(kind="train", task=task, vector=vector, node=node),
         "evaluate": Job(kind="evaluate", task=task, vector=vector, node=node, request=request),
         "off-plan": Job(kind="train", task=task | {"lr": 9.0}, vector=vector, node=node),
+        "pretest": Job(
+            kind="pretest", task=task, vector=vector, node=node, request={"mode": "gradient"}
+        ),
+        "pretest-local-dp": Job(
+            kind="pretest", task=local_dp, vector=vector, node=unpinned, request={"mode": "delta"}
+        ),
     }
 
 
@@ -106,7 +117,11 @@ def test_the_warm_trainer_answers_as_the_task_run_here_would(trainer, site) -> N
         answers[name] = warm
     assert answers["train"].arrays["update"].shape == jobs(*site)["train"].vector.shape
     assert {"scores", "test", "val"} <= answers["evaluate"].metrics.keys()
+    assert answers["evaluate"].metrics["data"]["loss"] > 0  # the non-IID check's one number
     assert answers["off-plan"].refused and "lr=9.0 (approved 0.05)" in answers["off-plan"].reason
+    assert answers["pretest"].arrays["update"].shape == jobs(*site)["train"].vector.shape
+    refused = answers["pretest-local-dp"]
+    assert refused.refused and "only noised updates leave the site" in refused.reason
     assert (directory.stat().st_mode & 0o777) == 0o700
     assert ((directory / KEY).stat().st_mode & 0o777) == 0o600
 

@@ -150,6 +150,30 @@ def test_a_round_over_the_exclusion_bound_stops_the_run_failed_on_the_record(
     assert run.info.status == "FAILED"
 
 
+def test_a_run_that_aggregated_no_round_fails_and_registers_no_model(
+    project, prefect_server, capsys
+):
+    """Every round kept fewer clients than ``train.min_clients`` (here the non-IID screen
+    leaves out every client above the mean loss, all five are needed; at real sites, every
+    site refusing the task): the model is the initial one, so the run fails in one line
+    and nothing is registered as trained."""
+    from fedsieve.cli import main
+
+    code = main(
+        ["run", "--set", "partition.num_clients=5", "--set", "train.rounds=2",
+         "--set", "train.local_epochs=1", "--set", "noniid.exclude=true",
+         "--set", "noniid.z=0.01", "--set", "train.min_clients=5"]
+    )  # fmt: skip
+
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fedsieve: error: no round was aggregated: each of the 2 rounds"), last
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
+    assert run.info.status == "FAILED"
+    assert not client.search_model_versions(f"run_id = '{run.info.run_id}'")
+
+
 def test_preaggregators_and_fltrust_explain_each_client_in_the_trail(project, prefect_server):
     params = load_params(
         project / "params.yaml",
