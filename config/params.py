@@ -178,7 +178,7 @@ class TrainParams(_Section):
     client_fraction: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(1, ge=1)
     lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.9, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum: 1 or more never forgets a step
     weight_decay: float = Field(0.0, ge=0)
     batch_size: int = Field(32, ge=1)
     prox_mu: float = Field(0.0, ge=0)  # FedProx proximal weight

@@ -48,6 +48,7 @@ BAD = [
     ("partition.sigma=0", "partition.sigma", "greater than 0"),
     ("partition.num_clients=0", "partition.num_clients", "greater than or equal to 1"),
     ("train.lr=fast", "train.lr", "valid number"),
+    ("train.momentum=1.5", "train.momentum", "less than 1"),  # SGD's momentum is in [0, 1)
     ("train.device=tpu", "train.device", "'auto', 'cpu' or 'cuda'"),
     ("train.backend=threads", "train.backend", "'auto', 'sequential' or 'batched'"),
     ("compare.dispatch=ray", "compare.dispatch", "'local' or 'deployment'"),
