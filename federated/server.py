@@ -1170,9 +1170,14 @@ class Federation:
         self, evaluations: Sequence[SiteEvaluation], round_number: int
     ) -> dict[str, float]:
         """The sites' pooled test scores (NaN when none answered) and validation scores
-        (left out when no site holds a validation split), under the hub's names."""
+        (left out when no site holds a validation split), under the hub's names, and how
+        many sites' test splits the pooled scores cover (``sites_scored``: a site that did
+        not answer is not in them)."""
         full = self._full(round_number)
         metrics = {f"test_{k}": v for k, v in self._pooled(evaluations, "test", full=full).items()}
+        metrics["sites_scored"] = float(
+            sum(1 for e in evaluations if e.splits.get("test") is not None and e.splits["test"].n)
+        )
         if any(e.splits.get("val") is not None and e.splits["val"].n for e in evaluations):
             val = self._pooled(evaluations, "val", full=full)
             metrics |= {f"val_{k}": v for k, v in val.items()}

@@ -465,6 +465,7 @@ def test_scored_at_the_sites_a_rounds_scores_are_those_of_the_pooled_site_splits
         assert last[f"test_{name}"] == pytest.approx(together[name], rel=1e-6, abs=1e-6)
     assert last["test_auc"] == pytest.approx(together["auc"], abs=1e-3)
     assert not any(key.startswith("val_") for key in last)  # no site holds a validation split
+    assert last["sites_scored"] == 4  # the pooled scores say whose splits they cover
     # every round, every site's own row, as a site scores its split
     assert [(row["round"], row["site"], row["n"]) for row in state.sites] == [
         (r, s, len(tests[s][1])) for r in (1, 2) for s in range(4)

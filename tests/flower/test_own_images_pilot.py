@@ -99,6 +99,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
         assert scores == {f"test_{k}" for k in ("loss", "acc", "auc", "ece", "brier")}
         for key in scores:  # pooled from the sites' held-out rows, as simulated
             assert abs(at_sites[key] - simulated_row[key]) <= TOLERANCE, key
+        assert at_sites["sites_scored"] == simulated_row["sites_scored"] == len(names)
     rounds = params.train.rounds
     assert {(r["round"], r["site"]) for r in remote.sites} == {
         (t, s) for t in range(1, rounds + 1) for s in range(len(names))
