@@ -662,6 +662,13 @@ class Federation:
             return False
         return check.exclude or (check.every > 0 and round_number % check.every == 0)
 
+    def _trains_with_scoring(self) -> bool:
+        """Whether remote sites may train in the exchange that scores the model they train
+        on: not when the non-IID check excludes, which must screen a site before it trains
+        (an excluded site's work would be wasted and, under local DP, its update would
+        count towards its ε)."""
+        return self.defence.noniid is None or not self.defence.noniid.exclude
+
     def _losses_ahead(self, next_round: NextRound | None) -> str:
         """The non-IID check's loss when the next round screens clients at remote sites:
         asked with this round's scoring, so the screen needs no exchange of its own
@@ -678,9 +685,8 @@ class Federation:
         if check is None or not self._screened(round_number) or len(positions) < 2:
             return Screen()
         ids = [self.clients[p].client_id for p in positions]
-        by_id = self.data_losses(
-            state.global_vector, positions, check.loss, NextRound(round_number, tuple(ids))
-        )
+        then_train = NextRound(round_number, tuple(ids)) if self._trains_with_scoring() else None
+        by_id = self.data_losses(state.global_vector, positions, check.loss, then_train)
         ids = [i for i in ids if i in by_id]  # a site that did not answer is not screened
         if len(ids) < 2:
             return Screen()
@@ -733,7 +739,7 @@ class Federation:
         new_state = self._next_state(state, round_number, outcome)
         new_state.halted = halted
         evaluations = None
-        next_round = self._next_round(new_state)
+        next_round = self._next_round(new_state) if self._trains_with_scoring() else None
         if self.evaluation.where == "sites":
             evaluations = self._evaluate_at_sites(new_state, round_number, next_round)
         metrics = self._round_metrics(

@@ -102,30 +102,44 @@ def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub)
             assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
 
 
-def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub) -> None:
-    """EMA's CV check at real sites (every round, excluding, and on the trained model):
-    each site sends its loss of the model it received on its own training data, one
+def screened_round(number: int) -> list[tuple[str, int]]:
+    """A round screened before it trains: its screen, its training, its scores."""
+    return [("evaluate", 0), ("train", number), ("evaluate", 0)]
+
+
+EXCHANGES = {
+    # verdict only: the losses come with the exchange that trains, and the round's
+    # scoring brings the next round's, so a checked round costs no exchange of its own
+    False: [("evaluate+train", 1), ("evaluate+train", 2), ("evaluate", 0), ("evaluate", 0)],
+    # excluding: a site is screened before it trains (a left-out site never trains)
+    True: [*screened_round(1), *screened_round(2), ("evaluate", 0)],
+}
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub, exclude: bool) -> None:
+    """EMA's CV check at real sites (every round, and on the trained model; excluding or
+    not): each site sends its loss of the model it received on its own training data, one
     number; the hub's losses, CVs, exclusions and final verdict equal the simulation's,
-    which computes them on the same data in one process. The losses come with the
-    exchange that trains: the round's scoring brings the next round's, so a round with
-    the check costs no exchange of its own."""
+    which computes them on the same data in one process."""
     names = site_names()
-    checked = {"every": 1, "final": True, "exclude": True, "z": 1.2}
+    checked = {"every": 1, "final": True, "exclude": exclude} | ({"z": 1.2} if exclude else {})
     raw = hub.flower_params(names, noniid=checked, eval={"every": 1})
-    remote = run_at_sites(hub, raw, "noniid")
+    remote = run_at_sites(hub, raw, f"noniid-{exclude}")
     params = Params.model_validate(raw)
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
     local = train(federation, federation.initial_state(), params.train.rounds)
 
     assert decisions(remote) == decisions(local)
-    assert any(row["reason"] == "noniid_loss" for row in remote.trail), remote.trail
+    left_out = [row for row in remote.trail if row["reason"] == "noniid_loss"]
+    assert bool(left_out) == exclude, remote.trail
     for at_site, here in zip(remote.trail, local.trail, strict=True):
         assert abs(at_site["noniid_loss"] - here["noniid_loss"]) <= TOLERANCE, (at_site, here)
     for at_site, here in zip(remote.history, local.history, strict=True):
         assert abs(at_site["noniid_cv"] - here["noniid_cv"]) <= TOLERANCE
     diff = (remote.global_vector - local.global_vector).abs().max().item()
     assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
-    files = HubFiles(hub.folder / "noniid")
+    files = HubFiles(hub.folder / f"noniid-{exclude}")
     trained = json.loads(files.outcome.read_text())["trained_noniid"]
     expected = trained_model_noniid(federation, federation.selected_model(local), params)
     assert expected is not None and trained["verdict"] == expected["verdict"]
@@ -133,12 +147,13 @@ def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub) -> None
     for site, loss in expected["client_losses"].items():
         assert abs(trained["client_losses"][site] - loss) <= TOLERANCE
     exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
-    assert [(e["kind"], e["round"]) for e in exchanges] == [
-        ("evaluate+train", 1),  # round 1's screen, with its training
-        ("evaluate+train", 2),  # round 1's scores and round 2's screen, with its training
-        ("evaluate", 0),  # round 2's scores
-        ("evaluate", 0),  # the trained model's check
-    ]  # fmt: skip
+    assert [(e["kind"], e["round"]) for e in exchanges] == EXCHANGES[exclude]
+    if exclude:  # the left-out sites were not asked to train
+        for row in left_out:
+            trained_in = next(
+                e for e in exchanges if e["kind"] == "train" and e["round"] == row["round"]
+            )
+            assert str(row["client"]) not in trained_in["sites"], trained_in
 
 
 @pytest.mark.parametrize(("mode", "after"), [("gradient", 1), ("delta", 0)])
