@@ -91,7 +91,7 @@ def pretest(seeds: int) -> list[dict[str, Any]]:
         parts = split_partition(data.train.targets, "iid", CLIENTS, seed, {}, 0).clients
         federation = build_federation.fn(params, data, parts)
         updates = collect_client_updates.fn(federation, federation.initial_state(), "delta")
-        result = test_normality.fn(federation, updates, alpha=0.05, max_tests=None, seed=seed)
+        result = test_normality.fn(federation.model, updates, alpha=0.05, max_tests=None, seed=seed)
         rows.append({"seed": seed, "n_tests": result.n_tests, "shapiro_rate": result.shapiro_rate,
                      "anderson_rate": result.anderson_rate})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)

@@ -67,7 +67,7 @@ def measure(
     federation = build_federation.fn(params, data, parts)
     state = federation.initial_state()
     pretest = test_normality.fn(
-        federation,
+        federation.model,
         collect_client_updates.fn(federation, state, "gradient"),
         alpha=0.05,
         max_tests=max_tests,

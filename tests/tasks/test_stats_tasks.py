@@ -61,8 +61,8 @@ def test_normality_task_reports_sampled_coordinates_per_layer(medmnist_root):
     federation = small_federation(medmnist_root)
     rows = collect_client_updates.fn(federation, federation.initial_state(), "gradient")
 
-    result = test_normality.fn(federation, rows, alpha=0.05, max_tests=500, seed=3)
-    again = test_normality.fn(federation, rows, alpha=0.05, max_tests=500, seed=3)
+    result = test_normality.fn(federation.model, rows, alpha=0.05, max_tests=500, seed=3)
+    again = test_normality.fn(federation.model, rows, alpha=0.05, max_tests=500, seed=3)
 
     assert result.n_tests == 500
     assert set(result.per_layer) <= set(layout_of(federation.model).names)
