@@ -218,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="the site's data (loaded before any task)")
     parser.add_argument("--plan", type=Path, help="the plan the site approved (loaded too)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="fedsieve-site trainer: %(message)s")
+    # its own lines at INFO; the libraries' (torch's statistics at exit) only when they warn
+    logging.basicConfig(level=logging.WARNING, format="fedsieve-site trainer: %(message)s")
+    log.setLevel(logging.INFO)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # fedsieve-site stops it, quietly
 
     def site_died(*_: object) -> None:
