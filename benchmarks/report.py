@@ -2,7 +2,8 @@
 committed per-seed records, and the EMA Monte Carlo's (seeded, recomputed from code).
 
     python -m benchmarks.report            # rewrite the generated blocks
-    python -m benchmarks.report --check    # exit 1 naming every block that differs
+    python -m benchmarks.report --check    # exit 1 naming every block that differs and
+                                           # every claim of the ledger that fails
 
 A generated block sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``
 in docs/results.md; what is outside the markers (the reading of the numbers) is written
@@ -27,7 +28,13 @@ from typing import Any
 from benchmarks import ema_monte_carlo
 from benchmarks.robustness import BINARY
 from tasks.comparison import interval
-from tasks.statistics import paired_differences, rate_interval, worst_per_seed
+from tasks.statistics import (
+    exact_mcnemar,
+    rate_interval,
+    seed_blocked_differences,
+    smallest_p,
+    worst_per_seed,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -91,8 +98,36 @@ def shown(values: Iterable[float], digits: int = 2) -> str:
 
 
 def shown_rate(successes: float, trials: float) -> str:
+    """k of n independent runs (one per seed) as a rate with its exact interval."""
     rate, low, high = rate_interval(int(successes), int(trials))
     return "–" if math.isnan(rate) else f"{rate:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def shown_seed_rates(hits: Iterable[float], trials: Iterable[float]) -> str:
+    """A rate taken at the level it was sampled: one rate per seed (events over that
+    seed's client-rounds or images, which share its partition and model), their mean ±
+    95 % t half-width over seeds, and in how many seeds it happened at all."""
+    rates = [h / t for h, t in zip(hits, trials, strict=True) if t > 0]
+    if not rates:
+        return "–"
+    seeds_with = sum(rate > 0 for rate in rates)
+    return f"{shown(rates)}; {seeds_with} of {len(rates)} seeds"
+
+
+def with_halts(rows: list[Row]) -> list[Row]:
+    """Every run, a halted one (its rule raised, e.g. told more attackers than it can take
+    once the non-finite rows are dropped) scored at chance and marked ``halted``: a
+    deployment that halts gets no model from the run, so it counts as a loss."""
+    majority = next(r["majority_share"] for r in rows if r["majority_share"] is not None)
+    out = []
+    for row in rows:
+        if row["error"]:
+            row = {**row, "majority_share": majority, "halted": True}
+            row |= {metric: chance(row, metric) for metric in ("test_acc", "test_auc")}
+        else:
+            row = {**row, "halted": False}
+        out.append(row)
+    return out
 
 
 def baselines(rows: list[Row], metric: str) -> dict[str, tuple[list[float], bool]]:
@@ -152,10 +187,10 @@ def learning_block(dataset: str) -> str:
 def headline_block(dataset: str) -> str:
     """Per method: no attack, then the worst case over every attack run at each fraction,
     estimated per seed (the lowest score of each seed over the attacks), with the attack
-    lowest in most seeds named."""
-    rows = finished(load(dataset))
+    lowest in most seeds named. A run that halted counts at chance ("halts")."""
+    rows = with_halts(load(dataset))
     metric = HEADLINE[dataset]
-    margins = baselines(rows, metric)
+    margins = baselines(finished(rows), metric)
     fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
     header = " | ".join(f"worst at {f:g}" for f in fractions)
     lines = [f"| method | no attack | {header} |", "|---" * (len(fractions) + 2) + "|"]
@@ -169,10 +204,11 @@ def headline_block(dataset: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> str:
-    """``method``'s worst case at ``fraction`` over the attacks run there, per seed, the
-    attack lowest in most seeds named, ‡ where the rule was told fewer attackers than
-    there were."""
+def worst_by_seed(
+    rows: list[Row], method: str, fraction: float, metric: str
+) -> tuple[dict[int, float], str, list[Row]]:
+    """``method``'s worst score per seed at ``fraction`` over the attacks run there, the
+    attack lowest in most seeds, and the rows it was taken over."""
     at = [
         r
         for r in rows
@@ -182,8 +218,17 @@ def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> st
         a: by_seed((r for r in at if r["attack"] == a), metric) for a in distinct(at, "attack")
     }
     worst, lowest = worst_per_seed(attacks)
+    return worst, (lowest.most_common(1)[0][0] if lowest else ""), at
+
+
+def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> str:
+    """``method``'s worst case at ``fraction`` over the attacks run there, per seed, the
+    attack lowest in most seeds named ("halts" where its runs halted and were scored at
+    chance), ‡ where the rule was told fewer attackers than there were."""
+    worst, named, at = worst_by_seed(rows, method, fraction, metric)
     capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in at)
-    named = lowest.most_common(1)[0][0] if lowest else ""
+    if any(r.get("halted") and r["attack"] == named for r in at):
+        named += " halts"
     return f"{shown(worst.values())} {named}{' ‡' if capped else ''}".strip()
 
 
@@ -241,11 +286,13 @@ def regime_grid_block(name: str, dataset: str) -> str:
 
 def paired_block(dataset: str) -> str:
     """At each fraction in ``PAIRED_AT``: the methods ranked by their mean over every
-    (attack, seed) all ran, and how many others each is supported to beat or lose to
-    (Wilcoxon signed-rank, Holm over all pairs at that fraction)."""
-    rows = finished(load(dataset))
+    (attack, seed) all ran, and how many others each is supported to beat or lose to,
+    compared seed by seed (:func:`tasks.statistics.seed_blocked_differences`: an exact
+    sign-flip test over seeds, Holm over all pairs at that fraction). A halted run counts
+    at chance: a loss, never dropped."""
+    rows = with_halts(load(dataset))
     metric = HEADLINE[dataset]
-    learners = [m for m, (_, learns) in baselines(rows, metric).items() if learns]
+    learners = [m for m, (_, learns) in baselines(finished(rows), metric).items() if learns]
     parts = []
     for fraction in PAIRED_AT:
         at = [r for r in rows if r["fraction"] == fraction and r["method"] in learners]
@@ -257,7 +304,7 @@ def paired_block(dataset: str) -> str:
         if not shared:
             continue
         scores = {m: {k: v for k, v in s.items() if k in shared} for m, s in scores.items()}
-        pairs = paired_differences(scores)
+        pairs = seed_blocked_differences(scores)
         beats = {m: 0 for m in scores}
         loses = {m: 0 for m in scores}
         for pair in pairs:
@@ -269,10 +316,12 @@ def paired_block(dataset: str) -> str:
                 )
                 beats[better] += 1
                 loses[worse] += 1
+        seeds = len({seed for _, seed in shared})
         ranked = sorted(scores, key=lambda m: -statistics.mean(scores[m].values()))
         lines = [
-            f"At {fraction:g} ({len(shared)} paired (attack, seed) observations per method, "
-            f"{len(pairs)} pairs):\n",
+            f"At {fraction:g} ({len(shared)} (attack, seed) pairs per method over {seeds} "
+            f"seeds, {len(pairs)} pairs of methods; smallest p a {seeds}-seed test can give: "
+            f"{smallest_p(seeds):.3g}):\n",
             "| method | mean | better than (supported) | worse than (supported) | not separated |",
             "|---|---|---|---|---|",
         ]
@@ -290,7 +339,7 @@ def paired_block(dataset: str) -> str:
 def rates_block(dataset: str) -> str:
     """Exclusion error rates (honest client-rounds left out without attack; attacker
     client-rounds kept under label flipping) and the backdoor's success rate beside the
-    clean model's, each pooled over seeds with a Wilson interval."""
+    clean model's, each per seed (:func:`shown_seed_rates`)."""
     rows = finished(load(dataset))
 
     def pooled(
@@ -305,7 +354,7 @@ def rates_block(dataset: str) -> str:
         ]
         if not members or any(r[hits] is None for r in members):
             return "–"
-        return shown_rate(sum(r[hits] for r in members), sum(trials(r) for r in members))
+        return shown_seed_rates([r[hits] for r in members], [trials(r) for r in members])
 
     # left out by the method itself (every method drops non-finite updates: not counted)
     excluding = [m for m in distinct(rows) if any(
@@ -344,9 +393,12 @@ def ablation_block() -> str:
     often every attacker was out by round 5, and the score's detection ROC-AUC."""
     from benchmarks import pid_made_ablation as ablation
 
-    with (RESULTS / "pid-made-ablation-seeds.csv").open(newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if not r["error"]]
+    rows = ablation_rows()
     by = f"attackers_banned_by_{ablation.CAUGHT_BY}"
+    configurations = ["| exclusion test | configuration (before FedAvg) |", "|---|---|"] + [
+        f"| {name} | `{', '.join(f'{k}: {v}' for k, v in spec.items())}` |"
+        for name, spec in ablation.VARIANTS.items()
+    ]
 
     def numbers(group: list[Row], key: str) -> list[float]:
         return [float(r[key]) for r in group if r[key] != ""]
@@ -391,6 +443,125 @@ def ablation_block() -> str:
                     f"| {shown(numbers(attacked, 'honest_banned'), 1)} {aucs}"
                     f"| {margins[0]} / {margins[1]} |"
                 )
+    return "\n".join(configurations) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def ablation_rows(name: str = "pid-made-ablation-seeds") -> list[Row]:
+    with (RESULTS / f"{name}.csv").open(newline="") as handle:
+        return [r for r in csv.DictReader(handle) if not r["error"]]
+
+
+def ablation_outcomes(rows: list[Row], variant: str, dataset: str) -> dict[str, dict[int, bool]]:
+    """Per seed: whether the clean run banned an honest client, and whether the attacked
+    run had every attacker out by round 5."""
+    from benchmarks.pid_made_ablation import CAUGHT_BY
+
+    mine = [r for r in rows if r["variant"] == variant and r["dataset"] == dataset]
+    by = f"attackers_banned_by_{CAUGHT_BY}"
+    return {
+        "banning": {int(r["seed"]): int(r["honest_banned"]) > 0
+                    for r in mine if r["attack"] == "none"},
+        "caught": {int(r["seed"]): int(r[by]) == int(r["attackers"])
+                   for r in mine if r["attack"] != "none"},
+    }  # fmt: skip
+
+
+def ablation_paired_block() -> str:
+    """The thresholds compared on the held-out seeds alone, paired by seed: each variant
+    against the distance CUSUM, in clean runs banning an honest client and in attacked
+    runs with every attacker out by round 5 (seeds only one of the two had, and the exact
+    McNemar p-value)."""
+    from benchmarks import pid_made_ablation as ablation
+
+    rows = [r for r in ablation_rows() if int(r["seed"]) not in ablation.TUNED_ON]
+    reference = "distance_cusum"
+    lines = [
+        f"| dataset | variant | clean runs banning: only it / only {reference} (p) "
+        f"| attacked runs all out by round {ablation.CAUGHT_BY}: only it / only {reference} (p) |",
+        "|---|---|---|---|",
+    ]
+    for dataset in distinct(rows, "dataset"):
+        ours = ablation_outcomes(rows, reference, dataset)
+        for variant in ablation.VARIANTS:
+            if variant == reference:
+                continue
+            theirs = ablation_outcomes(rows, variant, dataset)
+            cells = []
+            for outcome in ("banning", "caught"):
+                only_it, only_ours, p = exact_mcnemar(theirs[outcome], ours[outcome])
+                cells.append(f"{only_it} / {only_ours} (p = {p:.2g})")
+            lines.append(f"| {dataset} | {variant} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def chosen_cusum(rows: list[Row]) -> str:
+    """The search's choice by its stated rule: the fewest clean runs banning an honest
+    client over both datasets, then the most attacked runs with every attacker out by
+    round 5, then the smallest drift + h."""
+    from benchmarks.pid_made_ablation import SEARCH
+
+    def key(variant: str) -> tuple[int, int, float]:
+        outcomes = [ablation_outcomes(rows, variant, d) for d in distinct(rows, "dataset")]
+        banning = sum(sum(o["banning"].values()) for o in outcomes)
+        caught = sum(sum(o["caught"].values()) for o in outcomes)
+        return banning, -caught, SEARCH[variant]["drift"] + SEARCH[variant]["h"]
+
+    return min(distinct(rows, "variant"), key=key)
+
+
+def cusum_search_block() -> str:
+    """The drift/h search of the distance CUSUM on seeds 0–9 (the seeds it was tuned on):
+    per setting and dataset, clean runs banning an honest client and attacked runs with
+    every attacker out by round 5, and the setting the stated rule picks."""
+    from benchmarks.pid_made_ablation import CAUGHT_BY, SEARCH
+
+    rows = ablation_rows("pid-made-cusum-search")
+    datasets = distinct(rows, "dataset")
+    header = " | ".join(
+        f"{d}: clean runs banning | {d}: all out by round {CAUGHT_BY}" for d in datasets
+    )
+    lines = [f"| drift | h | {header} |", "|---" * (2 + 2 * len(datasets)) + "|"]
+    for variant, spec in SEARCH.items():
+        cells = []
+        for dataset in datasets:
+            outcome = ablation_outcomes(rows, variant, dataset)
+            for name in ("banning", "caught"):
+                cells.append(f"{sum(outcome[name].values())}/{len(outcome[name])}")
+        lines.append(f"| {spec['drift']:g} | {spec['h']:g} | {' | '.join(cells)} |")
+    pick = SEARCH[chosen_cusum(rows)]
+    lines.append(
+        f"\nThe rule (fewest clean runs banning over both datasets, then most attacked runs "
+        f"with every attacker out by round {CAUGHT_BY}, then the smallest drift + h) picks "
+        f"drift {pick['drift']:g}, h {pick['h']:g}."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def filters_block(dataset: str) -> str:
+    """The history-aware filters (``--regime filters``), each row's exact configuration:
+    no attack and the worst case over every attack at 0.2 and 0.4, per seed, on the
+    seeds the round cut was added on (0–4) and on held-out seeds (5–9) apart."""
+    from benchmarks.robustness import FILTERED
+
+    rows = with_halts(load(f"{dataset}-filters"))
+    metric = HEADLINE[dataset]
+    fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
+    header = " | ".join(f"worst at {f:g}" for f in fractions)
+    lines = [
+        f"| method | configuration | seeds | no attack | {header} |",
+        "|---" * (len(fractions) + 4) + "|",
+    ]
+    for method in distinct(rows):
+        spec = ", ".join(f"{k}: {v}" for k, v in FILTERED[method].items())
+        for label, seeds in (("0–4", range(5)), ("5–9 (held out)", range(5, 10))):
+            mine = [r for r in rows if r["method"] == method and int(r["seed"]) in seeds]
+            if not mine:
+                continue
+            clean = by_seed((r for r in mine if r["attack"] == "none"), metric)
+            cells = [worst_cell(mine, method, fraction, metric) for fraction in fractions]
+            lines.append(
+                f"| {method} | `{spec}` | {label} | {shown(clean.values())} | {' | '.join(cells)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -461,8 +632,8 @@ def pid_paper_block(experiment: str) -> str:
     """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
     method, the test accuracy (mean ± t-interval), false positives and negatives as rates
     of honest and attacker client-rounds, honest clients ever banned and attackers
-    caught as rates of clients (pooled over seeds, Wilson intervals), and the round the
-    last attacker was caught in runs that caught them all (median)."""
+    caught as rates of clients, each per seed (:func:`shown_seed_rates`), and the round
+    the last attacker was caught in runs that caught them all (median)."""
     rows = results_json("pid-made-paper")["rows"]
     lines = [
         f"| {PID_PAPER[experiment]} | method | test ACC | FP rate | FN rate "
@@ -498,10 +669,10 @@ def pid_paper_block(experiment: str) -> str:
         )
         lines.append(
             f"| {setting} | {row['method']} | {shown(row['acc'], 3)} "
-            f"| {shown_rate(sum(row['fp']), sum(row['honest_rounds']))} "
-            f"| {shown_rate(sum(row['fn']), sum(row['attacker_rounds']))} "
-            f"| {shown_rate(sum(row['honest_excluded']), sum(honest_clients))} "
-            f"| {shown_rate(sum(row['attackers_caught']), sum(row['attackers']))} | {last} |"
+            f"| {shown_seed_rates(row['fp'], row['honest_rounds'])} "
+            f"| {shown_seed_rates(row['fn'], row['attacker_rounds'])} "
+            f"| {shown_seed_rates(row['honest_excluded'], honest_clients)} "
+            f"| {shown_seed_rates(row['attackers_caught'], row['attackers'])} | {last} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -1001,6 +1172,19 @@ def resnet18_block() -> str:
     ])  # fmt: skip
 
 
+def claims_block(ledger: Path | None = None) -> str:
+    """Every claim of the ledger (benchmarks/claims.yaml) recomputed from the records."""
+    from benchmarks import claims
+
+    lines = ["| id | claim | statistic | test | holds |", "|---|---|---|---|---|"]
+    for verdict in claims.verdicts(ledger or claims.LEDGER):
+        lines.append(
+            f"| {verdict.claim} | {verdict.text} | {verdict.statistic} | {verdict.test} "
+            f"| {'yes' if verdict.holds else '**no**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
@@ -1068,10 +1252,21 @@ BLOCKS: dict[str, Callable[[], str]] = (
         for experiment in PID_PAPER
     }
     | (
-        {"pid-made-ablation": ablation_block}
+        {"pid-made-ablation": ablation_block, "pid-made-ablation-paired": ablation_paired_block}
         if (RESULTS / "pid-made-ablation-seeds.csv").exists()
         else {}
     )
+    | (
+        {"pid-made-cusum-search": cusum_search_block}
+        if (RESULTS / "pid-made-cusum-search.csv").exists()
+        else {}
+    )
+    | {"claims": claims_block}
+    | {
+        f"robustness-{dataset}-filters": partial(filters_block, dataset)
+        for dataset in HEADLINE
+        if recorded(f"{dataset}-filters")
+    }
     | {
         f"robustness-{dataset}-noniid": partial(regimes_block, dataset)
         for dataset in HEADLINE
@@ -1099,22 +1294,37 @@ def regenerated(text: str) -> tuple[str, list[str]]:
     return BLOCK.sub(fill, text), changed
 
 
+def problems(text: str, ledger: Path | None = None) -> list[str]:
+    """What ``--check`` fails on: generated blocks out of date, claims that no longer
+    hold, claim ids cited but not in the ledger and claims no sentence cites."""
+    from benchmarks import claims
+
+    ledger = ledger or claims.LEDGER
+    _, changed = regenerated(text)
+    found = [f"generated blocks out of date: {', '.join(changed)}"] if changed else []
+    found += [f"claim {v.claim} no longer holds: {v.statistic}; {v.test}"
+              for v in claims.verdicts(ledger) if not v.holds]  # fmt: skip
+    return found + claims.citation_problems(text, claims.load_ledger(ledger))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 on a difference"
     )
     args = parser.parse_args()
-    text, changed = regenerated(DOC.read_text())
+    text = DOC.read_text()
     if args.check:
-        if changed:
-            sys.exit(
-                f"docs/results.md: generated blocks out of date: {', '.join(changed)} (run python -m benchmarks.report)"
-            )
-        print("docs/results.md: every generated block matches its records")
+        found = problems(text)
+        if found:
+            sys.exit("docs/results.md: " + "; ".join(found) + " (run python -m benchmarks.report)")
+        print("docs/results.md: every generated block matches its records and every claim holds")
         return
+    text, changed = regenerated(text)
     DOC.write_text(text)
     print(f"docs/results.md: {len(changed)} block(s) rewritten: {', '.join(changed) or 'none'}")
+    for problem in problems(text):
+        print(f"docs/results.md: {problem}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ fractions, over seeds, with 95 % confidence intervals.
 
 ``--regime`` runs a subset in another setting into ``robustness-<dataset>-<regime>.*``:
 ``dirichlet-<alpha>`` label-skewed clients (eleven rules, no attack and four attacks, a
-fifth of attackers); ``cnn`` the small CNN on the same clients (eight rules); ``alie-paper``
+fifth of attackers); ``filters`` the history-aware filters, each configuration by its own
+name (PID-MADE as the paper writes it, our thresholds of its score, the distance CUSUM,
+each alone and with the round cut), under every attack at 0.2 and 0.4; ``cnn`` the small CNN on the same clients (eight rules); ``alie-paper``
 ALIE where its authors ran it (51 clients, 12 attacking, a CNN, z = 1.5).
 
 Each cell is a comparison-grid cell (:func:`tasks.grid.grid_cells` builds and validates
@@ -80,10 +82,27 @@ PREAGGREGATED = {
     "arc_fedavg": ("fedavg", {"name": "arc"}),
     "bucketing_median": ("median", {"name": "bucketing", "s": 2}),
 }
-METHODS = [*RULES, "pid_made_fedavg", *PREAGGREGATED]
+ROUND_CUT = 11.0  # the round cut's z: the distance CUSUM's drift + h (3 + 8)
+# History-aware filters in front of FedAvg, each with its exact configuration; every one
+# also with the round cut (a screen of its own, not part of the paper's method). Only
+# pid_made_fedavg and pid_made_chebyshev_fedavg are the paper's PID-MADE (Algorithm 1,
+# Theorems 6 and 5); distance_cusum_cut_fedavg is what pid_made ran by default before.
+_FILTERS: dict[str, dict[str, Any]] = {
+    "pid_made": {"name": "pid_made"},
+    "pid_made_chebyshev": {"name": "pid_made", "threshold": "chebyshev"},
+    "pid_robust": {"name": "pid_made", "threshold": "robust"},
+    "pid_cusum": {"name": "pid_made", "threshold": "cusum"},
+    "distance_cusum": {"name": "distance_cusum"},
+}
+FILTERED: dict[str, dict[str, Any]] = {
+    **{f"{name}_fedavg": spec for name, spec in _FILTERS.items()},
+    **{f"{name}_cut_fedavg": spec | {"round_cut": ROUND_CUT} for name, spec in _FILTERS.items()},
+}
+METHODS = [*RULES, *FILTERED, *PREAGGREGATED]
 REGIME_METHODS = [
     "fedavg", "median", "trimmed_mean", "krum", "geometric_median", "centered_clipping",
-    "ema", "pid_made_fedavg", "nnm_median", "arc_fedavg", "bucketing_median", "fedlag",
+    "ema", "distance_cusum_cut_fedavg", "nnm_median", "arc_fedavg", "bucketing_median",
+    "fedlag",
 ]  # fmt: skip
 REGIME_ATTACKS = ["none", "label_flip", "sign_flip", "alie", "ipm"]
 
@@ -113,6 +132,11 @@ REGIMES: dict[str, Regime] = {
         )
         for alpha in (0.1, 0.5, 1.0)
     },
+    # The history-aware filters, each configuration named (issue 44), on seeds 0-9 of the
+    # matrix's own setting: seeds 0-4 are the ones the round cut was added on, 5-9 held out
+    "filters": Regime(
+        {}, list(FILTERED), [a for a in ATTACKS if a != "none"] + ["none"], [0.2, 0.4]
+    ),
     # A non-convex model: the small CNN (0.42M parameters) on the same 20 IID clients
     "cnn": Regime(
         {"model": {"name": "small_cnn"}},
@@ -123,7 +147,7 @@ REGIMES: dict[str, Regime] = {
             "krum",
             "geometric_median",
             "centered_clipping",
-            "pid_made_fedavg",
+            "distance_cusum_cut_fedavg",
             "nnm_median",
         ],
         REGIME_ATTACKS,
@@ -144,8 +168,8 @@ REGIMES: dict[str, Regime] = {
 
 def method_spec(method: str, attackers: int, clients: int) -> dict[str, Any]:
     """The compare-grid entry of ``method`` told ``attackers`` Byzantine clients."""
-    if method == "pid_made_fedavg":
-        return {"aggregate": {"name": "fedavg"}, "filters": [{"name": "pid_made"}]}
+    if method in FILTERED:
+        return {"aggregate": {"name": "fedavg"}, "filters": [FILTERED[method]]}
     if method in PREAGGREGATED:
         rule, pre = PREAGGREGATED[method]
         if pre["name"] in ("nnm", "arc"):

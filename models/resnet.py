@@ -15,6 +15,7 @@ their weights — the batched-client backend's choice).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -137,8 +138,9 @@ def _stem(in_channels: int, make_norm: Callable[[int], nn.Module], *, standard: 
     )
 
 
-@register_model("resnet18")
-def resnet18(
+def _resnet(
+    block: type[BasicBlock] | type[Bottleneck],
+    layers: tuple[int, int, int, int],
     *,
     in_channels: int,
     num_classes: int,
@@ -147,8 +149,8 @@ def resnet18(
     image_size: int = 28,
 ) -> ResNet:
     return ResNet(
-        BasicBlock,
-        (2, 2, 2, 2),
+        block,
+        layers,
         in_channels=in_channels,
         num_classes=num_classes,
         norm=norm,
@@ -157,41 +159,11 @@ def resnet18(
     )
 
 
-@register_model("resnet34")
-def resnet34(
-    *,
-    in_channels: int,
-    num_classes: int,
-    norm: str = "batch",
-    groups: int = 32,
-    image_size: int = 28,
-) -> ResNet:
-    return ResNet(
-        BasicBlock,
-        (3, 4, 6, 3),
-        in_channels=in_channels,
-        num_classes=num_classes,
-        norm=norm,
-        groups=groups,
-        image_size=image_size,
-    )
-
-
-@register_model("resnet50")
-def resnet50(
-    *,
-    in_channels: int,
-    num_classes: int,
-    norm: str = "batch",
-    groups: int = 32,
-    image_size: int = 28,
-) -> ResNet:
-    return ResNet(
-        Bottleneck,
-        (3, 4, 6, 3),
-        in_channels=in_channels,
-        num_classes=num_classes,
-        norm=norm,
-        groups=groups,
-        image_size=image_size,
-    )
+# the three depths differ only in their block and how many of them each stage stacks
+DEPTHS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int]]] = {
+    "resnet18": (BasicBlock, (2, 2, 2, 2)),
+    "resnet34": (BasicBlock, (3, 4, 6, 3)),
+    "resnet50": (Bottleneck, (3, 4, 6, 3)),
+}
+for _name, (_block, _layers) in DEPTHS.items():
+    register_model(_name)(partial(_resnet, _block, _layers))

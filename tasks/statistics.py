@@ -1,6 +1,6 @@
 """The statistics a reviewer expects of a comparison over seeds: a worst case estimated
-per seed, paired tests between methods with Holm's correction, and intervals for rates
-that stay inside [0, 1]. Pure functions over plain numbers; scipy and statsmodels do the
+per seed, paired tests between methods blocked by seed with Holm's correction, exact
+McNemar tests of per-seed events, and exact intervals for counts of independent runs. Pure functions over plain numbers; scipy and statsmodels do the
 tests and intervals.
 """
 
@@ -17,7 +17,14 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
-__all__ = ["PairedDifference", "paired_differences", "rate_interval", "worst_per_seed"]
+__all__ = [
+    "PairedDifference",
+    "exact_mcnemar",
+    "rate_interval",
+    "seed_blocked_differences",
+    "smallest_p",
+    "worst_per_seed",
+]
 
 
 def worst_per_seed(
@@ -54,22 +61,81 @@ class PairedDifference:
         return self.p_holm < 0.05
 
 
-def paired_differences(
-    scores: Mapping[str, Mapping[Hashable, float]],
+def rate_interval(successes: int, trials: int) -> tuple[float, float, float]:
+    """A rate of independent trials (runs, one per seed) and its exact 95 % Clopper–Pearson
+    interval (inside [0, 1], unlike a t-interval on a count); NaNs when there were no
+    trials. Not for events pooled over seeds: those are not independent trials."""
+    if trials <= 0:
+        return math.nan, math.nan, math.nan
+    low, high = proportion_confint(successes, trials, alpha=0.05, method="beta")
+    return successes / trials, float(low), float(high)
+
+
+def exact_mcnemar(
+    first: Mapping[Hashable, bool], second: Mapping[Hashable, bool]
+) -> tuple[int, int, float]:
+    """Two methods' yes/no outcomes paired by seed (``first[seed]``): how many seeds only
+    the first had, how many only the second had, and the exact McNemar p-value (a
+    two-sided binomial test on those discordant seeds; 1 when there are none)."""
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    seeds = [seed for seed in first if seed in second]
+    only_first = sum(bool(first[s]) and not second[s] for s in seeds)
+    only_second = sum(bool(second[s]) and not first[s] for s in seeds)
+    if only_first + only_second == 0:
+        return 0, 0, 1.0
+    both = sum(bool(first[s]) and bool(second[s]) for s in seeds)
+    neither = len(seeds) - both - only_first - only_second
+    table = [[both, only_first], [only_second, neither]]
+    return only_first, only_second, float(mcnemar(table, exact=True).pvalue)
+
+
+EXACT_UP_TO = 16  # seeds: every sign pattern (65,536) up to here, a seeded sample beyond
+
+
+def smallest_p(seeds: int) -> float:
+    """The smallest two-sided p-value an exact sign-flip test over ``seeds`` paired seeds
+    can give (all differences one way): ``2 / 2**seeds``; 0.0625 at 5 seeds, so five
+    seeds cannot support a difference at 0.05 whatever its size."""
+    return min(1.0, 2.0 / 2.0**seeds)
+
+
+def seed_difference(
+    first: Mapping[tuple[str, int], float], second: Mapping[tuple[str, int], float]
+) -> tuple[np.ndarray, float]:
+    """Per seed, the mean over the (attack, seed) keys both have of ``first − second``,
+    and the exact two-sided sign-flip p-value over seeds (the seed is the unit that was
+    sampled: a seed's attacks share its partition and initial model, so the seed, not
+    the (attack, seed) pair, is what may be exchanged)."""
+    per_seed: dict[int, list[float]] = {}
+    for key, value in first.items():
+        if key in second and math.isfinite(value) and math.isfinite(second[key]):
+            per_seed.setdefault(key[1], []).append(value - second[key])
+    differences = np.array([np.mean(v) for _, v in sorted(per_seed.items())], float)
+    if len(differences) == 0 or np.all(differences == 0):
+        return differences, 1.0
+    result = stats.permutation_test(
+        (differences, np.zeros_like(differences)),
+        lambda x, y: np.mean(x - y),
+        permutation_type="samples",
+        n_resamples=np.inf if len(differences) <= EXACT_UP_TO else 99_999,
+        alternative="two-sided",
+        rng=np.random.default_rng(0),
+    )
+    return differences, float(min(1.0, result.pvalue))
+
+
+def seed_blocked_differences(
+    scores: Mapping[str, Mapping[tuple[str, int], float]],
 ) -> list[PairedDifference]:
-    """Every pair of methods compared on the observations both have (``scores[method]
-    [key]``, a key being e.g. an (attack, seed) both ran): the Wilcoxon signed-rank test
-    (two-sided; a pair whose differences are all zero gets p = 1), the p-values adjusted
-    together with Holm's step-down method."""
+    """Every pair of methods compared seed by seed (:func:`seed_difference`: per-seed
+    mean differences over the attacks both ran, an exact sign-flip test over seeds), the
+    p-values adjusted together with Holm's step-down method. ``n`` counts seeds."""
     pairs = []
     for first, second in itertools.combinations(scores, 2):
-        keys = [k for k in scores[first] if k in scores[second]]
-        differences = np.array([scores[first][k] - scores[second][k] for k in keys], float)
-        differences = differences[np.isfinite(differences)]
-        if len(differences) == 0:
-            continue
-        p_value = 1.0 if np.all(differences == 0) else float(stats.wilcoxon(differences).pvalue)
-        pairs.append((first, second, len(differences), float(differences.mean()), p_value))
+        differences, p_value = seed_difference(scores[first], scores[second])
+        if len(differences):
+            pairs.append((first, second, len(differences), float(differences.mean()), p_value))
     if not pairs:
         return []
     adjusted = multipletests([p for *_, p in pairs], method="holm")[1]
@@ -77,12 +143,3 @@ def paired_differences(
         PairedDifference(first, second, n, mean, p, float(p_holm))
         for (first, second, n, mean, p), p_holm in zip(pairs, adjusted, strict=True)
     ]
-
-
-def rate_interval(successes: int, trials: int) -> tuple[float, float, float]:
-    """A rate and its 95 % Wilson interval (inside [0, 1], unlike a t-interval on a
-    count); NaNs when there were no trials."""
-    if trials <= 0:
-        return math.nan, math.nan, math.nan
-    low, high = proportion_confint(successes, trials, alpha=0.05, method="wilson")
-    return successes / trials, float(low), float(high)

@@ -78,3 +78,70 @@ def test_the_cnn_regime_changes_the_model_only():
         c.params.partition.model_dump_json() for c in iid
     }
     assert {c.method for c in cells} < {c.method for c in iid}
+
+
+def test_every_ablation_variant_builds_the_filter_its_name_says():
+    from aggregation import build_filter
+    from aggregation.filters import PIDMADE, DistanceCUSUM
+
+    built = {name: build_filter(**spec) for name, spec in pid_made_ablation.VARIANTS.items()}
+
+    for name in ("paper_gaussian", "paper_chebyshev"):  # Algorithm 1, Theorems 6 and 5
+        filt = built[name]
+        assert isinstance(filt, PIDMADE) and filt.threshold == name.removeprefix("paper_")
+        assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
+        assert filt.round_cut is None and filt.exclusion == "permanent"
+    assert built["paper_gaussian"] == build_filter("pid_made")  # the defaults
+    assert built["pid_robust_spent"].spending == "rounds"
+    assert built["pid_robust_fixed"].spending == "none"
+    assert built["pid_cusum"].threshold == "cusum" and built["pid_cusum"].round_cut is None
+    for name in ("distance_cusum", "distance_cusum_cut"):
+        assert isinstance(built[name], DistanceCUSUM)
+        assert (built[name].drift, built[name].h) == (3.0, 8.0)
+    assert built["distance_cusum"].round_cut is None
+    assert built["distance_cusum_cut"].round_cut == robustness.ROUND_CUT == 11.0
+    drift4 = built["distance_cusum_drift4"]
+    assert isinstance(drift4, DistanceCUSUM) and (drift4.drift, drift4.h) == (4.0, 8.0)
+    searched = [build_filter(**spec) for spec in pid_made_ablation.SEARCH.values()]
+    assert all(isinstance(filt, DistanceCUSUM) for filt in searched)
+
+
+def committed(path, **key: str) -> dict[str, str]:
+    import csv
+
+    with path.open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if all(r[k] == v for k, v in key.items())]
+    assert len(rows) == 1, key
+    return rows[0]
+
+
+def test_one_held_out_seed_of_every_ablation_variant_reruns_to_its_committed_row():
+    cells = pid_made_ablation.cells_for("digits", range(10, 11))
+    cells = [cell for cell in cells if cell.attack == "label_flip"]
+    assert len(cells) == len(pid_made_ablation.VARIANTS)
+
+    for cell in cells:
+        record = pid_made_ablation.run_ablation_cell(cell)
+        row = committed(
+            pid_made_ablation.STEM.with_name("pid-made-ablation-seeds.csv"),
+            dataset="digits", variant=record["variant"], attack="label_flip", seed="10",
+        )  # fmt: skip
+        assert float(row["test_acc"]) == pytest.approx(record["metrics"]["test_acc"], abs=1e-6)
+        for key in ("honest_banned", "attackers_banned", "attackers_banned_by_5"):
+            assert int(row[key]) == record["detection"][key], (record["variant"], key)
+
+
+def test_the_matrix_rows_once_shown_as_pid_made_are_the_distance_cusum_with_the_round_cut():
+    # the records of pid_made's old default, relabelled: one cell reruns to its row
+    base = yaml.safe_load((robustness.PARAMS / "robustness-digits.yaml").read_text())
+    [cell] = robustness.cells_for(base, ["distance_cusum_cut_fedavg"], ["opt_ipm"], [0.2], 1)
+
+    [rerun] = robustness.seed_rows([robustness.run_cell(cell)])
+
+    row = committed(
+        robustness.RESULTS / "robustness-digits-seeds.csv",
+        method="distance_cusum_cut_fedavg", attack="opt_ipm", fraction="0.2", seed="0",
+    )  # fmt: skip
+    assert {k: str(rerun[k]) for k in ("test_acc", "fp", "fn", "acc_curve")} == {
+        k: row[k] for k in ("test_acc", "fp", "fn", "acc_curve")
+    }

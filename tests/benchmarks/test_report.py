@@ -29,3 +29,37 @@ def test_a_hand_edit_inside_a_block_is_caught_and_an_unknown_block_refused():
     assert changed == [name] and fixed == text
     with pytest.raises(KeyError, match="unknown generated block 'nope'"):
         report.regenerated("<!-- report:nope -->\nx\n<!-- /report:nope -->")
+
+
+def test_every_claim_of_the_ledger_holds_and_is_cited():
+    assert report.problems(report.DOC.read_text()) == []
+
+
+def test_a_claim_that_no_longer_holds_fails_the_check(tmp_path):
+    import yaml
+
+    from benchmarks import claims
+
+    ledger = claims.load_ledger()
+    broken = next(c for c in ledger if c["id"] == "C2")
+    broken["at_least"] = 0.99  # the distance CUSUM's worst case at a fifth is 0.93
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(ledger, allow_unicode=True))
+
+    found = report.problems(report.DOC.read_text(), ledger=path)
+
+    assert len(found) == 1 and found[0].startswith("claim C2 no longer holds: 0.933")
+
+
+def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
+    from benchmarks import claims
+
+    ledger = claims.load_ledger()
+    text = report.DOC.read_text().replace("[C1]", "[C99]")
+
+    problems = claims.citation_problems(text, ledger)
+
+    assert problems == [
+        "C99 is cited but not in the ledger",
+        "C1 is in the ledger but no sentence cites it",
+    ]

@@ -1,5 +1,6 @@
-"""PID-MADE: the docstring example, history by client id, exclusion modes, checkpoints,
-planted attackers, thresholds and bad parameters."""
+"""PID-MADE: the paper's Algorithm 1 by hand, the docstring example, history by client id,
+exclusion modes, checkpoints, planted attackers, thresholds, the PID score's CUSUM, the
+round cut and bad parameters."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from scipy.stats import t as student_t
 
 from aggregation import build_filter, list_filters
-from aggregation.filters import PIDMADE, chebyshev_k, gaussian_k
+from aggregation.filters import PIDMADE, DistanceCUSUM, chebyshev_k, gaussian_k
 from federated.attacks import build_attack, malicious_mask
 
 ROUNDS = ([0.0, 0.0, 0.0, 4.0], [0.0, 0.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0])
@@ -38,8 +39,46 @@ def test_registered_as_pid_made_with_the_paper_defaults() -> None:
 
     assert "pid_made" in list_filters()
     assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
-    assert (filt.threshold, filt.centroid, filt.exclusion) == ("cusum", "mean", "permanent")
-    assert (filt.drift, filt.h, filt.spending) == (3.0, 8.0, "rounds")
+    assert (filt.threshold, filt.centroid, filt.exclusion) == ("gaussian", "mean", "permanent")
+    assert filt.round_cut is None and filt.k is None
+
+
+def test_the_defaults_are_the_papers_algorithm_one_by_hand() -> None:
+    # Algorithm 1 with Theorem 6: u = Kp D + Ki sum of past D + Kd (D - D_prev) with
+    # Kp, Ki, Kd = 1, 0.5, 0.05; tau = mean(u) + z(0.95) std(u) (population std); a client
+    # above tau leaves Q for good. Six clients, 1-D updates, computed here from the formulas.
+    rounds = [[0.0, 0.1, -0.1, 0.2, -0.2, 3.0], [0.0, 0.1, -0.1, 0.2, 3.0, 0.0]]
+    z95 = 1.6448536269514722
+    integral = [0.0] * 6
+    last: list[float | None] = [None] * 6
+    banned: set[int] = set()
+    expected = []
+    for values in rounds:
+        active = [i for i in range(6) if i not in banned]
+        mean = sum(values[i] for i in active) / len(active)
+        d = [abs(v - mean) for v in values]
+        u = [d[i] + 0.5 * integral[i] + 0.05 * (d[i] - (d[i] if last[i] is None else last[i]))
+             for i in range(6)]  # fmt: skip
+        u_mean = sum(u[i] for i in active) / len(active)
+        std = math.sqrt(sum((u[i] - u_mean) ** 2 for i in active) / len(active))
+        tau = u_mean + z95 * std
+        banned |= {i for i in active if u[i] > tau}
+        expected.append((u, tau, sorted(banned)))
+        integral = [integral[i] + d[i] for i in range(6)]
+        last = d
+
+    decisions, state = run(build_filter("pid_made"), rounds, ids=list(range(6)))
+
+    for decision, (u, tau, banned_after) in zip(decisions, expected, strict=True):
+        active = ~decision.columns["banned"]
+        assert decision.scores[active].tolist() == pytest.approx(
+            [x for x, a in zip(u, active.tolist(), strict=True) if a]
+        )
+        assert decision.threshold == pytest.approx(tau)
+        assert [i for i in range(6) if not decision.keep[i]] == banned_after
+    assert expected[0][2] == [5] and expected[1][2] == [4, 5]  # the example bans as it says
+    assert state["banned"] == [4, 5]
+    assert "gaussian threshold mean + 1.64·std" in decisions[0].note
 
 
 def test_docstring_example_over_three_rounds() -> None:
@@ -68,7 +107,7 @@ def test_docstring_example_over_three_rounds() -> None:
     assert r3.reason == "pid_made"
 
     assert state["round"] == 3
-    # (the CUSUM is kept whatever the threshold: round 1's z of 4 added 4 - 3, then spent)
+    # (no CUSUM with the paper's threshold: its statistic stays 0)
     assert state["history"][3] == {"integral": 5.0, "last": 1.0, "rounds": 3, "cusum": 0.0}
     assert state["banned"] == []
 
@@ -102,12 +141,12 @@ def test_unsampled_client_keeps_its_history_and_resumes_from_its_last_distance()
     (_,), state = run(filt, [ROUNDS[0]])  # client 3: D = 3
 
     (_,), state = run(filt, [[0.0, 3.0, 0.0]], ids=[0, 1, 2], state=state)
-    assert state["history"][3] == {"integral": 3.0, "last": 3.0, "rounds": 1, "cusum": 1.0}
+    assert state["history"][3] == {"integral": 3.0, "last": 3.0, "rounds": 1, "cusum": 0.0}
 
     (back,), state = run(filt, [[0.0, 0.0, 0.0, 2.0]], state=state)  # mean 0.5, D3 = 1.5
     assert back.columns["i_term"][3] == pytest.approx(0.5 * 3.0)
     assert back.columns["d_term"][3] == pytest.approx(0.05 * (1.5 - 3.0))
-    assert state["history"][3] == {"integral": 4.5, "last": 1.5, "rounds": 2, "cusum": 2.0}
+    assert state["history"][3] == {"integral": 4.5, "last": 1.5, "rounds": 2, "cusum": 0.0}
 
 
 @pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
@@ -318,7 +357,7 @@ def test_client_ids_must_match_rows_and_be_distinct() -> None:
         ({"alpha": 1.0}, "alpha"),
         (
             {"threshold": "student"},
-            "threshold must be one of cusum, robust, chebyshev, gaussian, k",
+            "threshold must be one of gaussian, chebyshev, k, robust, cusum",
         ),
         ({"spending": "all"}, "spending must be one of rounds, none"),
         ({"spending": "none", "threshold": "gaussian"}, "only used with threshold='robust'"),
@@ -327,6 +366,7 @@ def test_client_ids_must_match_rows_and_be_distinct() -> None:
         ({"centroid": "median"}, "centroid must be one of mean, geometric_median"),
         ({"exclusion": "forever"}, "exclusion must be one of permanent, round"),
         ({"threshold": "k"}, "threshold='k' needs k"),
+        ({"round_cut": 0.0}, "round_cut must be finite and > 0"),
         ({"k": 2.0}, "only used with threshold='k'"),
     ],
 )
@@ -364,22 +404,31 @@ def test_the_robust_threshold_spends_alpha_over_rounds_only_when_exclusion_is_pe
     assert permanent.k_value_for(20, 10) > permanent.k_value_for(20, 1) > per_round.k_value_for(20)
 
 
-@pytest.mark.parametrize(("threshold", "seeds_banning"), [("cusum", 1), ("robust", 2)])
+OURS = {
+    "pid_made robust": PIDMADE(threshold="robust"),
+    "pid_made cusum": PIDMADE(threshold="cusum"),
+    "distance_cusum": DistanceCUSUM(),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "seeds_banning"),
+    [("pid_made robust", 2), ("pid_made cusum", 1), ("distance_cusum", 1)],
+)
 @pytest.mark.parametrize(("clients", "attackers"), [(20, 4), (20, 8), (100, 30), (1000, 200)])
 def test_our_thresholds_ban_every_attacker_and_honest_clients_rarely_at_any_size(
-    clients: int, attackers: int, threshold: str, seeds_banning: int
+    clients: int, attackers: int, name: str, seeds_banning: int
 ) -> None:
     # the same sign-flipped update from every attacker: no attacker's z-score can exceed
     # sqrt((1 - p) / p), so the paper's mean + k std rules miss them at these shares.
     # Both aim at a small chance that any honest client is ever banned (with no attack,
     # over 20 rounds and 200 seeds: 0 % for cusum at 20 clients, 11 % for robust). Below
-    # about 8 scored clients a MAD is too noisy for either (5 clients, one attacker
-    # banned: an honest client banned in 4-5 of 10 seeds), as docs/configuration.md says.
+    # about 8 scored clients a MAD is too noisy for any of them (the next test).
     mask = malicious_mask(list(range(clients)), set(range(attackers)))
     honest_bans = 0
     for seed in range(10):
         gen = torch.Generator().manual_seed(clients * 100 + seed)
-        filt = PIDMADE(threshold=threshold)
+        filt = OURS[name]
         state = filt.init_state()
         for _ in range(10):
             updates = build_attack("sign_flip").apply(honest_round(gen, n=clients, d=200), mask)
@@ -388,6 +437,27 @@ def test_our_thresholds_ban_every_attacker_and_honest_clients_rarely_at_any_size
         honest_bans += len(state["banned"]) > attackers
 
     assert honest_bans <= seeds_banning
+
+
+@pytest.mark.parametrize("name", list(OURS))
+def test_at_five_clients_our_thresholds_ban_an_honest_client_in_about_half_the_seeds(
+    name: str,
+) -> None:
+    # what docs/configuration.md warns of: a median and MAD of five scores are too noisy
+    # (10 seeds, one sign-flipping attacker, 10 rounds: 4 to 7 seeds ban an honest client)
+    banning = 0
+    for seed in range(10):
+        gen = torch.Generator().manual_seed(500 + seed)
+        filt = OURS[name]
+        state = filt.init_state()
+        for _ in range(10):
+            updates = build_attack("sign_flip").apply(
+                honest_round(gen, n=5, d=200), malicious_mask(list(range(5)), {0})
+            )
+            _, state = filt.step(state, updates, list(range(5)))
+        banning += bool(set(state["banned"]) - {0})
+
+    assert 3 <= banning <= 7
 
 
 def test_identical_attackers_hide_from_the_papers_thresholds_not_from_the_robust_one() -> None:
@@ -418,56 +488,3 @@ def test_a_fixed_k_keeps_the_first_rounds_multiplier_in_every_round() -> None:
         == PIDMADE(threshold="robust", exclusion="round").k_value_for(20)
     )
     assert spent.k_value_for(20, 1) > fixed.k_value_for(20, 1)  # alpha / m against its share
-
-
-def test_cusum_by_hand_needs_more_than_one_round_of_evidence() -> None:
-    # 10 clients, 1-D: nine at 0 and one at 5 -> D = [0.5 x 9, 4.5], median 0.5, MAD 0, so
-    # the mean absolute deviation 0.4 is the scale and the outlier's z is 10: it adds
-    # min(10, 3 + 8) - 3 = 7 <= h = 8 (kept), then 7 more in round 2 (14 > 8: excluded)
-    filt = PIDMADE()  # the default
-    ids = list(range(10))
-
-    (r1, r2), state = run(filt, [[0.0] * 9 + [5.0]] * 2, ids=ids)
-
-    assert r1.columns["z"].tolist() == pytest.approx([0.0] * 9 + [10.0])
-    assert r1.scores.tolist() == pytest.approx([0.0] * 9 + [7.0])
-    assert r1.threshold == 8.0 and r1.keep.all()
-    assert "cusum" in r1.note and "drift 3" in r1.note
-    assert r2.scores.tolist() == pytest.approx([0.0] * 9 + [14.0])
-    assert r2.keep.tolist() == [True] * 9 + [False]
-    assert state["banned"] == [9] and state["history"][9]["cusum"] == pytest.approx(14.0)
-
-
-def test_cusum_forgives_one_bad_round_that_the_per_round_threshold_bans_for_good() -> None:
-    # an honest client far out in round 1 only (a small site's first update), and an
-    # attacker far out in every round
-    gen = torch.Generator().manual_seed(3)
-    ids = list(range(20))
-    spiked = honest_round(gen)
-    spiked[5] += 0.8 * torch.randn(spiked.shape[1], generator=gen) / math.sqrt(spiked.shape[1])
-    rounds = [spiked] + [honest_round(gen) for _ in range(5)]
-    outcomes = {}
-    for name, filt in {"robust": PIDMADE(threshold="robust"), "cusum": PIDMADE()}.items():
-        state = filt.init_state()
-        for updates in rounds:
-            updates = updates.clone()
-            updates[0] = -3.0 * updates[1:].mean(0)  # the attacker, every round
-            _, state = filt.step(state, updates, ids)
-        outcomes[name] = state["banned"]
-
-    assert outcomes["robust"] == [0, 5]
-    assert outcomes["cusum"] == [0]
-
-
-def test_cusum_leaves_a_wild_update_out_of_its_round_without_banning_its_client() -> None:
-    # client 9's first update is hundreds of robust deviations out: left out of round 1
-    # (it would wreck the mean) with S = h, not banned; back in line, it is kept
-    honest = [0.0, 0.1, -0.1, 0.2, -0.2, 0.05, -0.05, 0.15, -0.15]
-    filt = PIDMADE()
-
-    (r1, r2), state = run(filt, [[*honest, 50.0], [*honest, 0.0]], ids=list(range(10)))
-
-    assert r1.columns["z"][9] > 100 and r1.scores[9] == pytest.approx(8.0)
-    assert r1.keep.tolist() == [True] * 9 + [False]
-    assert r2.keep.all() and state["banned"] == []
-    assert "left out of its round" in r1.note

@@ -1,0 +1,186 @@
+"""The claims ledger: every comparative or causal sentence of docs/results.md's readings
+cites a claim id (``[C3]``), and ``benchmarks/claims.yaml`` holds for each claim the
+record it rests on, the statistic, the test and the threshold the test must meet.
+``python -m benchmarks.report --check`` recomputes every claim from the committed records
+and fails naming each one that no longer holds, each id cited but not in the ledger, and
+each claim no sentence cites.
+
+Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
+
+- ``worst_case``: ``record`` (a matrix, e.g. ``digits`` or ``digits-filters``),
+  ``method``, ``fraction``, optional ``seeds`` (``[first, last]``), and ``at_least`` or
+  ``at_most``: the method's worst case per seed over every attack at that fraction
+  (halted runs at chance); holds when the 95 % t-interval over seeds lies entirely above
+  ``at_least`` (below ``at_most``).
+- ``better``: ``record``, ``first``, ``second``, ``fraction``, ``statistic`` (``worst``:
+  the per-seed worst cases; ``mean``: the per-seed means over the attacks both ran),
+  optional ``seeds``: ``first`` higher than ``second``, an exact sign-flip test over
+  seeds, two-sided p < 0.05 (:func:`tasks.statistics.seed_difference`).
+- ``ablation``: ``dataset``, ``first``, ``second``, ``outcome`` (``banning``: clean runs
+  banning an honest client; ``caught``: attacked runs with every attacker out by round
+  5), ``fewer`` or ``more``: on the held-out seeds of benchmarks/pid_made_ablation.py,
+  ``first`` has the outcome in fewer (more) seeds than ``second``, exact McNemar p < 0.05.
+- ``at_most_seeds``: ``dataset``, ``variant``, ``outcome``, ``held_out`` (bool), ``k``: the
+  outcome happened in at most k of the ablation's seeds of that group.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LEDGER = Path(__file__).resolve().parent / "claims.yaml"
+ALPHA = 0.05
+CITATION = re.compile(r"\[(C\d+(?:, C\d+)*)\]")  # [C3] or [C3, C4]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim recomputed: the statistic as shown, and whether its test passed."""
+
+    claim: str
+    text: str
+    statistic: str
+    test: str
+    holds: bool
+
+
+def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
+    claims = yaml.safe_load(path.read_text())
+    ids = [c["id"] for c in claims]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        raise ValueError(
+            f"{path.name}: claim ids must be unique, got {', '.join(duplicated)} twice"
+        )
+    for claim in claims:
+        if claim["kind"] not in KINDS:
+            raise ValueError(
+                f"{path.name}: claim {claim['id']} has kind {claim['kind']!r}; "
+                f"allowed: {', '.join(KINDS)}"
+            )
+    return claims
+
+
+def seeds_of(claim: dict[str, Any]) -> range | None:
+    if "seeds" not in claim:
+        return None
+    first, last = claim["seeds"]
+    return range(first, last + 1)
+
+
+def _matrix(claim: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    from benchmarks import report
+
+    rows = report.with_halts(report.load(claim["record"]))
+    seeds = seeds_of(claim)
+    if seeds is not None:
+        rows = [r for r in rows if int(r["seed"]) in seeds]
+    dataset = claim["record"].split("-")[0]
+    return rows, report.HEADLINE[dataset]
+
+
+def worst_case(claim: dict[str, Any]) -> Verdict:
+    from benchmarks import report
+    from tasks.comparison import interval
+
+    rows, metric = _matrix(claim)
+    worst, _, _ = report.worst_by_seed(rows, claim["method"], claim["fraction"], metric)
+    mean, _, half = interval(list(worst.values()))
+    half = 0.0 if math.isnan(half) else half
+    if "at_least" in claim:
+        bound, holds, test = mean - half, mean - half >= claim["at_least"], "≥"
+        threshold = claim["at_least"]
+    else:
+        bound, holds, test = mean + half, mean + half <= claim["at_most"], "≤"
+        threshold = claim["at_most"]
+    return Verdict(
+        claim["id"], claim["text"], f"{mean:.3f} ± {half:.3f} [{len(worst)} seeds]",
+        f"95 % bound {bound:.3f} {test} {threshold:g}", bool(holds) and not math.isnan(mean),
+    )  # fmt: skip
+
+
+def better(claim: dict[str, Any]) -> Verdict:
+    from benchmarks import report
+    from tasks.statistics import seed_difference, smallest_p
+
+    rows, metric = _matrix(claim)
+    if claim["statistic"] == "worst":
+        first, second = (
+            {("worst", seed): value for seed, value in
+             report.worst_by_seed(rows, m, claim["fraction"], metric)[0].items()}
+            for m in (claim["first"], claim["second"])
+        )  # fmt: skip
+    else:
+        first, second = (
+            {(r["attack"], int(r["seed"])): r[metric] for r in rows
+             if r["method"] == m and r["fraction"] == claim["fraction"] and r["attack"] != "none"}
+            for m in (claim["first"], claim["second"])
+        )  # fmt: skip
+    differences, p = seed_difference(first, second)
+    mean = float(differences.mean()) if len(differences) else math.nan
+    return Verdict(
+        claim["id"], claim["text"],
+        f"Δ {claim['statistic']} = {mean:+.3f} over {len(differences)} seeds",
+        f"sign-flip p = {p:.3g} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
+        bool(mean > 0 and p < ALPHA),
+    )  # fmt: skip
+
+
+def ablation(claim: dict[str, Any]) -> Verdict:
+    from benchmarks import pid_made_ablation, report
+    from tasks.statistics import exact_mcnemar
+
+    rows = [r for r in report.ablation_rows() if int(r["seed"]) not in pid_made_ablation.TUNED_ON]
+    outcome = claim["outcome"]
+    first = report.ablation_outcomes(rows, claim["first"], claim["dataset"])[outcome]
+    second = report.ablation_outcomes(rows, claim["second"], claim["dataset"])[outcome]
+    only_first, only_second, p = exact_mcnemar(first, second)
+    direction = only_first < only_second if "fewer" in claim else only_first > only_second
+    return Verdict(
+        claim["id"], claim["text"],
+        f"{sum(first.values())}/{len(first)} against {sum(second.values())}/{len(second)} "
+        f"held-out seeds ({only_first} / {only_second} discordant)",
+        f"exact McNemar p = {p:.3g} < {ALPHA:g}", bool(direction and p < ALPHA),
+    )  # fmt: skip
+
+
+def at_most_seeds(claim: dict[str, Any]) -> Verdict:
+    from benchmarks import pid_made_ablation, report
+
+    held_out = bool(claim["held_out"])
+    rows = [r for r in report.ablation_rows()
+            if (int(r["seed"]) not in pid_made_ablation.TUNED_ON) == held_out]  # fmt: skip
+    events = report.ablation_outcomes(rows, claim["variant"], claim["dataset"])[claim["outcome"]]
+    count = sum(events.values())
+    return Verdict(
+        claim["id"], claim["text"], f"{count} of {len(events)} seeds",
+        f"≤ {claim['k']}", bool(events) and count <= claim["k"],
+    )  # fmt: skip
+
+
+KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
+    "worst_case": worst_case,
+    "better": better,
+    "ablation": ablation,
+    "at_most_seeds": at_most_seeds,
+}
+
+
+def verdicts(path: Path = LEDGER) -> list[Verdict]:
+    return [KINDS[claim["kind"]](claim) for claim in load_ledger(path)]
+
+
+def citation_problems(text: str, claims: list[dict[str, Any]]) -> list[str]:
+    """Ids cited in ``text`` that the ledger lacks, and claims ``text`` never cites."""
+    cited = {i for group in CITATION.findall(text) for i in group.split(", ")}
+    known = {c["id"] for c in claims}
+    problems = [f"{i} is cited but not in the ledger" for i in sorted(cited - known)]
+    problems += [f"{i} is in the ledger but no sentence cites it" for i in sorted(known - cited)]
+    return problems
