@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, row_mean
+from aggregation.base import AggregationRule, check_int, row_mean
 from aggregation.ops import centered_gram, krum_scores, ranking, squared_distances
 from aggregation.registry import register_aggregator
 
@@ -55,11 +55,6 @@ def krum_ranking(updates: Tensor, f: int) -> tuple[Tensor, Tensor]:
     return ranking(scores, dist.sum(dim=1)), scores
 
 
-def _check_f(f: int) -> None:
-    if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-        raise ValueError(f"f must be an integer >= 0, got {f!r}")
-
-
 @register_aggregator("krum")
 @dataclass(frozen=True, kw_only=True)
 class Krum(AggregationRule):
@@ -68,7 +63,7 @@ class Krum(AggregationRule):
     f: int  # number of Byzantine clients tolerated
 
     def __post_init__(self) -> None:
-        _check_f(self.f)
+        check_int("f", self.f, 0)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         check_krum_condition("krum", updates.shape[0], self.f)
@@ -93,9 +88,9 @@ class MultiKrum(AggregationRule):
     m: int | None = None  # updates averaged; None: n - f
 
     def __post_init__(self) -> None:
-        _check_f(self.f)
-        if self.m is not None and (not isinstance(self.m, int) or self.m < 1):
-            raise ValueError(f"m must be an integer >= 1 or None, got {self.m!r}")
+        check_int("f", self.f, 0)
+        if self.m is not None:
+            check_int("m", self.m, 1)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n = updates.shape[0]

@@ -256,9 +256,16 @@ def regimes_block(dataset: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def at_majority(row: Row) -> bool:
+    """The run ends predicting one class for (nearly) every test image: its accuracy is
+    the majority share to the record's four digits. Such a run says nothing of a rule."""
+    return abs(row["test_acc"] - row["majority_share"]) < 5e-5
+
+
 def regime_grid_block(name: str, dataset: str) -> str:
     """A regime's subset (``robustness-<dataset>-<regime>``): per method, no attack, each
-    attack at the regime's fraction, and the drop to the worst of them, paired by seed."""
+    attack at the regime's fraction, the drop to the worst of them, paired by seed, and
+    how many of its runs ended at the majority class (:func:`at_majority`)."""
     rows = finished(load(name))
     metric = HEADLINE[dataset]
     margins = baselines(rows, metric)
@@ -266,8 +273,9 @@ def regime_grid_block(name: str, dataset: str) -> str:
     fraction = next(r["fraction"] for r in rows if r["attack"] != "none")
     header = " | ".join(f"{a} at {fraction:g}" for a in attacks)
     lines = [
-        f"| method | no attack | {header} | drop to the worst, paired by seed |",
-        "|---" * (len(attacks) + 3) + "|",
+        f"| method | no attack | {header} | drop to the worst, paired by seed "
+        "| runs at the majority class |",
+        "|---" * (len(attacks) + 4) + "|",
     ]
     for method in distinct(rows):
         mine = [r for r in rows if r["method"] == method]
@@ -278,8 +286,10 @@ def regime_grid_block(name: str, dataset: str) -> str:
         capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in mine)
         cells = [shown(per_attack[a].values()) for a in attacks]
         flag = ("" if margins[method][1] else " †") + (" ‡" if capped else "")
+        stuck = sum(at_majority(r) for r in mine)
         lines.append(
-            f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} |"
+            f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} "
+            f"| {stuck} of {len(mine)} |"
         )
     return "\n".join(lines) + "\n"
 

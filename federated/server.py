@@ -62,8 +62,8 @@ import torch
 from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, PreAggregator, drop_non_finite
+from aggregation.defence import Rows, RuleOutcome, run_filters, run_rule
 from aggregation.mean import FedAvg
-from aggregation.preaggregators import client_columns, preaggregate
 from federated.attacks.base import ModelAttack
 from federated.backdoor_eval import attack_success_rate
 from federated.batched import auto_max_parallel, batched_pays, batched_unsupported_reason
@@ -899,10 +899,12 @@ class Federation:
             )
             kept_weights = torch.ones_like(kept_weights)
         decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids)
-        aggregate, outcome.aggregator_state, outcome.preaggregator_states = decided[:3]
+        aggregate = decided.aggregate
+        outcome.aggregator_state = decided.rule_state
+        outcome.preaggregator_states = decided.preaggregator_states
         if self.defence.privacy is not None:
             aggregate = self._privately_released(round_number, aggregate, kept)
-        self._record_decisions(decided[3], outcome.kept_ids, rows)
+        self._record_decisions(decided.columns, outcome.kept_ids, rows)
         outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
             state.global_vector.dtype
         )
@@ -992,22 +994,14 @@ class Federation:
         def defend(candidate: Tensor) -> Tensor:
             _, _, keep = drop_non_finite(candidate, weights)
             keep = keep.clone()
-            for flt, flt_state in zip(self.defence.filters, state.filter_states, strict=True):
-                positions = keep.nonzero().flatten()
-                if len(positions) == 0:
-                    break
-                decision, _ = flt.step(
-                    flt_state, candidate[positions], [ids[p] for p in positions.tolist()],
-                    weights[positions],
-                )  # fmt: skip
-                keep[positions[~decision.keep.to(keep.device)]] = False
+            run_filters(self.defence.filters, state.filter_states, candidate, weights, ids, keep)
             positions = keep.nonzero().flatten()
             if len(positions) < self.config.min_clients:  # the round would be skipped
                 return torch.zeros_like(candidate[0])
             kept = [ids[p] for p in positions.tolist()]
             return self._decide(
                 state, round_number, candidate[positions], weights[positions], kept
-            )[0]
+            ).aggregate
 
         return defend
 
@@ -1022,16 +1016,12 @@ class Federation:
     ) -> list[dict[str, Any]]:
         """Run the filters in order on the rows still kept (``keep`` is updated in place),
         recording each client's scores and any exclusion; the filters' new states."""
-        states = list(filter_states)
-        for index, flt in enumerate(self.defence.filters):
-            positions = keep.nonzero().flatten()
-            if len(positions) == 0:
-                break
-            decision, states[index] = flt.step(
-                states[index], stacked[positions], [ids[p] for p in positions.tolist()],
-                weights[positions],
-            )  # fmt: skip
-            for row_index, position in enumerate(positions.tolist()):
+        steps, states = run_filters(
+            self.defence.filters, filter_states, stacked, weights, ids, keep
+        )
+        for step in steps:
+            decision = step.decision
+            for row_index, position in enumerate(step.positions.tolist()):
                 row = rows[ids[position]]
                 if decision.scores is not None:
                     row["score"] = float(decision.scores[row_index])
@@ -1041,7 +1031,6 @@ class Federation:
                     row[name] = float(column[row_index])
                 if not bool(decision.keep[row_index]):
                     row.update(excluded=True, reason=decision.reason, message=decision.note)
-                    keep[position] = False
         return states
 
     def _decide(
@@ -1051,33 +1040,18 @@ class Federation:
         updates: Tensor,
         weights: Tensor,
         ids: list[int],
-    ) -> tuple[Tensor, dict[str, Any], list[dict[str, Any]], dict[str, Tensor]]:
-        """The pre-aggregators, then the rule, on the rows that passed the filters: the
-        aggregate, the rule's and pre-aggregators' new states, and per-client values for
-        the trail (effective weight, the rule's and every pre-aggregator's columns)."""
+    ) -> RuleOutcome:
+        """The pre-aggregators, then the rule, on the rows that passed the filters
+        (:func:`aggregation.defence.run_rule`, with the server's oracle and reference)."""
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
         )
-        chain, pre_states = preaggregate(
-            self.defence.preaggregators, state.preaggregator_states, updates, weights,
-            client_ids=ids, generator=generator,
+        return run_rule(
+            self.defence.rule, state.aggregator_state, self.defence.preaggregators,
+            state.preaggregator_states, Rows(updates, weights, ids), generator=generator,
+            oracle=lambda: self._oracle(state),
+            reference=lambda: self._reference(state, round_number),
         )  # fmt: skip
-        inputs: dict[str, Any] = {}
-        if self.defence.rule.requires_oracle:
-            inputs["oracle"] = self._oracle(state)
-        if self.defence.rule.requires_reference:
-            inputs["reference"] = self._reference(state, round_number)
-        if chain.row_ids is not None:
-            inputs["client_ids"] = chain.row_ids
-        aggregate, rule_state, diagnostics = self.defence.rule.step(
-            state.aggregator_state, chain.rows, chain.weights, **inputs
-        )
-        return (
-            aggregate,
-            rule_state,
-            pre_states,
-            chain.columns | client_columns(diagnostics, chain.mixing),
-        )
 
     def _reference(self, state: ServerState, round_number: int) -> Tensor:
         """The server's own update from its root data, made as a client makes its own."""

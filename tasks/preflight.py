@@ -24,7 +24,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
-from aggregation.preaggregators import preaggregate
+from aggregation.defence import Rows, run_rule
 from config.errors import ConfigError
 from config.params import Params, population
 from federated.data import DataError, unwritable
@@ -140,20 +140,12 @@ def _probe_rule(
     them, with a synthetic oracle or reference where the rule needs one)."""
     stages = [build_preaggregator(p.name, **p.params()) for p in params.preaggregators]
     ids = list(range(updates.shape[0]))
-    chain, _ = preaggregate(
-        stages, [s.init_state() for s in stages], updates, weights, client_ids=ids,
-        generator=generator,
+    run_rule(
+        rule, rule.init_state(), stages, [s.init_state() for s in stages],
+        Rows(updates, weights, ids), generator=generator,
+        oracle=lambda: lambda c: (c**2).sum(dim=1),
+        reference=lambda: torch.randn(updates.shape[1], generator=generator, dtype=updates.dtype),
     )  # fmt: skip
-    inputs: dict[str, object] = {}
-    if rule.requires_oracle:
-        inputs["oracle"] = lambda c: (c**2).sum(dim=1)
-    if rule.requires_reference:
-        inputs["reference"] = torch.randn(
-            updates.shape[1], generator=generator, dtype=updates.dtype
-        )
-    if chain.row_ids is not None:
-        inputs["client_ids"] = chain.row_ids
-    rule.step(rule.init_state(), chain.rows, chain.weights, **inputs)
 
 
 @task(name="preflight", cache_policy=NO_CACHE)
