@@ -220,7 +220,6 @@ _DATA: dict[str, Any] = {}
 def trained(cell: Any) -> tuple[Any, Any, Any]:
     """``cell`` trained through the engine (in a worker process; the dataset loaded once
     per worker): its federation, final state and dataset."""
-    import torch
 
     from federated.data import ensure_medmnist, load_medmnist
     from federated.loop import train
@@ -228,7 +227,6 @@ def trained(cell: Any) -> tuple[Any, Any, Any]:
     from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
 
-    torch.set_num_threads(1)
     params = cell.params
     key = params.data.dataset
     if key not in _DATA:
@@ -324,13 +322,24 @@ def finished(cells_file: Path) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in rows}
 
 
+def one_torch_thread() -> None:
+    """A worker process's setting: one torch thread, so that ``workers`` cells share the
+    cores without oversubscribing them (set in the worker, never in a caller's process)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def run_matrix(cells: list[Any], cells_file: Path, workers: int, runner: Any = run_cell) -> None:
     """Every cell not yet in ``cells_file`` through ``runner`` in ``workers`` processes,
     each record appended as it finishes."""
     done = finished(cells_file)
     todo = [cell for cell in cells if cell.name not in done]
     print(f"robustness: {len(cells)} cells, {len(done)} already done, {len(todo)} to run")
-    with ProcessPoolExecutor(max_workers=workers) as pool, cells_file.open("a") as out:
+    with (
+        ProcessPoolExecutor(max_workers=workers, initializer=one_torch_thread) as pool,
+        cells_file.open("a") as out,
+    ):
         futures = [pool.submit(runner, cell) for cell in todo]
         for count, future in enumerate(as_completed(futures), 1):
             record = future.result()

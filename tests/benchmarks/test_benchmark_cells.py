@@ -115,6 +115,20 @@ def committed(path, **key: str) -> dict[str, str]:
     return rows[0]
 
 
+@pytest.fixture
+def as_a_benchmark_worker():
+    """One torch thread, as the benchmark's worker processes run (the records were made
+    so), restored afterwards: a test must not change the thread count of the process the
+    next tests run in (a warm trainer's answers are compared bit for bit)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    robustness.one_torch_thread()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("as_a_benchmark_worker")
 def test_one_held_out_seed_of_every_ablation_variant_reruns_to_its_committed_row():
     cells = pid_made_ablation.cells_for("digits", range(10, 11))
     cells = [cell for cell in cells if cell.attack == "label_flip"]
@@ -131,6 +145,7 @@ def test_one_held_out_seed_of_every_ablation_variant_reruns_to_its_committed_row
             assert int(row[key]) == record["detection"][key], (record["variant"], key)
 
 
+@pytest.mark.usefixtures("as_a_benchmark_worker")
 def test_the_matrix_rows_once_shown_as_pid_made_are_the_distance_cusum_with_the_round_cut():
     # the records of pid_made's old default, relabelled: one cell reruns to its row
     base = yaml.safe_load((robustness.PARAMS / "robustness-digits.yaml").read_text())
