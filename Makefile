@@ -136,10 +136,10 @@ container-smoke:  # needs a running Docker engine; minutes (docs/container.md)
 	bash scripts/container_smoke.sh
 
 container-faults:  # needs a running Docker engine; a stopped or killed worker, PostgreSQL killed (docs/operations.md)
-	$(BIN)/python scripts/container_faults.py
+	$(BIN)/python -m scripts.container_faults
 
 federation-smoke:  # needs a running Docker engine; the SuperLink and three sites as containers (docs/federation.md)
-	$(BIN)/python scripts/federation_smoke.py
+	$(BIN)/python -m scripts.federation_smoke
 
 clean:
 	rm -rf artifacts reports .prefect mlflow.db mlartifacts mlruns

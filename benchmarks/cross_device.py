@@ -78,8 +78,8 @@ PHASES = {
     "sampling": ("federated/server.py", ("sample_clients",)),
     "data gathering": ("federated/batched.py", ("_chunk_data", "_schedule", "_to_device")),
     "local training": ("federated/server.py", ("_train_clients",)),
-    "aggregation": ("federated/server.py", ("_aggregate",)),
-    "evaluation": ("federated/server.py", ("_scores",)),
+    "aggregation": ("federated/defence.py", ("aggregate",)),
+    "evaluation": ("federated/scoring.py", ("scores",)),
     "round": ("federated/server.py", ("run_round",)),
 }
 
@@ -359,7 +359,7 @@ def lr_mnist(args: argparse.Namespace, data: Path, tmp: Path) -> dict[str, Any]:
             "no Flower environment: run `python -m benchmarks.flower_race --setup` first"
         )
     out = tmp / "flower.json"
-    command = [str(FLOWER_PYTHON), "benchmarks/flower/run_cross_device.py", "--data", str(data),
+    command = [str(FLOWER_PYTHON), "benchmarks/flower/launch.py", "cross-device", "--data", str(data),
                "--out", str(out), "--rounds", str(args.rounds), "--threads", str(args.threads),
                "--batch", str(BATCH), "--lr", str(LR)]  # fmt: skip
     wall, _ = timed_process(command)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import cpu_environment, write_summary
+from benchmarks.loopback import CONNECTION, Loopback
 from config.assembly import build_global_model
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
@@ -62,7 +63,6 @@ from federated.server import ServerState
 from federated.vectors import model_to_vector
 from flowerapp.certs import make_site_key
 from flowerapp.hub import HubFiles, simulated_federation, write_params
-from flowerapp.loopback import CONNECTION, Loopback
 from flowerapp.site_data import load_site_data, write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR

@@ -312,7 +312,7 @@ def flower_once(python: Path, tmp: Path, common: list[str]) -> tuple[float, dict
     timings summarised under ``"run"``."""
     out = tmp / "flower.json"
     wall, cpu, _ = timed(
-        [str(python), str(FLOWER_DIR / "run.py"), "--data", str(data_file()),
+        [str(python), str(FLOWER_DIR / "launch.py"), "race", "--data", str(data_file()),
          "--out", str(out), *common],
         cwd=REPO,
     )  # fmt: skip

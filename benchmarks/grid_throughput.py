@@ -153,8 +153,10 @@ def cell_profile() -> None:
     step of a round, and the grid cell's MLflow calls and reports."""
     import torch
 
-    import federated.server as server
     from federated.data import load_medmnist
+    from federated.defence import RoundDefence
+    from federated.noniid_screen import NonIIDScreen
+    from federated.server import Federation
     from tasks.grid import partition_key, partitions_for, run_grid_cell
 
     torch.set_num_threads(1)
@@ -162,14 +164,14 @@ def cell_profile() -> None:
     data = load_medmnist("breastmnist", data_root())
     parts = partitions_for.fn([cell], data)[partition_key(cell.params)]
     spent: dict[str, float] = {}
-    steps = {
-        "training": "_train_clients",
-        "noniid_screen": "_noniid_screen",
-        "attack_filters_aggregation": "_aggregate",
-        "per_round_evaluation": "_round_metrics",
+    steps = {  # the round's parts, each timed where it runs
+        "training": (Federation, "_train_clients"),
+        "noniid_screen": (NonIIDScreen, "screen"),
+        "attack_filters_aggregation": (RoundDefence, "aggregate"),
+        "per_round_evaluation": (Federation, "_round_metrics"),
     }
-    for label, name in steps.items():
-        original = getattr(server.Federation, name)
+    for label, (part, name) in steps.items():
+        original = getattr(part, name)
 
         def timed(*args: Any, _original: Any = original, _label: str = label, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -178,7 +180,7 @@ def cell_profile() -> None:
             finally:
                 spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - started
 
-        setattr(server.Federation, name, timed)
+        setattr(part, name, timed)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
         from tasks.tracking import Tracker

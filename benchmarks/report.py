@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import re
 import statistics
@@ -56,8 +57,14 @@ Row = dict[str, Any]
 
 def load(name: str) -> list[Row]:
     """The per-seed records of a matrix (``digits``, ``digits-dirichlet-0.1``...), numbers
-    as numbers (None where empty)."""
+    as numbers (None where empty). Each call gets rows of its own (blocks may add keys);
+    the file is parsed once while it is unchanged."""
     path = RESULTS / f"robustness-{name}-seeds.csv"
+    return [dict(row) for row in _parsed(path, path.stat().st_mtime_ns)]
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed(path: Path, _changed: int) -> tuple[Row, ...]:
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     for row in rows:
@@ -66,7 +73,7 @@ def load(name: str) -> list[Row]:
                 row[key] = None if value == "" else float(value)
         # triggered images sent to the target: the success rate's count
         row["asr_hits"] = None if row["asr"] is None else round(row["asr"] * row["trigger_images"])
-    return rows
+    return tuple(rows)
 
 
 def distinct(rows: Iterable[Row], key: str = "method") -> list[Any]:

@@ -31,7 +31,12 @@ from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
-from federated.batched import train_clients_batched
+from federated.batched import (
+    auto_max_parallel,
+    batched_pays,
+    batched_unsupported_reason,
+    train_clients_batched,
+)
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.metrics import SplitSummary, logits_of, scores_of, summarise
 from federated.vectors import vector_to_model_
@@ -50,6 +55,7 @@ __all__ = [
     "SiteScorer",
     "collect_results",
     "evaluate_site",
+    "local_executor",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -301,3 +307,39 @@ class BatchedExecutor:
             return one.train(global_vector, round_number, client_ids, on_result)
         by_id = {u.client_id: u for u in updates}
         return collect_results(client_ids, lambda i: ClientResult(i, "ok", by_id[i]), on_result)
+
+
+def local_executor(
+    model: nn.Module,
+    clients: Sequence[Any],
+    local: LocalTraining,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    seed_of: Callable[[int, int], int],
+    *,
+    backend: str,
+    max_parallel: int | None,
+) -> SequentialExecutor | BatchedExecutor:
+    """This process's executor for the ``clients`` held here (``ClientData``; the others
+    are skipped): the sequential one, or the batched one where ``backend`` asks for it
+    (``auto``: where it supports the model and pays on its device). ``seed_of(round,
+    client)`` seeds a client's shuffling."""
+    sequential = SequentialExecutor(
+        model=model,
+        clients={c.client_id: c for c in clients if isinstance(c, ClientData)},
+        local=local,
+        loss_fn=loss_fn,
+        seed_of=seed_of,
+    )
+    unsupported = None if backend == "sequential" else batched_unsupported_reason(model)
+    if backend == "batched" and unsupported is not None:
+        raise ValueError(f"backend 'batched' cannot train this model: {unsupported}")
+    device = next(model.parameters()).device
+    batched = backend == "batched" or (
+        backend == "auto" and unsupported is None and batched_pays(model, device)
+    )
+    if not batched:
+        return sequential
+    if max_parallel is None:  # sized to free memory once, not every round
+        sample = next(c for c in clients if isinstance(c, ClientData)).images
+        max_parallel = auto_max_parallel(model, sample, local.batch_size)
+    return BatchedExecutor(sequential=sequential, max_parallel=max_parallel)

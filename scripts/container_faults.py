@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from stack_steps import (  # scripts/, beside this file
+
+from scripts.stack_steps import (
     StepError,
     client_credentials,
     compose_command,

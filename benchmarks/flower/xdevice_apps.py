@@ -1,5 +1,5 @@
 """Flower's ServerApp and ClientApp for the cross-device benchmark (run by
-``run_cross_device.py`` in benchmarks/.venv-flower).
+``launch.py cross-device`` in benchmarks/.venv-flower).
 
 FLUTE's LR-MNIST shape: ``--clients`` supernodes, ``--per-round`` of them train each
 round, logistic regression, one local epoch of plain SGD. The built-in FedAvg samples

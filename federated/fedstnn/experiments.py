@@ -79,9 +79,9 @@ import torch
 from torch import Tensor
 
 from federated.fedstnn.train import (
-    ClientData,
-    FederationConfig,
     LocalTrainConfig,
+    SNNClientData,
+    SNNFederationConfig,
     run_federation,
     train_standalone,
 )
@@ -212,7 +212,7 @@ class ExperimentConfig(abc.ABC):
         self.federation()  # validates the federation and local-training fields
         self.model_config(1, 1)  # validates the model fields
 
-    def federation(self) -> FederationConfig:
+    def federation(self) -> SNNFederationConfig:
         local = LocalTrainConfig(
             epochs=self.epochs,
             batch_size=self.batch_size,
@@ -224,7 +224,7 @@ class ExperimentConfig(abc.ABC):
             loss=self.loss,
             gradient=self.gradient,
         )
-        return FederationConfig(
+        return SNNFederationConfig(
             rounds=self.rounds,
             fraction=self.fraction,
             lr_decay=self.lr_decay,
@@ -605,11 +605,11 @@ def _clients(
     indices: list[np.ndarray],
     groups: np.ndarray,
     device: str,
-) -> list[ClientData]:
+) -> list[SNNClientData]:
     x = torch.as_tensor(inputs, dtype=torch.float32, device=device).reshape(len(inputs), -1)
     y = torch.as_tensor(targets, dtype=torch.float32, device=device).reshape(-1, 1)
     return [
-        ClientData(
+        SNNClientData(
             x=x[torch.as_tensor(idx, device=device)],
             y=y[torch.as_tensor(idx, device=device)],
             group=int(g),

@@ -41,10 +41,10 @@ from models.snn import SNN
 
 __all__ = [
     "NETWORKS",
-    "ClientData",
-    "FederationConfig",
-    "FederationResult",
     "LocalTrainConfig",
+    "SNNClientData",
+    "SNNFederationConfig",
+    "SNNFederationResult",
     "aggregate_networks",
     "client_generator",
     "network_vector",
@@ -99,7 +99,7 @@ class LocalTrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FederationConfig:
+class SNNFederationConfig:
     """Rounds, client sampling and the per-network aggregation rules."""
 
     rounds: int = 10  # communication rounds
@@ -127,7 +127,7 @@ class FederationConfig:
 
 
 @dataclass(frozen=True)
-class ClientData:
+class SNNClientData:
     """One client's local dataset: inputs ``x (n, in)``, targets ``y (n, out)``."""
 
     x: Tensor
@@ -139,7 +139,7 @@ class ClientData:
 
 
 @dataclass
-class FederationResult:
+class SNNFederationResult:
     """The trained global model and one plain-dict record per round."""
 
     model: SNN
@@ -156,7 +156,7 @@ def client_generator(seed: int, *keys: int, device: torch.device | str = "cpu") 
 
 
 def train_local(
-    model: SNN, data: ClientData, config: LocalTrainConfig, *, generator: torch.Generator
+    model: SNN, data: SNNClientData, config: LocalTrainConfig, *, generator: torch.Generator
 ) -> dict[str, float]:
     """Train ``model`` in place on one client's data; returns the mean loss of the last
     epoch and the number of steps."""
@@ -240,12 +240,12 @@ def aggregate_networks(
 
 def run_federation(
     model: SNN,
-    clients: Sequence[ClientData],
-    config: FederationConfig,
+    clients: Sequence[SNNClientData],
+    config: SNNFederationConfig,
     *,
     seed: int,
     on_round: Callable[[int, SNN], Mapping[str, float]] | None = None,
-) -> FederationResult:
+) -> SNNFederationResult:
     """Run FedStNN from the common initial ``model`` (modified in place and returned).
 
     ``on_round(round, global_model)`` may return metrics to record in that round's
@@ -288,11 +288,11 @@ def run_federation(
         if on_round is not None:
             entry.update(on_round(r, model))
         history.append(entry)
-    return FederationResult(model=model, history=history)
+    return SNNFederationResult(model=model, history=history)
 
 
 def train_standalone(
-    model: SNN, data: ClientData, config: FederationConfig, *, seed: int, client: int
+    model: SNN, data: SNNClientData, config: SNNFederationConfig, *, seed: int, client: int
 ) -> SNN:
     """The paper's "local model" baseline: one client training a copy of ``model`` alone,
     with the same schedule it would follow in every round (``config.rounds`` times

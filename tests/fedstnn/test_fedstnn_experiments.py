@@ -168,13 +168,13 @@ def test_each_trainer_reduces_the_loss_and_keeps_the_diffusion_positive(trainer)
     import torch
 
     from federated.fedstnn.losses import build_loss
-    from federated.fedstnn.train import ClientData, train_local
+    from federated.fedstnn.train import SNNClientData, train_local
     from models.snn import SNN
 
     config = experiment_config("1d_iid", trainer=trainer, epochs=150)
     g = torch.Generator().manual_seed(0)
     x = torch.rand(100, 1, generator=g) * 2 - 1
-    data = ClientData(x, 0.8 * x + 0.2 * torch.randn(100, 1, generator=g))  # a line, σ = 0.2
+    data = SNNClientData(x, 0.8 * x + 0.2 * torch.randn(100, 1, generator=g))  # a line, σ = 0.2
     model = SNN(config.model_config(1, 1), generator=torch.Generator().manual_seed(1))
     loss = build_loss(config.loss)
     noise = model.sample_noise(100, 64, generator=torch.Generator().manual_seed(2))

@@ -12,9 +12,9 @@ from torch import Tensor
 from aggregation import AggregationRule, build_aggregator
 from federated.fedstnn.train import (
     NETWORKS,
-    ClientData,
-    FederationConfig,
     LocalTrainConfig,
+    SNNClientData,
+    SNNFederationConfig,
     aggregate_networks,
     network_vector,
     run_federation,
@@ -25,10 +25,10 @@ from models.snn import SNN, SNNConfig
 TINY = SNNConfig(state_dim=4, hidden_dim=8, n_blocks=3, n_paths=8)
 
 
-def _noisy_constant(sigma: float, n: int = 128) -> ClientData:
+def _noisy_constant(sigma: float, n: int = 128) -> SNNClientData:
     g = torch.Generator().manual_seed(3)
     x = torch.rand(n, 1, generator=g) * 2 - 1
-    return ClientData(x=x, y=0.5 + sigma * torch.randn(n, 1, generator=g))
+    return SNNClientData(x=x, y=0.5 + sigma * torch.randn(n, 1, generator=g))
 
 
 @pytest.mark.parametrize(("start", "truth"), [(0.05, 0.5), (1.0, 0.2)])
@@ -98,7 +98,7 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
     global_model = SNN(TINY, generator=g.manual_seed(0))
     clients = [SNN(TINY, generator=g.manual_seed(s)) for s in (1, 2, 3)]
     weights = torch.tensor([10.0, 30.0, 60.0])
-    rules = FederationConfig().rules()
+    rules = SNNFederationConfig().rules()
 
     aggregate_networks(global_model, clients, weights, rules)
 
@@ -111,7 +111,7 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
 
 def test_federation_is_reproducible_and_samples_a_fraction():
     clients = [_noisy_constant(0.3, n=16) for _ in range(10)]
-    config = FederationConfig(rounds=2, fraction=0.3, local=LocalTrainConfig(epochs=2))
+    config = SNNFederationConfig(rounds=2, fraction=0.3, local=LocalTrainConfig(epochs=2))
 
     runs = [
         run_federation(
@@ -128,7 +128,7 @@ def test_federation_is_reproducible_and_samples_a_fraction():
 
 def test_federation_rejects_unknown_rule():
     with pytest.raises(ValueError, match="fedavg"):
-        FederationConfig(diffusion_rule="no_such_rule").rules()
+        SNNFederationConfig(diffusion_rule="no_such_rule").rules()
 
 
 def test_diffusion_lr_scale_applies_to_the_diffusion_only():

@@ -7,7 +7,7 @@ import torch
 
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import pathwise_gradients, smp_gradients
-from federated.fedstnn.train import ClientData, LocalTrainConfig, train_local
+from federated.fedstnn.train import LocalTrainConfig, SNNClientData, train_local
 from models.snn import SNN, SNNConfig
 
 
@@ -43,7 +43,7 @@ def test_smp_equals_autograd_in_float64(loss_name, activation):
 def test_trainer_option_smp_follows_the_same_trajectory():
     config = SNNConfig(state_dim=4, hidden_dim=8, n_blocks=3, n_paths=4)
     g = torch.Generator().manual_seed(0)
-    data = ClientData(
+    data = SNNClientData(
         x=torch.rand(20, 1, generator=g).double(), y=torch.rand(20, 1, generator=g).double()
     )
     models = {}

@@ -3,7 +3,7 @@ authentication on 127.0.0.1, and four digits sites, each a SuperNode process giv
 its own data file (written from the simulated partition), site 1's labels flipped, and
 each pinning the training plan of :data:`BASE_PARAMS` (what ``fedsieve plan`` writes).
 
-Every process is started and stopped by :class:`flowerapp.loopback.Loopback`, by PID.
+Every process is started and stopped by :class:`benchmarks.loopback.Loopback`, by PID.
 The Flower environment (``make setup-flower``, part of ``make setup``) runs them."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.loopback import CONNECTION, Loopback
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo, dataset_info, load_digits
 from federated.server import ServerState
 from flowerapp.certs import SiteKey, make_site_key
 from flowerapp.hub import HubFiles, site_task, write_params
-from flowerapp.loopback import CONNECTION, Loopback
 from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from benchmarks.loopback import free_ports, port_open, stop_group
 from flowerapp.certs import make_tls
-from flowerapp.loopback import free_ports, port_open, stop_group
 from flowerapp.superlink import PollFilter
 from tests.flower.conftest import FLOWER_BIN, Hub
 from tests.flower.test_supernode import bare_env, group_commands, process_env

@@ -1,0 +1,322 @@
+"""The frozen parts a :class:`~federated.server.Federation` is assembled from (its
+:class:`FederationConfig`, :class:`Defence`, :class:`ThreatModel`, :class:`EvaluationSets`
+and :class:`Execution`), the :class:`ServerState` its rounds pass on, and the checks of
+parts that only make sense together. Each part checks its own values where it is declared,
+so the engine's library callers (benchmarks, the Flower apps) get the same one-line errors
+as the params layer gives its users."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+
+from aggregation.base import AggregationRule, Filter, PreAggregator
+from federated.attacks.base import ModelAttack
+from federated.client import ClientData, RegisteredClient
+from federated.execution import ClientExecutor, SiteScorer
+from federated.privacy import ClientPrivacy
+from federated.seeding import clients_per_round
+
+__all__ = [
+    "Backend",
+    "Defence",
+    "EvaluationSets",
+    "Execution",
+    "FederationConfig",
+    "NonIIDCheck",
+    "RoundReport",
+    "ServerState",
+    "ThreatModel",
+    "check_assembly",
+    "check_evaluation",
+    "check_privacy",
+]
+
+Backend = Literal["sequential", "batched", "auto"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederationConfig:
+    rounds: int
+    client_fraction: float = 1.0  # share of clients sampled per round
+    server_lr: float = 1.0  # global += server_lr * aggregated update
+    min_clients: int = 1  # fewer survivors than this: the round is skipped
+    seed: int = 0
+    eval_batch_size: int = 512
+    # the model a run ends with: the last round's, or the round with the best validation
+    # AUC (MedMNIST's protocol; earliest on ties; needs the Federation's ``val`` split)
+    select: Literal["last", "best_val"] = "last"
+    # fail closed: the most clients a round may leave out (filters, screens, non-finite
+    # updates, a selecting rule's choice): an int is a count, a float in [0, 1) a share of
+    # the round's sampled clients; a round above it is not aggregated and halts the run
+    max_excluded: int | float | None = None
+    site_every: int = 1  # score the sites' local test splits every N rounds (and the last)
+    target_acc: float = 0.8  # per-site evaluation: the share of sites reaching it
+    # what every round scores on the test (and validation) split: loss, ACC, AUC, ECE and
+    # Brier ("full"), or loss and ACC ("accuracy"; the last round is always scored fully)
+    round_scores: Literal["full", "accuracy"] = "full"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_excluded, bool) or (
+            self.max_excluded is not None
+            and not (
+                (isinstance(self.max_excluded, int) and self.max_excluded >= 0)
+                or (isinstance(self.max_excluded, float) and 0 <= self.max_excluded < 1)
+            )
+        ):
+            raise ValueError(
+                f"max_excluded must be a count >= 0 or a share in [0, 1), got {self.max_excluded!r}"
+            )
+        if self.select not in ("last", "best_val"):
+            raise ValueError(f"select must be 'last' or 'best_val', got {self.select!r}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if not 0 < self.client_fraction <= 1:
+            raise ValueError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
+        if self.server_lr <= 0 or self.min_clients < 1:
+            raise ValueError("server_lr must be > 0 and min_clients >= 1")
+        if self.site_every < 1:
+            raise ValueError(f"site_every must be >= 1, got {self.site_every}")
+        if self.round_scores not in ("full", "accuracy"):
+            raise ValueError(
+                f"round_scores must be 'full' or 'accuracy', got {self.round_scores!r}"
+            )
+        if self.round_scores == "accuracy" and self.select == "best_val":
+            raise ValueError(
+                "select='best_val' picks by validation AUC: it needs round_scores='full'"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NonIIDCheck:
+    """EMA's non-IID check: client losses of the global model, CV = σ/μ vs ``threshold``."""
+
+    every: int = 1  # rounds between checks (0 = only when excluding)
+    loss: str = "mse"  # "mse" (softmax vs one-hot, the paper's) or "cross_entropy"
+    threshold: float = 0.25
+    exclude: bool = False  # leave out clients whose loss z-score exceeds z
+    z: float = 2.0
+
+
+@dataclass
+class ServerState:
+    """Everything a round needs from the past; ``round`` counts completed rounds."""
+
+    round: int
+    global_vector: Tensor
+    aggregator_state: dict[str, Any]
+    filter_states: list[dict[str, Any]]
+    history: list[dict[str, float]] = field(default_factory=list)
+    trail: list[dict[str, Any]] = field(default_factory=list)
+    # select="best_val": the best round so far by validation AUC, and its global weights
+    best_round: int = 0
+    best_val_auc: float = -math.inf
+    best_vector: Tensor | None = None
+    attack_state: dict[str, Any] = field(default_factory=dict)  # a model attack's memory
+    preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
+    halted: str | None = None  # why the run stopped (max_excluded), in one line
+    sites: list[dict[str, float]] = field(default_factory=list)  # per-site scores by round
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "global_vector": self.global_vector.detach().cpu(),
+            "aggregator_state": self.aggregator_state,
+            "filter_states": self.filter_states,
+            "history": self.history,
+            "trail": self.trail,
+            "best_round": self.best_round,
+            "best_val_auc": self.best_val_auc,
+            "best_vector": None if self.best_vector is None else self.best_vector.detach().cpu(),
+            "attack_state": self.attack_state,
+            "preaggregator_states": self.preaggregator_states,
+            "halted": self.halted,
+            "sites": self.sites,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], device: torch.device | str = "cpu") -> ServerState:
+        best_vector = data.get("best_vector")
+        return cls(
+            round=int(data["round"]),
+            global_vector=data["global_vector"].to(device),
+            aggregator_state=data["aggregator_state"],
+            filter_states=list(data["filter_states"]),
+            history=list(data["history"]),
+            trail=list(data["trail"]),
+            best_round=int(data.get("best_round", 0)),
+            best_val_auc=float(data.get("best_val_auc", -math.inf)),
+            best_vector=None if best_vector is None else best_vector.to(device),
+            attack_state=dict(data.get("attack_state", {})),
+            preaggregator_states=list(data.get("preaggregator_states", [])),
+            halted=data.get("halted"),
+            sites=list(data.get("sites", [])),
+        )
+
+    @property
+    def selected_round(self) -> int:
+        """The round whose weights :meth:`Federation.selected_model` returns."""
+        return self.best_round if self.best_vector is not None else self.round
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int  # 1-based
+    metrics: dict[str, float]
+    clients: list[dict[str, Any]]  # this round's exclusion-trail rows
+    sites: list[dict[str, float]] = field(default_factory=list)  # this round's per-site scores
+
+
+@dataclass(frozen=True, kw_only=True)
+class Defence:
+    """What the server does with the updates it receives, in order: the non-IID screen,
+    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise. ``root``
+    (FLTrust's reference update) and ``server_batch`` (Zeno's oracle) are the server's own
+    data, for the rules that need them."""
+
+    rule: AggregationRule
+    filters: tuple[Filter, ...] = ()
+    preaggregators: tuple[PreAggregator, ...] = ()  # in front of the rule, in this order
+    noniid: NonIIDCheck | None = None
+    privacy: ClientPrivacy | None = None
+    root: ClientData | None = None
+    server_batch: tuple[Tensor, Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule.requires_reference and self.root is None:
+            raise ValueError(
+                f"aggregator {type(self.rule).__name__} needs the server's root data (root=): "
+                "its reference update is trained on it every round"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreatModel:
+    """Who attacks and how: the malicious client ids (their data attack is already in
+    their data), the model attack that rewrites their updates every round, and a
+    backdoor's triggered test images and target label (its success rate every round)."""
+
+    malicious: frozenset[int] = frozenset()
+    model_attack: ModelAttack | None = None
+    backdoor_test: tuple[Tensor, int] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationSets:
+    """Where the global model is scored: the test split every round, the validation
+    split (when given; ``select="best_val"`` picks the final model by it) and each site's
+    local test split (one per client, in client order), or ``site_scorer``: sites that
+    score the model on splits of their own, elsewhere.
+
+    ``where="sites"``: no split here (``test`` and ``val`` are None); the round's test and
+    validation scores are pooled from the sites' summaries of their own splits, every
+    round (``site_scorer``, or the local ``sites`` and ``site_vals`` scored as a site
+    scores them)."""
+
+    test: tuple[Tensor, Tensor] | None = None
+    val: tuple[Tensor, Tensor] | None = None
+    sites: tuple[tuple[Tensor, Tensor], ...] = ()
+    site_vals: tuple[tuple[Tensor, Tensor], ...] = ()  # each site's validation split
+    multi_label: bool = False
+    site_scorer: SiteScorer | None = None
+    where: Literal["hub", "sites"] = "hub"
+
+    def __post_init__(self) -> None:
+        if self.where not in ("hub", "sites"):
+            raise ValueError(f"where must be 'hub' or 'sites', got {self.where!r}")
+        if self.where == "hub" and self.test is None:
+            raise ValueError("where='hub' scores the hub's test split: test= is needed")
+        if self.where == "sites" and (self.test is not None or self.val is not None):
+            raise ValueError("where='sites' scores at the sites: no test= or val= here")
+        if self.where == "sites" and self.site_scorer is None and not self.sites:
+            raise ValueError("where='sites' needs the sites: site_scorer= or sites=")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Execution:
+    """How the sampled clients are trained: by one of this process's backends, or by an
+    executor of its own (``executor``, e.g. clients that live elsewhere)."""
+
+    backend: Backend = "sequential"
+    max_parallel: int | None = None  # batched: clients trained at once (None: by memory)
+    executor: ClientExecutor | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in get_args(Backend):
+            raise ValueError(f"backend must be one of {get_args(Backend)}, got {self.backend!r}")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1 or None, got {self.max_parallel}")
+
+
+def check_assembly(
+    clients: Sequence[ClientData | RegisteredClient],
+    config: FederationConfig,
+    defence: Defence,
+    evaluation: EvaluationSets,
+    threat: ThreatModel,
+    execution: Execution,
+) -> None:
+    """What the parts cannot do together, in one line each: splits that are not one per
+    client, clients that hold no data here without an executor (or a site scorer for the
+    non-IID check), evaluation sets that cannot serve the defence, an accountant made for
+    another sample."""
+    if not clients:
+        raise ValueError("a federation needs at least one client")
+    one_per_client = {
+        "sites: one local test split": evaluation.sites,
+        "site_vals: one validation split": evaluation.site_vals,
+    }
+    for what, splits in one_per_client.items():
+        if splits and len(splits) != len(clients):
+            raise ValueError(f"{what} per client ({len(clients)}), got {len(splits)}")
+    check_evaluation(config, evaluation, defence, threat)
+    remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
+    if remote and execution.executor is None:
+        raise ValueError(
+            f"clients {remote[:5]} hold no data here: they need an executor of their "
+            "own (execution.executor=)"
+        )
+    if remote and defence.noniid is not None and evaluation.site_scorer is None:
+        raise ValueError(
+            f"clients {remote[:5]} hold no data here: the non-IID check needs their "
+            "losses from a site scorer (evaluation.site_scorer=)"
+        )
+    per_round = clients_per_round(config.client_fraction, len(clients))
+    check_privacy(defence.privacy, len(clients), per_round)
+
+
+def check_evaluation(
+    config: FederationConfig, evaluation: EvaluationSets, defence: Defence, threat: ThreatModel
+) -> None:
+    """What the evaluation sets cannot serve: a best-validation choice without a
+    validation split; scoring at the sites with a rule, screen or attack metric that needs
+    data at the server."""
+    if evaluation.where == "hub":
+        if config.select == "best_val" and evaluation.val is None:
+            raise ValueError("select='best_val' needs a validation split (val=)")
+        return
+    if config.select == "best_val" and not evaluation.site_vals and evaluation.site_scorer is None:
+        raise ValueError("select='best_val' needs the sites' validation splits (site_vals=)")
+    needs = {
+        "the non-IID check": defence.noniid is not None,
+        "a server batch (Zeno)": defence.server_batch is not None or defence.rule.requires_oracle,
+        "root data (FLTrust)": defence.root is not None,
+        "a backdoor's triggered test images": threat.backdoor_test is not None,
+    }
+    held = [name for name, needed in needs.items() if needed]
+    if held:
+        raise ValueError(f"where='sites': the server holds no data, but {held[0]} needs it")
+
+
+def check_privacy(privacy: ClientPrivacy | None, population: int, per_round: int) -> None:
+    """A privacy accountant made for the federation's population and sample size."""
+    if privacy is not None and (privacy.population != population or privacy.per_round != per_round):
+        raise ValueError(
+            f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
+            f"a round, but the federation samples {per_round} of {population}"
+        )
