@@ -290,16 +290,19 @@ def _stop_started_commands() -> Iterator[None]:
 
 def started_command(
     project: Path, medmnist_root: Path, *args: str, ready: Callable[[Path], bool] = training,
-    within: float = 300, stderr: int = subprocess.DEVNULL,
+    within: float = 300, stderr: int | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """``fedsieve ARGS`` started in ``project`` and returned once ``ready(project)`` (killed
-    if not ``within`` seconds)."""
+    if not ``within`` seconds). Its stderr goes to ``project/stderr.log`` unless ``stderr``
+    says otherwise; Python's fault handler is on, so a command that does not end can be
+    made to show where each of its threads is (:func:`ended_with`)."""
     command = subprocess.Popen(
         [FEDSIEVE, *args],
         cwd=project,
-        env=project_environment(project, medmnist_root, project / ".prefect"),
+        env=project_environment(project, medmnist_root, project / ".prefect")
+        | {"PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.DEVNULL,
-        stderr=stderr,
+        stderr=stderr if stderr is not None else (project / "stderr.log").open("wb"),
         # Ctrl-C as at a terminal: a test runner started in the background (`cmd &` in a
         # script) ignores SIGINT, and its children would inherit that
         preexec_fn=_default_sigint,
@@ -313,6 +316,19 @@ def started_command(
         time.sleep(0.2)
     assert servers_for(project / ".prefect"), "the command runs without its server"
     return command
+
+
+def ended_with(command: subprocess.Popen[bytes], project: Path, within: float = 120) -> int:
+    """The command's exit code once it ends; if it has not ended ``within`` seconds, it is
+    aborted (SIGABRT: the fault handler writes every thread's stack to its stderr) and
+    the test fails showing them."""
+    try:
+        return command.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        command.send_signal(signal.SIGABRT)
+        command.wait(timeout=60)
+        stacks = (project / "stderr.log").read_text(errors="replace")[-12000:]
+        raise AssertionError(f"the command had not ended after {within} s:\n{stacks}") from None
 
 
 def mlflow_run_statuses(project: Path) -> dict[str, str]:
@@ -344,7 +360,7 @@ def test_a_terminated_command_stops_its_server_and_closes_its_run_killed(medmnis
 
     command.terminate()
 
-    assert command.wait(timeout=120) == 128 + signal.SIGTERM
+    assert ended_with(command, tmp_path) == 128 + signal.SIGTERM
     assert not wait_for_no_server(tmp_path / ".prefect")
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
 
@@ -392,7 +408,7 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
 
     command.terminate()
 
-    assert command.wait(timeout=120) == 128 + signal.SIGTERM
+    assert ended_with(command, tmp_path) == 128 + signal.SIGTERM
     assert not wait_for_no_server(tmp_path / ".prefect")
     assert mlflow_run_statuses(tmp_path) == {
         "compare-breastmnist": "KILLED",
