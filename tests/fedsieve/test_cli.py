@@ -296,17 +296,18 @@ def started_command(
     if not ``within`` seconds). Its stderr goes to ``project/stderr.log`` unless ``stderr``
     says otherwise; Python's fault handler is on, so a command that does not end can be
     made to show where each of its threads is (:func:`ended_with`)."""
-    command = subprocess.Popen(
-        [FEDSIEVE, *args],
-        cwd=project,
-        env=project_environment(project, medmnist_root, project / ".prefect")
-        | {"PYTHONFAULTHANDLER": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=stderr if stderr is not None else (project / "stderr.log").open("wb"),
-        # Ctrl-C as at a terminal: a test runner started in the background (`cmd &` in a
-        # script) ignores SIGINT, and its children would inherit that
-        preexec_fn=_default_sigint,
-    )
+    with (project / "stderr.log").open("wb") as log:  # the command keeps its own copy
+        command = subprocess.Popen(
+            [FEDSIEVE, *args],
+            cwd=project,
+            env=project_environment(project, medmnist_root, project / ".prefect")
+            | {"PYTHONFAULTHANDLER": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr if stderr is not None else log,
+            # Ctrl-C as at a terminal: a test runner started in the background (`cmd &` in
+            # a script) ignores SIGINT, and its children would inherit that
+            preexec_fn=_default_sigint,
+        )
     _STARTED.append(command)
     deadline = time.monotonic() + within
     while not ready(project):
