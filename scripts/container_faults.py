@@ -94,10 +94,13 @@ class Stack:
         container = self("ps", "-aq", service).stdout.strip()
         run(["docker", action, container], timeout=120)
 
-    def down(self, work: Path) -> None:
-        logs = subprocess.run([*self.compose, "logs", "--no-color"], env=self.env,
-                              capture_output=True, text=True)  # fmt: skip
-        (work / "compose.log").write_text(logs.stdout + logs.stderr)
+    def down(self, logs_file: Path) -> None:
+        """The stack's logs into ``logs_file`` (kept: they are how a fault is read after
+        the run), then the stack and its volumes removed."""
+        logs = subprocess.run([*self.compose, "logs", "--no-color", "--timestamps"],
+                              env=self.env, capture_output=True, text=True)  # fmt: skip
+        logs_file.write_text(logs.stdout + logs.stderr)
+        print(f"container-faults: the stack's logs are in {logs_file}")
         subprocess.run([*self.compose, "down", "--volumes", "--remove-orphans"], env=self.env,
                        capture_output=True)  # fmt: skip
 
@@ -310,6 +313,14 @@ FAULTS: dict[str, Callable[[Stack], None]] = {
 }
 
 
+def logs_beside(results: Path | None) -> Path:
+    """Where the stack's logs are kept: beside the results (``faults.json`` ->
+    ``faults-compose.log``), or in the current folder."""
+    if results is None:
+        return Path("container-faults-compose.log").resolve()
+    return results.with_name(f"{results.stem}-compose.log")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, help="write the faults' timings (JSON)")
@@ -339,7 +350,7 @@ def main() -> int:
         print(f"container-faults: {error}", file=sys.stderr)
         return 1
     finally:
-        stack.down(work)
+        stack.down(logs_beside(args.results))
         shutil.rmtree(work, ignore_errors=True)
         if args.results:  # faults run on their own (--faults) join the others' record
             earlier = json.loads(args.results.read_text()) if args.results.exists() else {}
