@@ -30,6 +30,7 @@ __all__ = ["configured_api_url", "prefect_server"]
 
 STARTUP_SECONDS = 120  # a cold start creates the database: slow on a busy 2-core machine
 STOP_SECONDS = 10
+DELIVERY_SECONDS = 120  # the most a command waits at its end for its logs to reach its server
 
 
 def configured_api_url() -> str | None:
@@ -71,10 +72,18 @@ def _wait_until_healthy(process: subprocess.Popen[bytes], url: str, log: Path) -
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Send the logs still queued for the server, then stop it."""
-    from prefect.logging.handlers import APILogHandler
+    """Deliver the log lines and events still queued for the server, then stop it.
 
-    APILogHandler().flush()
+    Delivered first, while the server answers: Prefect's workers send what is left in
+    their queues when the process exits, and a send to a server that is gone is retried
+    with a doubling back-off (about a minute per batch of log lines), which held a
+    stopped command past its exit for minutes when its queue outran the server (a busy
+    machine, a cancelled comparison's tracebacks). ``APILogHandler.flush`` waits 5 s."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=DELIVERY_SECONDS)
     process.terminate()
     try:
         process.wait(timeout=STOP_SECONDS)
