@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedsieve.local_server import DELIVERY_SECONDS
+
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -319,7 +321,15 @@ def started_command(
     return command
 
 
-def ended_with(command: subprocess.Popen[bytes], project: Path, within: float = 120) -> int:
+# How long a stopped command may take to end: its cells stop at their next round, its runs
+# close, and its queued log lines reach its server before the server stops (at most
+# DELIVERY_SECONDS on a server that ingests slowly); beyond that it is stuck.
+STOPPING_SECONDS = DELIVERY_SECONDS + 120
+
+
+def ended_with(
+    command: subprocess.Popen[bytes], project: Path, within: float = STOPPING_SECONDS
+) -> int:
     """The command's exit code once it ends; if it has not ended ``within`` seconds, it is
     aborted (SIGABRT: the fault handler writes every thread's stack to its stderr) and
     the test fails showing them."""
@@ -372,7 +382,7 @@ def test_an_interrupted_command_says_one_line_and_closes_its_run(medmnist_root, 
     )
 
     command.send_signal(signal.SIGINT)  # Ctrl-C
-    _, stderr = command.communicate(timeout=120)
+    _, stderr = command.communicate(timeout=STOPPING_SECONDS)
 
     assert command.returncode == 130, stderr.decode()[-3000:]
     assert stderr.decode().strip().splitlines()[-1] == "fedsieve: interrupted"
