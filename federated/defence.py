@@ -26,7 +26,7 @@ from aggregation.mean import FedAvg
 from federated.client import ClientUpdate, LocalTraining, train_client
 from federated.parts import Defence, FederationConfig, ServerState, ThreatModel
 from federated.seeding import ATTACK, PREAGGREGATION, PRIVACY, SHUFFLE, derive_seed, torch_generator
-from federated.trail import record_decisions, record_filter_steps, sent_update
+from federated.trail import TrailRows, record_decisions, record_filter_steps, sent_update
 from federated.vectors import vector_to_model_
 
 __all__ = ["Aggregation", "RoundDefence"]
@@ -65,7 +65,7 @@ class RoundDefence:
         state: ServerState,
         round_number: int,
         updates: list[ClientUpdate],
-        rows: dict[int, dict[str, Any]],
+        rows: TrailRows,
     ) -> Aggregation:
         """Attack, drop non-finite rows, filter, aggregate: the new global vector, the
         rule's, filters' and attack's states and the ids that reached the rule."""
@@ -104,7 +104,7 @@ class RoundDefence:
         stacked: Tensor,
         weights: Tensor,
         ids: list[int],
-        rows: dict[int, dict[str, Any]],
+        rows: TrailRows,
     ) -> Tensor:
         """Which rows reach the rule: the finite ones the filters kept (each exclusion in
         its trail row); the filters' new states go into ``outcome``."""
@@ -125,7 +125,7 @@ class RoundDefence:
         kept: Tensor,
         kept_weights: Tensor,
         outcome: Aggregation,
-        rows: dict[int, dict[str, Any]],
+        rows: TrailRows,
     ) -> Tensor:
         """The pre-aggregators and the rule on the kept rows (under DP-FedAvg clipped,
         centrally, and weighted equally), their values in the trail, their new states in
@@ -162,7 +162,7 @@ class RoundDefence:
         stacked[held] = privatised
         return stacked
 
-    def site_epsilons(self, state: ServerState, rows: dict[int, dict[str, Any]]) -> None:
+    def site_epsilons(self, state: ServerState, rows: TrailRows) -> None:
         """``local`` mode: each client that sent an update this round gets its ε against
         the server in its trail row (``privacy_epsilon``), after every round it sent one
         in, by the accountant a real site runs on itself."""
@@ -244,7 +244,7 @@ class RoundDefence:
         weights: Tensor,
         ids: list[int],
         keep: Tensor,
-        rows: dict[int, dict[str, Any]],
+        rows: TrailRows,
     ) -> list[dict[str, Any]]:
         """Run the filters in order on the rows still kept (``keep`` is updated in place),
         recording each client's scores and any exclusion; the filters' new states."""

@@ -33,8 +33,6 @@ __all__ = [
     "ServerState",
     "ThreatModel",
     "check_assembly",
-    "check_evaluation",
-    "check_privacy",
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
@@ -274,7 +272,7 @@ def check_assembly(
     for what, splits in one_per_client.items():
         if splits and len(splits) != len(clients):
             raise ValueError(f"{what} per client ({len(clients)}), got {len(splits)}")
-    check_evaluation(config, evaluation, defence, threat)
+    _check_evaluation(config, evaluation, defence, threat)
     remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
     if remote and execution.executor is None:
         raise ValueError(
@@ -287,10 +285,10 @@ def check_assembly(
             "losses from a site scorer (evaluation.site_scorer=)"
         )
     per_round = clients_per_round(config.client_fraction, len(clients))
-    check_privacy(defence.privacy, len(clients), per_round)
+    _check_privacy(defence.privacy, len(clients), per_round)
 
 
-def check_evaluation(
+def _check_evaluation(
     config: FederationConfig, evaluation: EvaluationSets, defence: Defence, threat: ThreatModel
 ) -> None:
     """What the evaluation sets cannot serve: a best-validation choice without a
@@ -313,7 +311,7 @@ def check_evaluation(
         raise ValueError(f"where='sites': the server holds no data, but {held[0]} needs it")
 
 
-def check_privacy(privacy: ClientPrivacy | None, population: int, per_round: int) -> None:
+def _check_privacy(privacy: ClientPrivacy | None, population: int, per_round: int) -> None:
     """A privacy accountant made for the federation's population and sample size."""
     if privacy is not None and (privacy.population != population or privacy.per_round != per_round):
         raise ValueError(

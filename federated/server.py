@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +68,7 @@ from federated.parts import (
 from federated.scoring import RoundScorer
 from federated.seeding import SHUFFLE, clients_per_round, derive_seed, sample_clients
 from federated.stats.noniid import NonIIDResult, noniid_verdict
-from federated.trail import checked_update, detection_counts, left_out, new_row
+from federated.trail import TrailRows, checked_update, detection_counts, left_out, new_row
 from federated.vectors import model_to_vector
 
 __all__ = [
@@ -287,9 +286,7 @@ class Federation:
         state.sites.extend(sites)
         return sites
 
-    def _exclusion_bound_exceeded(
-        self, round_number: int, rows: dict[int, dict[str, Any]]
-    ) -> str | None:
+    def _exclusion_bound_exceeded(self, round_number: int, rows: TrailRows) -> str | None:
         """Why the round must not be aggregated, if more of its clients were left out
         than ``max_excluded`` allows (a client whose training failed is not counted)."""
         bound = self.config.max_excluded
@@ -311,10 +308,10 @@ class Federation:
         sampled: list[int],
         screen: Screen,
         on_client: Callable[[int], None] | None,
-    ) -> tuple[dict[int, dict[str, Any]], list[ClientUpdate]]:
+    ) -> tuple[TrailRows, list[ClientUpdate]]:
         """Ask the executor for the updates of every sampled client the screen kept and
         check each one: its trail row (by client id) and the updates that passed."""
-        rows: dict[int, dict[str, Any]] = {}
+        rows: TrailRows = {}
         for position in sampled:
             client = self.clients[position]
             row = rows[client.client_id] = new_row(
@@ -359,7 +356,7 @@ class Federation:
         self,
         new_state: ServerState,
         round_number: int,
-        rows: dict[int, dict[str, Any]],
+        rows: TrailRows,
         updates: list[ClientUpdate],
         screen: Screen,
         outcome: Aggregation,

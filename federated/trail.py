@@ -15,6 +15,7 @@ from federated.client import ClientData, ClientUpdate, RegisteredClient
 from federated.execution import ClientResult
 
 __all__ = [
+    "TrailRows",
     "checked_update",
     "detection_counts",
     "failed_to_answer",
@@ -26,10 +27,10 @@ __all__ = [
     "sent_update",
 ]
 
-Rows = dict[int, dict[str, Any]]  # a round's trail rows by client id
+TrailRows = dict[int, dict[str, Any]]  # a round's trail rows by client id
 
 
-def record_filter_steps(steps: Sequence[FilterStep], ids: Sequence[int], rows: Rows) -> None:
+def record_filter_steps(steps: Sequence[FilterStep], ids: Sequence[int], rows: TrailRows) -> None:
     """Each filter's scores, threshold and columns into the rows of the clients it judged,
     and its exclusions with their reason."""
     for step in steps:
@@ -46,7 +47,7 @@ def record_filter_steps(steps: Sequence[FilterStep], ids: Sequence[int], rows: R
                 row.update(excluded=True, reason=decision.reason, message=decision.note)
 
 
-def record_decisions(columns: dict[str, Tensor], kept_ids: Sequence[int], rows: Rows) -> None:
+def record_decisions(columns: dict[str, Tensor], kept_ids: Sequence[int], rows: TrailRows) -> None:
     """Per-client values of the pre-aggregators and the rule into the trail; a selecting
     rule's choice (Krum, Multi-Krum, Bulyan) as ``selected``."""
     for name, values in columns.items():
