@@ -7,7 +7,11 @@ from Python starts) is not used by the command: it is stopped by an exit hook on
 command killed outright (SIGKILL, the OOM killer) would leave it running. This server is
 started under ``setpriv --pdeathsig TERM`` (util-linux) where that exists, so the kernel
 stops it when the command dies by any means; a normal end, an error, SIGTERM and Ctrl-C
-stop it through :func:`prefect_server`'s exit.
+stop it through :func:`prefect_server`'s exit. It runs in a session of its own: a
+terminal's Ctrl-C (or ``kill -- -PGID``) signals the command's whole process group, and
+a server in that group stopped at once, before the command had reported its flow run's
+end, left the run Running and held the command for minutes retrying a server that was
+gone.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ def prefect_server() -> Iterator[str]:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # not stopped by a signal to the command's group
             )
     except OSError as error:
         raise ServiceError(

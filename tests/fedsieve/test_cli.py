@@ -292,12 +292,14 @@ def _stop_started_commands() -> Iterator[None]:
 
 def started_command(
     project: Path, medmnist_root: Path, *args: str, ready: Callable[[Path], bool] = training,
-    within: float = 300, stderr: int | None = None,
+    within: float = 300, stderr: int | None = None, own_group: bool = False,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """``fedsieve ARGS`` started in ``project`` and returned once ``ready(project)`` (killed
     if not ``within`` seconds). Its stderr goes to ``project/stderr.log`` unless ``stderr``
     says otherwise; Python's fault handler is on, so a command that does not end can be
-    made to show where each of its threads is (:func:`ended_with`)."""
+    made to show where each of its threads is (:func:`ended_with`). ``own_group`` starts
+    it as a shell starts a foreground job: leading a process group of its own, which a
+    terminal's Ctrl-C signals as a whole."""
     with (project / "stderr.log").open("wb") as log:  # the command keeps its own copy
         command = subprocess.Popen(
             [FEDSIEVE, *args],
@@ -309,6 +311,7 @@ def started_command(
             # Ctrl-C as at a terminal: a test runner started in the background (`cmd &` in
             # a script) ignores SIGINT, and its children would inherit that
             preexec_fn=_default_sigint,
+            start_new_session=own_group,
         )
     _STARTED.append(command)
     deadline = time.monotonic() + within
@@ -389,6 +392,40 @@ def test_an_interrupted_command_says_one_line_and_closes_its_run(medmnist_root, 
     assert "Traceback" not in stderr.decode()
     assert not wait_for_no_server(tmp_path / ".prefect")
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+
+
+def flow_run_states(home: Path) -> dict[str, list[str]]:
+    """The states of the flow runs in the Prefect database under ``home`` (read-only):
+    ``{"top": [...], "nested": [...]}``."""
+    query = "SELECT parent_task_run_id IS NULL, state_type FROM flow_run"
+    with closing(sqlite3.connect(f"file:{home / 'prefect.db'}?mode=ro", uri=True)) as db:
+        rows = db.execute(query).fetchall()
+    return {
+        "top": [state for is_top, state in rows if is_top],
+        "nested": [state for is_top, state in rows if not is_top],
+    }
+
+
+def test_ctrl_c_at_a_terminal_ends_the_command_its_run_and_its_flow_run_at_once(
+    medmnist_root, tmp_path
+):
+    # a terminal's Ctrl-C reaches the whole foreground process group, as does
+    # `kill -- -PGID` or a supervisor stopping a job: the command's server must not be
+    # stopped under it before the command has reported its flow run's end
+    command = started_command(
+        tmp_path, medmnist_root, "run", "--set", "train.rounds=500", own_group=True
+    )
+
+    os.killpg(command.pid, signal.SIGINT)
+
+    assert ended_with(command, tmp_path) == 130
+    stderr = (tmp_path / "stderr.log").read_text(errors="replace")
+    assert stderr.strip().splitlines()[-1] == "fedsieve: interrupted", stderr[-3000:]
+    assert "Error logging to API" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert not wait_for_no_server(tmp_path / ".prefect")
+    assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+    states = flow_run_states(tmp_path / ".prefect")
+    assert states["top"] == ["CRASHED"] and "RUNNING" not in states["nested"], states
 
 
 def test_a_killed_command_takes_its_server_with_it(medmnist_root, tmp_path):
