@@ -13,8 +13,13 @@ t-interval per trainer and metric: :func:`tasks.comparison.interval`) to
 ``fedstnn-<name>-<trainer>-<figure>.png``. Run from the repository root:
 
     python -m benchmarks.fedstnn --experiment 1d_iid [--seeds 5] [--trainers smp autograd]
-    python -m benchmarks.fedstnn --experiment image --set rounds=20
+    python -m benchmarks.fedstnn --experiment image --set federation.rounds=20
     python -m benchmarks.fedstnn --experiment gradient    # autograd vs SMP step time
+    python -m benchmarks.fedstnn --experiment all --seeds 1 --check   # against the records
+
+``--check`` reruns the first ``--seeds`` seeds in a temporary folder and compares every
+metric with the committed per-seed records at the digits they hold (6 significant); it
+writes nothing under ``--out`` and exits 1 naming each metric that moved.
 
 CPU time is the process's user + system time, which the machine's other load does not
 inflate the way it inflates wall time.
@@ -28,6 +33,7 @@ import dataclasses
 import datetime as dt
 import json
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -157,24 +163,48 @@ def write_seed_rows(path: Path, records: list[dict[str, Any]]) -> None:
             )  # fmt: skip
 
 
+def check_records(name: str, trainers: list[str], seeds: int, workers: int) -> list[str]:
+    """Rerun seeds ``0..seeds-1`` of each trainer (the committed config, no overrides) and
+    compare each metric with ``fedstnn-<name>-seeds.csv`` at its 6 significant digits: one
+    line per metric that moved (or run that failed)."""
+    with (RESULTS / f"fedstnn-{name}-seeds.csv").open() as handle:
+        committed = {(r["trainer"], int(r["seed"])): r for r in csv.DictReader(handle)}
+    moved = []
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=workers) as pool:
+        cells = [(t, s) for t in trainers for s in range(seeds)]
+        futures = [pool.submit(run_cell, name, t, s, {}, Path(tmp)) for t, s in cells]
+        for (trainer, seed), future in zip(cells, futures, strict=True):
+            record, row = future.result(), committed[(trainer, seed)]
+            if "error" in record:
+                moved.append(f"{name} {trainer} seed {seed}: {record['error']}")
+                continue
+            for metric, value in record["metrics"].items():
+                if f"{value:.6g}" != row[metric]:
+                    moved.append(
+                        f"{name} {trainer} seed {seed} {metric}: {value:.6g}, committed {row[metric]}"
+                    )
+            print(f"  {name} {trainer} seed {seed}: checked ({record['cpu_seconds']} s CPU)")
+    return moved
+
+
 SHOWN = ("mse_over_sigma2", "sigma_rel_error", "coverage_2sigma", "global_iou")
 
 
 def gradient_cost(out: Path, steps: int = 30) -> dict[str, Any]:
     """Time one training step's gradient, autograd vs SMP, on the 1-D model and batch."""
     config = Function1DConfig()
-    model = SNN(config.model_config(1, 1), generator=torch.Generator().manual_seed(0))
+    model = SNN(config.model, generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
     x = torch.rand(110, 1, generator=g) * 2 - 1
     y = torch.sin(2 * torch.pi * x)
-    loss_fn = build_loss(config.loss)
+    loss_fn = build_loss(config.federation.local.loss)
     timings: dict[str, float] = {}
     for method in ("autograd", "smp"):
         best = float("inf")
         for _ in range(3):
             start = time.process_time()
             for _ in range(steps):
-                noise = model.sample_noise(110, config.train_paths, generator=g)
+                noise = model.sample_noise(110, generator=g)  # K = model.n_paths
                 if method == "smp":
                     smp_gradients(model, x, y, loss_fn, noise)
                 else:
@@ -191,7 +221,7 @@ def gradient_cost(out: Path, steps: int = 30) -> dict[str, Any]:
         "command": " ".join(["python -m benchmarks.fedstnn", *sys.argv[1:]]),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **cpu_environment(),
-        "setting": "1-D default model, batch 110, K = train_paths, CPU time per gradient, best of 3",
+        "setting": "1-D default model, batch 110, K = model.n_paths, CPU time per gradient, best of 3",
         "ms_per_step": timings,
     }
     (out / "fedstnn-gradient.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -206,20 +236,36 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="override a config field (JSON value), e.g. --set rounds=20",
+        help="override a setting (JSON value), e.g. --set federation.local.epochs=50",
     )
     parser.add_argument("--trainers", nargs="+", choices=list(TRAINERS), default=list(TRAINERS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--check", action="store_true", help="rerun seeds and compare with the committed records"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    overrides = {}
-    for item in args.set:
+    overrides: dict[str, Any] = {}
+    for item in args.set:  # federation.local.epochs=50 -> {"federation": {"local": {...}}}
         key, _, value = item.partition("=")
-        overrides[key] = _parse_value(value)
+        *outer, last = key.split(".")
+        level = overrides
+        for name in outer:
+            level = level.setdefault(name, {})
+        level[last] = _parse_value(value)
     args.out.mkdir(parents=True, exist_ok=True)
     names = [*EXPERIMENTS, "gradient"] if args.experiment == "all" else [args.experiment]
+    if args.check:
+        moved = [
+            line
+            for name in names
+            if name != "gradient"
+            for line in check_records(name, args.trainers, args.seeds, args.workers)
+        ]
+        print("\n".join(moved) or "every metric equals its committed record")
+        raise SystemExit(1 if moved else 0)
     for name in names:
         if name == "gradient":
             gradient_cost(args.out)

@@ -45,8 +45,10 @@ class LocalTraining:
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be >= 1")
-        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or self.prox_mu < 0:
-            raise ValueError("lr must be > 0; momentum, weight_decay and prox_mu >= 0")
+        if self.lr <= 0 or self.weight_decay < 0 or self.prox_mu < 0:
+            raise ValueError("lr must be > 0; weight_decay and prox_mu >= 0")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1) (SGD's), got {self.momentum}")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class RoundDefence:
     config: FederationConfig
     model: nn.Module
     loss_fn: Callable[[Tensor, Tensor], Tensor]
-    local: LocalTraining
+    local: LocalTraining | None  # trains the root data's reference update (FLTrust)
     held_here: frozenset[int]
 
     def aggregate(
@@ -276,7 +276,7 @@ class RoundDefence:
 
     def _reference(self, state: ServerState, round_number: int) -> Tensor:
         """The server's own update from its root data, made as a client makes its own."""
-        assert self.defence.root is not None  # checked when the federation was built
+        assert self.defence.root is not None and self.local is not None  # checked when built
         seed = derive_seed(self.config.seed, round_number, self.defence.root.client_id, SHUFFLE)
         return train_client(
             self.model, state.global_vector, self.defence.root, self.local, self.loss_fn, seed=seed

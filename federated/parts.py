@@ -8,12 +8,12 @@ as the params layer gives its users."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from aggregation.base import AggregationRule, Filter, PreAggregator
 from federated.attacks.base import ModelAttack
@@ -28,6 +28,7 @@ __all__ = [
     "EvaluationSets",
     "Execution",
     "FederationConfig",
+    "ModelScores",
     "NonIIDCheck",
     "RoundReport",
     "ServerState",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
+ModelScores = Callable[[nn.Module, int], Mapping[str, float]]  # (global model, round) -> scores
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,9 @@ class FederationConfig:
     # what every round scores on the test (and validation) split: loss, ACC, AUC, ECE and
     # Brier ("full"), or loss and ACC ("accuracy"; the last round is always scored fully)
     round_scores: Literal["full", "accuracy"] = "full"
+    # which clients a round samples: a seeded draw of its own per round ("per_round"), or
+    # draws from one generator over the run ("stream": FedStNN's rule)
+    sampling: Literal["per_round", "stream"] = "per_round"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_excluded, bool) or (
@@ -84,6 +89,8 @@ class FederationConfig:
             raise ValueError(
                 f"round_scores must be 'full' or 'accuracy', got {self.round_scores!r}"
             )
+        if self.sampling not in ("per_round", "stream"):
+            raise ValueError(f"sampling must be 'per_round' or 'stream', got {self.sampling!r}")
         if self.round_scores == "accuracy" and self.select == "best_val":
             raise ValueError(
                 "select='best_val' picks by validation AUC: it needs round_scores='full'"
@@ -214,7 +221,11 @@ class EvaluationSets:
     ``where="sites"``: no split here (``test`` and ``val`` are None); the round's test and
     validation scores are pooled from the sites' summaries of their own splits, every
     round (``site_scorer``, or the local ``sites`` and ``site_vals`` scored as a site
-    scores them)."""
+    scores them).
+
+    ``model_scores(model, round)``: scores of the caller's own for the round's global
+    model, added to the round's metrics (a model that is not a classifier, e.g.
+    FedStNN's regression metrics, is scored by them alone: no ``test`` split)."""
 
     test: tuple[Tensor, Tensor] | None = None
     val: tuple[Tensor, Tensor] | None = None
@@ -223,12 +234,15 @@ class EvaluationSets:
     multi_label: bool = False
     site_scorer: SiteScorer | None = None
     where: Literal["hub", "sites"] = "hub"
+    model_scores: ModelScores | None = None
 
     def __post_init__(self) -> None:
         if self.where not in ("hub", "sites"):
             raise ValueError(f"where must be 'hub' or 'sites', got {self.where!r}")
-        if self.where == "hub" and self.test is None:
-            raise ValueError("where='hub' scores the hub's test split: test= is needed")
+        if self.where == "hub" and self.test is None and self.model_scores is None:
+            raise ValueError(
+                "where='hub' scores the hub's test split: test= (or model_scores=) is needed"
+            )
         if self.where == "sites" and (self.test is not None or self.val is not None):
             raise ValueError("where='sites' scores at the sites: no test= or val= here")
         if self.where == "sites" and self.site_scorer is None and not self.sites:

@@ -164,8 +164,8 @@ class RoundScorer:
         return self.pooled_scores(evaluations, round_number)
 
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:
-        """``vector`` on the server's test (and validation) split, and the backdoor's
-        success rate."""
+        """``vector`` on the server's test (and validation) split, the backdoor's success
+        rate and the caller's own scores (``EvaluationSets.model_scores``)."""
         model = self.load(vector)  # loaded once for both splits
         full = self.full(round_number)
         splits = {"test": self.evaluation.test, "val": self.evaluation.val}
@@ -178,6 +178,8 @@ class RoundScorer:
         if self.backdoor_test is not None:
             triggered, target = self.backdoor_test
             metrics["backdoor_asr"] = attack_success_rate(model, triggered, target)
+        if self.evaluation.model_scores is not None:
+            metrics |= self.evaluation.model_scores(model, round_number)
         return metrics
 
     def pooled_scores(

@@ -15,12 +15,21 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-__all__ = ["clients_per_round", "derive_seed", "sample_clients", "seeded_init", "torch_generator"]
+__all__ = [
+    "SAMPLERS",
+    "clients_per_round",
+    "derive_seed",
+    "sample_clients",
+    "sample_clients_stream",
+    "seeded_init",
+    "torch_generator",
+]
 
 T = TypeVar("T")
 
 # Purposes, so that two draws for the same (round, client) never share a stream.
 SAMPLING, SHUFFLE, ATTACK, INIT, PREAGGREGATION, PRIVACY = 1, 2, 3, 4, 5, 6
+CLIENT_STREAM = 0xC11E  # the key of "stream" sampling's one generator (FedStNN's records)
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -58,3 +67,21 @@ def sample_clients(seed: int, round_number: int, population: int, count: int) ->
         return list(range(population))
     rng = np.random.default_rng(derive_seed(seed, round_number, SAMPLING))
     return sorted(int(i) for i in rng.choice(population, size=count, replace=False))
+
+
+def sample_clients_stream(seed: int, round_number: int, population: int, count: int) -> list[int]:
+    """The ``count`` client positions sampled for a round, sorted, from one generator that
+    draws round after round (``sampling="stream"``, FedStNN's rule, with which its
+    committed records were made): a round's draw depends on the rounds before it, so it is
+    replayed from round 1, and a resumed run still draws what an uninterrupted one does."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, CLIENT_STREAM]))
+    for _ in range(round_number - 1):
+        rng.choice(population, size=count, replace=False)
+    return sorted(int(i) for i in rng.choice(population, size=count, replace=False))
+
+
+# FederationConfig.sampling -> the rule
+SAMPLERS: dict[str, Callable[[int, int, int, int], list[int]]] = {
+    "per_round": sample_clients,
+    "stream": sample_clients_stream,
+}

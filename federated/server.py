@@ -1,15 +1,12 @@
 """The server's round: sample clients, have them trained, screen their updates, aggregate,
 evaluate. (The loop over rounds is :func:`federated.loop.train`.)
 
-A :class:`Federation` is assembled from frozen parts (:mod:`federated.parts`): the
-clients and their :class:`~federated.client.LocalTraining`, the :class:`FederationConfig`,
-the :class:`Defence`, the :class:`ThreatModel`, the :class:`EvaluationSets` and the
-:class:`Execution`. It keeps the round's order of events and hands each step to a part of
-its own: the executor trains the clients (:mod:`federated.execution`, which decides
-nothing about exclusions), the non-IID screen judges them before they train
-(:mod:`federated.noniid_screen`), the round's defence makes the aggregate
-(:mod:`federated.defence`), the scorer scores it (:mod:`federated.scoring`) and the trail
-records why each client counted or not (:mod:`federated.trail`).
+A :class:`Federation` is assembled from frozen parts (:mod:`federated.parts`). It keeps
+the round's order of events and hands each step to a part of its own: the executor trains
+the clients (:mod:`federated.execution`), the non-IID screen judges them before they train
+(:mod:`federated.noniid_screen`), the defence makes the aggregate (:mod:`federated.defence`),
+the scorer scores it (:mod:`federated.scoring`) and the trail records why each client
+counted or not (:mod:`federated.trail`).
 
 All memory lives in :class:`ServerState` (the global model vector, the aggregator's and
 filters' states, the per-round metrics and the exclusion trail), which
@@ -28,13 +25,10 @@ Screening order in a round, each dropped client recorded in the trail with its r
 4. the aggregation rule (selection rules report their implicit choice as ``not_selected``).
 A round with fewer than ``min_clients`` survivors is skipped: the global model is kept.
 
-Per-site evaluation (every ``site_every`` rounds and the last), where the round's scores
-come from (``EvaluationSets.where``: the hub's splits, or the sites' pooled summaries) and
-the backend that trains the clients held here (:func:`~federated.execution.local_executor`)
-are described with their parts. Under client-level DP (:mod:`federated.privacy`) the
-rule's inputs are clipped and weighted equally, the release is DP-FedAvg's noisy mean,
-every round logs ε and :meth:`Federation.budget_spent` says when the next round would
-pass the target.
+Per-site evaluation, where the round's scores come from and the backends are described
+with their parts. Under client-level DP (:mod:`federated.privacy`) the rule's inputs are
+clipped and weighted equally, the release is DP-FedAvg's noisy mean, every round logs ε
+and :meth:`Federation.budget_spent` says when the next round would pass the target.
 """
 
 from __future__ import annotations
@@ -49,7 +43,13 @@ from torch import Tensor, nn
 
 from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient
 from federated.defence import Aggregation, RoundDefence
-from federated.execution import BatchedExecutor, NextRound, SiteEvaluation, local_executor
+from federated.execution import (
+    BatchedExecutor,
+    ClientExecutor,
+    NextRound,
+    SiteEvaluation,
+    local_executor,
+)
 from federated.layout import use_fast_layout_
 from federated.metrics import loss_function, site_summary
 from federated.noniid_screen import NonIIDScreen, Screen
@@ -66,7 +66,7 @@ from federated.parts import (
     check_assembly,
 )
 from federated.scoring import RoundScorer
-from federated.seeding import SHUFFLE, clients_per_round, derive_seed, sample_clients
+from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
 from federated.stats.noniid import NonIIDResult, noniid_verdict
 from federated.trail import TrailRows, checked_update, detection_counts, left_out, new_row
 from federated.vectors import model_to_vector
@@ -97,7 +97,7 @@ class Federation:
         *,
         model: nn.Module,
         clients: Sequence[ClientData | RegisteredClient],
-        local: LocalTraining,
+        local: LocalTraining | None,
         config: FederationConfig,
         defence: Defence,
         evaluation: EvaluationSets,
@@ -105,13 +105,17 @@ class Federation:
         execution: Execution = Execution(),
     ) -> None:
         check_assembly(clients, config, defence, evaluation, threat, execution)
+        if local is None and (execution.executor is None or defence.root is not None):
+            raise ValueError(
+                "local= is needed: it trains the clients held here and the server's root data"
+            )
         device = (
             evaluation.test[0].device
             if evaluation.test is not None
             else next(model.parameters()).device
         )
         self.model = use_fast_layout_(model, device)  # the workspace
-        self._device = device
+        self.device: torch.device = device
         self.clients = list(clients)
         self.local = local
         self.config = config
@@ -127,10 +131,7 @@ class Federation:
         """The round's steps, each given only what it needs: the executor, the scorer,
         the non-IID screen and the defence."""
         held_here = frozenset(c.client_id for c in self.clients if isinstance(c, ClientData))
-        self.executor = execution.executor or local_executor(
-            self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
-            backend=execution.backend, max_parallel=execution.max_parallel,
-        )  # fmt: skip
+        self.executor = execution.executor or self._local_executor(execution)
         self.scorer = RoundScorer(
             model=self.model, device=self.device, clients=self.clients,
             evaluation=self.evaluation, config=self.config,
@@ -145,14 +146,17 @@ class Federation:
             loss_fn=self.loss_fn, local=self.local, held_here=held_here,
         )  # fmt: skip
 
+    def _local_executor(self, execution: Execution) -> ClientExecutor:
+        assert self.local is not None  # checked when the federation was built
+        return local_executor(
+            self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
+            backend=execution.backend, max_parallel=execution.max_parallel,
+        )  # fmt: skip
+
     @property
     def batched(self) -> bool:
         """Whether the round's clients are trained in one batched call."""
         return isinstance(self.executor, BatchedExecutor)
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def initial_state(self) -> ServerState:
         """Round 0: the model's weights as the federation was built (the workspace model
@@ -167,10 +171,10 @@ class Federation:
         )
 
     def sample_clients(self, round_number: int) -> list[int]:
-        """Seeded choice of ``clients_per_round`` client positions for a round."""
-        return sample_clients(
-            self.config.seed, round_number, len(self.clients), self.clients_per_round
-        )
+        """Seeded choice of ``clients_per_round`` client positions for a round (by the
+        configured ``sampling`` rule)."""
+        sample = SAMPLERS[self.config.sampling]
+        return sample(self.config.seed, round_number, len(self.clients), self.clients_per_round)
 
     def global_model(self, state: ServerState) -> nn.Module:
         """The workspace model holding the state's global weights (eval mode)."""

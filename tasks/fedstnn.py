@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +33,24 @@ EXPERIMENT = "fedsieve-fedstnn"  # the MLflow experiment of every FedStNN run
 
 
 def load_fedstnn_params(path: Path, name: str) -> dict[str, Any]:
-    """The overrides for experiment ``name`` in ``path``, checked against the preset's
-    fields and values (a one-line :class:`ConfigError` otherwise)."""
+    """The overrides for experiment ``name`` in ``path`` (nested as the experiment's
+    settings are), checked against the preset's settings and values (a one-line
+    :class:`ConfigError` otherwise)."""
     if name not in EXPERIMENTS:
         raise ConfigError(
             f"unknown FedStNN experiment {name!r}; available: {', '.join(EXPERIMENTS)}"
         )
     try:
-        overrides = (yaml.safe_load(path.read_text()) or {}).get(name) or {}
+        experiments = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise ConfigError(f"{path}: {str(error).splitlines()[0]}") from None
-    fields = {f.name for f in dataclasses.fields(EXPERIMENTS[name])}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ConfigError(
-            f"{path}: {name}.{unknown[0]} is not a setting of this experiment; "
-            f"allowed: {', '.join(sorted(fields))}"
-        )
+    if not isinstance(experiments, dict):
+        raise ConfigError(f"{path}: expected a mapping of experiments ({', '.join(EXPERIMENTS)})")
+    overrides = experiments.get(name) or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{path}: {name} takes a mapping of settings, got {overrides!r}")
     try:
-        experiment_config(name, **overrides)  # validates the values
+        experiment_config(name, **overrides)  # validates the names and the values
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{path}: {name}: {error}") from None
     return overrides
@@ -65,7 +63,7 @@ def open_fedstnn_run(name: str, config: dict[str, Any], workdir: Path) -> Tracke
     tracker = Tracker(EXPERIMENT)
     tags = {"kind": "fedstnn", "experiment": name, "git_commit": git_commit(workdir)}
     tracker.start(run_id=None, run_name=f"fedstnn-{name}", tags=tags)
-    tracker.log_params(flatten_params({k: v for k, v in config.items() if v is not None}))
+    tracker.log_params({k: v for k, v in flatten_params(config).items() if v is not None})
     return tracker
 
 

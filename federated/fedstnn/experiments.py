@@ -38,8 +38,8 @@ Choices where the extracted text lost the numbers (the paper's words quoted):
   K the number of white pixels of the true image. The local models are "client 1, 11,
   and 21" (the first of each group) trained alone.
 
-The ``autograd`` trainer's defaults (the fields below; ``smp``, the paper's recipe, is
-:data:`TRAINERS`), tuned on the 1-D non-IID settings, one seed, CPU: local
+The ``autograd`` trainer's defaults (``FEDERATION`` and ``MODEL`` below; ``smp``, the
+paper's recipe, is :data:`TRAINERS`), tuned on the 1-D non-IID settings, one seed, CPU: local
 Adam, 100 full-batch epochs per round, lr 1e-2 decayed by 0.7 per round, K = 16 paths,
 a ReLU SNN with d = 8, 32 hidden units, N = 5 blocks. Two effects drove them:
 
@@ -71,13 +71,14 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from federated.fedstnn.losses import build_loss
 from federated.fedstnn.train import (
     LocalTrainConfig,
     SNNClientData,
@@ -111,6 +112,7 @@ __all__ = [
     "predict_chunked",
     "regression_metrics",
     "render_letters",
+    "replaced",
     "run_config",
     "run_experiment",
     "segmentation_metrics",
@@ -163,40 +165,54 @@ class ExperimentResult:
 # ---------------------------------------------------------------- configs
 
 
+# The settings the presets start from: the autograd recipe's federation and its clients'
+# local training, and the SNN (see the module docstring for how they were chosen)
+FEDERATION = SNNFederationConfig(
+    rounds=10,  # communication rounds
+    fraction=0.1,  # C: share of clients sampled each round
+    lr_decay=0.7,  # lr in round r: lr * lr_decay**(r - 1) (late rounds: small moves)
+    local=LocalTrainConfig(
+        epochs=100,  # passes over the local data per round (one step each: full batch)
+        lr=1e-2,
+        optimizer="adam",
+        diffusion_lr_scale=0.3,  # the diffusion's lr relative to lr (see module doc)
+        loss="energy_score",
+        gradient="autograd",
+    ),
+)
+MODEL = SNNConfig(
+    state_dim=8,
+    hidden_dim=32,
+    n_blocks=5,
+    n_paths=16,  # K sample paths per training step (the clients' too)
+    diffusion_init=0.3,
+    activation="relu",  # tanh is ~10x slower on CPU for the same fit here
+)
+FEDERATION_2D = dataclasses.replace(FEDERATION, fraction=0.25)
+IMAGE_FEDERATION = dataclasses.replace(FEDERATION, fraction=0.3)
+IMAGE_MODEL = dataclasses.replace(
+    MODEL,
+    hidden_dim=64,
+    state_dim=16,
+    diffusion_init=0.1,
+    fourier_features=5,  # pixel positions need high frequencies (sharp letter edges)
+    n_paths=8,  # the image has no noise to resolve; fewer paths, cheaper steps
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig(abc.ABC):
-    """Settings shared by the three experiments (federation, local training, model, eval);
-    each experiment's subclass adds its own and defines its data and metrics."""
+    """An experiment's settings, nested as the engine takes them: ``federation`` (rounds,
+    the sampled share, the per-network rules, and ``federation.local``, each client's
+    training), ``model`` (the SNN; its ``in_dim`` and ``out_dim`` are the data's) and
+    evaluation and reproducibility at the top, beside the data's settings, which each
+    experiment's subclass adds with its data and metrics."""
 
-    # federation
-    n_clients: int = 100  # clients in total
-    fraction: float = 0.1  # C: share of clients sampled each round
-    rounds: int = 10  # communication rounds
-    drift_rule: str = "fedavg"  # aggregation rule for the drift network (+ lift, read-out)
-    drift_rule_params: Mapping[str, Any] = field(default_factory=dict)
-    diffusion_rule: str = "fedavg"  # aggregation rule for the diffusion network
-    diffusion_rule_params: Mapping[str, Any] = field(default_factory=dict)
-    # local training: ``trainer`` names the recipe (TRAINERS) the fields below start from
+    n_clients: int = 100  # clients in total (the data's partition)
+    # the recipe (TRAINERS) that ``federation`` and ``model`` start from
     trainer: Literal["autograd", "smp"] = "autograd"
-    epochs: int = 100  # passes over the local data per round (one step each if full batch)
-    batch_size: int | None = None  # None: full batch
-    lr: float = 1e-2  # local step size in round 0
-    optimizer: Literal["adam", "sgd"] = "adam"  # local optimiser (fresh each round)
-    momentum: float = 0.9  # SGD only
-    diffusion_lr_scale: float = 0.3  # the diffusion's lr relative to lr (see module doc)
-    lr_decay: float = 0.7  # lr in round r: lr * lr_decay**r (late rounds: small moves)
-    train_paths: int = 16  # K sample paths per training step
-    loss: str = "energy_score"  # scoring rule (federated.fedstnn.losses)
-    gradient: Literal["autograd", "smp"] = "autograd"  # same gradient; autograd is faster
-    # model (SNNConfig)
-    state_dim: int = 8  # SDE state width d
-    hidden_dim: int = 32  # hidden width of each block's f and g
-    n_blocks: int = 5  # residual blocks N (Euler–Maruyama steps)
-    horizon: float = 1.0  # T
-    diffusion_init: float = 0.3  # initial diffusion g
-    activation: str = "relu"  # tanh is ~10x slower on CPU for the same fit here
-    fourier_features: int = 0  # Fourier features of the input in the lift (0: linear lift)
-    # evaluation and reproducibility
+    federation: SNNFederationConfig = FEDERATION
+    model: SNNConfig = MODEL
     eval_paths: int = 256  # K paths when evaluating the trained models
     track_rounds: bool = True  # evaluate the global model after every round (history)
     seed: int = 0
@@ -209,45 +225,16 @@ class ExperimentConfig(abc.ABC):
             raise ValueError(f"eval_paths must be >= 2, got {self.eval_paths}")
         if self.trainer not in TRAINERS:
             raise ValueError(f"trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
-        self.federation()  # validates the federation and local-training fields
-        self.model_config(1, 1)  # validates the model fields
-
-    def federation(self) -> SNNFederationConfig:
-        local = LocalTrainConfig(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            optimizer=self.optimizer,
-            momentum=self.momentum,
-            diffusion_lr_scale=self.diffusion_lr_scale,
-            n_paths=self.train_paths,
-            loss=self.loss,
-            gradient=self.gradient,
-        )
-        return SNNFederationConfig(
-            rounds=self.rounds,
-            fraction=self.fraction,
-            lr_decay=self.lr_decay,
-            drift_rule=self.drift_rule,
-            drift_rule_params=dict(self.drift_rule_params),
-            diffusion_rule=self.diffusion_rule,
-            diffusion_rule_params=dict(self.diffusion_rule_params),
-            local=local,
-        )
-
-    def model_config(self, in_dim: int, out_dim: int) -> SNNConfig:
-        return SNNConfig(
-            in_dim=in_dim,
-            out_dim=out_dim,
-            state_dim=self.state_dim,
-            hidden_dim=self.hidden_dim,
-            n_blocks=self.n_blocks,
-            horizon=self.horizon,
-            n_paths=self.train_paths,
-            diffusion_init=self.diffusion_init,
-            activation=self.activation,
-            fourier_features=self.fourier_features,
-        )
+        if (self.model.in_dim, self.model.out_dim) != (1, 1):
+            raise ValueError("model.in_dim and model.out_dim are the data's: leave them out")
+        local = self.federation.local
+        paths = local.n_paths or self.model.n_paths
+        needed = getattr(build_loss(local.loss), "min_paths", 2)
+        if paths < needed:
+            raise ValueError(
+                f"model.n_paths must be >= {needed} for the loss {local.loss!r} (a scoring "
+                f"rule needs spread), got {paths}; squared_error takes one path"
+            )
 
     @abc.abstractmethod
     def make_data(self, rng: np.random.Generator) -> ExperimentData:
@@ -346,7 +333,7 @@ class Function2DConfig(RegressionConfig):
     """Sec. 5.2: the piecewise :func:`function_2d` on a grid of ``[-1, 1]^2``, 4 groups."""
 
     n_clients: int = 40  # 4 groups of 10
-    fraction: float = 0.25
+    federation: SNNFederationConfig = FEDERATION_2D
     grid: int = 100  # points per axis (grid x grid observations)
     noise_sigma: float = 0.1
     main_points: int = 200  # per client, from its group's quadrant
@@ -401,14 +388,10 @@ class ImageConfig(ExperimentConfig):
     font_size: int = 28
     stroke_width: int = 2  # bold letters (~7 px strokes); thin strokes make IoU a contour test
     n_clients: int = 30  # len(text) groups of 10
-    fraction: float = 0.3
     main_points: int = 300  # pixels per client from its own letter's section
     other_points: int = 30  # pixels per client from the other sections together
-    hidden_dim: int = 64
-    state_dim: int = 16
-    diffusion_init: float = 0.1
-    fourier_features: int = 5  # pixel positions need high frequencies (sharp letter edges)
-    train_paths: int = 8  # the image has no noise to resolve; fewer paths, cheaper steps
+    federation: SNNFederationConfig = IMAGE_FEDERATION
+    model: SNNConfig = IMAGE_MODEL
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -764,9 +747,10 @@ def run_config(config: ExperimentConfig, *, name: str) -> ExperimentResult:
     clients = _clients(data.inputs, data.observed, data.indices, data.groups, config.device)
     x = torch.as_tensor(data.inputs, dtype=torch.float32, device=config.device)  # (n, in_dim)
     init = torch.Generator().manual_seed(config.seed)
-    model = SNN(config.model_config(x.shape[1], 1), generator=init).to(config.device)
+    architecture = dataclasses.replace(config.model, in_dim=x.shape[1], out_dim=1)
+    model = SNN(architecture, generator=init).to(config.device)
     initial = copy.deepcopy(model)
-    federation = config.federation()
+    federation = config.federation
     on_round = config.round_tracker(data, x)
     result = run_federation(model, clients, federation, seed=config.seed, on_round=on_round)
     local_models = {
@@ -800,18 +784,22 @@ def run_config(config: ExperimentConfig, *, name: str) -> ExperimentResult:
 # size is not recoverable from the text: 0.3, the largest stable one of 0.05, 0.2, 0.3,
 # 0.5 and 1.5 on 1-D IID (seed 0; 0.5 and 1.5 diverge to NaN). ``autograd`` is this project's
 # variant: autograd with Adam, lr decay, a 0.3x diffusion step, K = 16 paths and the
-# energy score (the fields' defaults above, tuned on one seed).
+# energy score (FEDERATION and MODEL above, tuned on one seed).
 TRAINERS: dict[str, dict[str, Any]] = {
     "autograd": {},
     "smp": {
-        "gradient": "smp",
-        "optimizer": "sgd",
-        "momentum": 0.0,
-        "lr": 0.3,
-        "lr_decay": 1.0,
-        "diffusion_lr_scale": 1.0,
-        "train_paths": 1,
-        "loss": "squared_error",
+        "federation": {
+            "lr_decay": 1.0,
+            "local": {
+                "gradient": "smp",
+                "optimizer": "sgd",
+                "momentum": 0.0,
+                "lr": 0.3,
+                "diffusion_lr_scale": 1.0,
+                "loss": "squared_error",
+            },
+        },
+        "model": {"n_paths": 1},
     },
 }
 
@@ -826,15 +814,44 @@ EXPERIMENTS: dict[str, ExperimentConfig] = {
 
 def experiment_config(name: str, **overrides: Any) -> ExperimentConfig:
     """The preset ``name`` (a key of :data:`EXPERIMENTS`) trained by its ``trainer``'s
-    recipe (:data:`TRAINERS`), with field ``overrides`` on top."""
+    recipe (:data:`TRAINERS`), with ``overrides`` on top: top-level fields, and nested
+    ones as mappings (``federation={"rounds": 3, "local": {"epochs": 2}}``)."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
     trainer = overrides.get("trainer", EXPERIMENTS[name].trainer)
     if trainer not in TRAINERS:
         raise ValueError(f"unknown trainer {trainer!r}; available: {', '.join(TRAINERS)}")
-    return dataclasses.replace(EXPERIMENTS[name], **(TRAINERS[trainer] | overrides))
+    preset = replaced(EXPERIMENTS[name], TRAINERS[trainer])
+    return replaced(preset, overrides)
+
+
+def replaced(settings: Any, changes: Mapping[str, Any], path: str = "") -> Any:
+    """The frozen dataclass ``settings`` with ``changes``: a mapping given for a field that
+    holds a dataclass changes that one's fields in turn; an unknown name or a bad value is
+    refused in one line that names it by its path (``federation.local.epochs``)."""
+    fields = {f.name for f in dataclasses.fields(settings)}
+    values = {}
+    for key, value in changes.items():
+        if key not in fields:
+            raise ValueError(
+                f"{path}{key} is not a setting here; allowed: {', '.join(sorted(fields))}"
+            )
+        current = getattr(settings, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, Mapping):
+                inner = ", ".join(f.name for f in dataclasses.fields(current))
+                raise ValueError(
+                    f"{path}{key} takes a mapping of its settings ({inner}), got {value!r}"
+                )
+            value = replaced(current, value, f"{path}{key}.")
+        values[key] = value
+    try:
+        return dataclasses.replace(settings, **values)
+    except ValueError as error:  # the nested settings' own check, named by its path
+        raise ValueError(f"{path.removesuffix('.')}: {error}" if path else str(error)) from None
 
 
 def run_experiment(name: str, **overrides: Any) -> ExperimentResult:
-    """Run the preset ``name`` (a key of :data:`EXPERIMENTS`) with field ``overrides``."""
+    """Run the preset ``name`` (a key of :data:`EXPERIMENTS`) with ``overrides`` (see
+    :func:`experiment_config`)."""
     return run_config(experiment_config(name, **overrides), name=name)

@@ -6,15 +6,20 @@ K outputs against the targets with a proper scoring rule
 pathwise gradient or the paper's sample-wise SMP gradient (:mod:`federated.fedstnn.smp`);
 both give the same numbers, autograd is faster on CPU and is the default.
 
-Federation (FedAvg with common initialisation, the paper's Sec. 2 and 4): each round a
-fraction ``C`` of the clients, ``m = max(round(C n), 1)``, is sampled without
-replacement; each trains a copy of the global model on its own data; the server then
-aggregates *the drift network and the diffusion network separately* ("the server will
-aggregate the drift and the diffusion network separately", Eq. 39) with the clients'
-sample counts as weights. Each network has its own rule from the aggregation registry
+Federation (FedAvg with common initialisation, the paper's Sec. 2 and 4), run by the
+engine's round loop (:func:`federated.loop.train` over a
+:class:`~federated.server.Federation`) like every other federation: each round a fraction
+``C`` of the clients, ``m = max(ceil(C n), 1)`` (the engine's one definition; the
+presets' ``C n`` are whole numbers), is sampled without replacement from one generator
+over the run (``sampling="stream"``); each trains a copy of the global model on its own
+data (:class:`SNNExecutor`); the server then aggregates *the drift network and the
+diffusion network separately* ("the server will aggregate the drift and the diffusion
+network separately", Eq. 39) with the clients' sample counts as weights
+(:class:`NetworkRules`). Each network has its own rule from the aggregation registry
 (``fedavg`` by default, which is exactly Eq. 39). Rules see updates, ``local - global``
 ``(n_selected, n_params)``, and the global model moves by the result; for FedAvg that is
-the sample-weighted average of the local models.
+the sample-weighted average of the local models. The round's exclusion trail, counts and
+the caller's per-round scores (``EvaluationSets.model_scores``) are the engine's.
 
 Which parameters belong to which network: the paper's SNN has only the two internal
 networks; the lift and the read-out here are deterministic parts of the forward map, so
@@ -34,22 +39,36 @@ import torch
 from torch import Tensor, nn
 
 from aggregation import AggregationRule, build_aggregator
+from aggregation.base import RoundInputs
+from federated.client import ClientUpdate, RegisteredClient
+from federated.execution import ClientResult, OnResult, collect_results
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import smp_gradients
+from federated.loop import train
+from federated.parts import (
+    Defence,
+    EvaluationSets,
+    Execution,
+    FederationConfig,
+    RoundReport,
+    ServerState,
+)
+from federated.server import Federation
 from federated.vectors import model_to_vector, vector_to_model_
 from models.snn import SNN
 
 __all__ = [
     "NETWORKS",
     "LocalTrainConfig",
+    "NetworkRules",
     "SNNClientData",
+    "SNNExecutor",
     "SNNFederationConfig",
     "SNNFederationResult",
-    "aggregate_networks",
     "client_generator",
+    "network_columns",
     "network_vector",
     "run_federation",
-    "set_network_vector_",
     "train_local",
     "train_standalone",
 ]
@@ -112,12 +131,13 @@ class SNNFederationConfig:
     local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
 
     def __post_init__(self) -> None:
-        if self.rounds < 0:
-            raise ValueError(f"rounds must be >= 0, got {self.rounds}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
         if not 0 < self.lr_decay <= 1:
             raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        self.rules()  # an unknown rule or a bad parameter fails here, naming the choices
 
     def rules(self) -> dict[str, AggregationRule]:
         return {
@@ -203,39 +223,114 @@ def network_vector(model: nn.Module, network: str) -> Tensor:
     return torch.cat([model_to_vector(getattr(model, name)) for name in NETWORKS[network]])
 
 
-def set_network_vector_(model: nn.Module, network: str, vector: Tensor) -> None:
-    """Write ``vector`` into one network's parameters (inverse of :func:`network_vector`)."""
-    offset = 0
-    for name in NETWORKS[network]:
-        module = getattr(model, name)
-        size = model_to_vector(module).numel()
-        vector_to_model_(module, vector[offset : offset + size])
-        offset += size
-    if offset != vector.numel():
-        raise ValueError(f"vector has {vector.numel()} entries, network {network!r} has {offset}")
-
-
-def aggregate_networks(
-    global_model: SNN,
-    local_models: Sequence[SNN],
-    weights: Tensor,
-    rules: Mapping[str, AggregationRule],
-    states: Mapping[str, dict[str, Any]] | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Move ``global_model`` in place by each network's rule applied to that network's
-    updates only (the paper's Eq. 39 for FedAvg); returns ``(new rule states,
-    diagnostics)`` keyed by network. ``weights (n,)`` are the clients' sample counts."""
-    states = states or {name: rule.init_state() for name, rule in rules.items()}
-    new_states: dict[str, dict[str, Any]] = {}
-    diagnostics: dict[str, dict[str, Any]] = {}
-    for network, rule in rules.items():
-        base = network_vector(global_model, network)  # (d,)
-        updates = torch.stack([network_vector(m, network) - base for m in local_models])  # (n, d)
-        step, new_states[network], diagnostics[network] = rule.step(
-            states[network], updates, weights.to(updates)
+def network_columns(model: nn.Module) -> dict[str, Tensor]:
+    """Each network's entries of the model vector (:func:`model_to_vector`'s order), in
+    the order :func:`network_vector` lays them out."""
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            spans[key] = (start, start + value.numel())
+            start += value.numel()
+    return {
+        network: torch.cat(
+            [torch.arange(*spans[k]) for name in modules for k in spans if k.split(".")[0] == name]
         )
-        set_network_vector_(global_model, network, base + step)
-    return new_states, diagnostics
+        for network, modules in NETWORKS.items()
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class NetworkRules(AggregationRule):
+    """FedStNN's aggregation (the paper's Eq. 39): each network's rule on that network's
+    entries of the updates alone (``columns[network]``, from :func:`network_columns`).
+
+    Diagnostics: a client's ``effective_weight`` is its networks' weights averaged by
+    their sizes (each network's own is the column ``<network>_effective_weight``); under a
+    selecting rule a client is ``selected`` when any network's rule chose it."""
+
+    columns: Mapping[str, Tensor]
+    rules: Mapping[str, AggregationRule]
+
+    def __post_init__(self) -> None:
+        for network, rule in self.rules.items():
+            if rule.requires_oracle or rule.requires_reference or rule.requires_client_ids:
+                raise ValueError(
+                    f"the {network} network's rule {type(rule).__name__} needs server data "
+                    "or client ids, which FedStNN's per-network aggregation does not pass"
+                )
+
+    def init_state(self) -> dict[str, Any]:
+        return {network: rule.init_state() for network, rule in self.rules.items()}
+
+    def advance(
+        self, state: dict[str, Any], updates: Tensor, weights: Tensor | None, inputs: RoundInputs
+    ) -> tuple[Tensor, dict[str, Any], dict[str, Any]]:
+        result = torch.empty_like(updates[0])
+        new_state: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {}
+        for network, rule in self.rules.items():
+            columns = self.columns[network].to(updates.device)
+            result[columns], new_state[network], parts[network] = rule.step(
+                state[network], updates[:, columns], weights
+            )
+        return result, new_state, self._diagnostics(parts, updates.shape[0])
+
+    def _diagnostics(self, parts: Mapping[str, Mapping[str, Any]], n: int) -> dict[str, Any]:
+        sizes = {network: float(self.columns[network].numel()) for network in parts}
+        weights = {network: torch.as_tensor(d["effective_weight"]) for network, d in parts.items()}
+        combined = sum(sizes[k] * w.to(torch.float64) for k, w in weights.items())
+        diagnostics: dict[str, Any] = {
+            "effective_weight": combined / sum(sizes.values()),
+            "columns": {f"{k}_effective_weight": w for k, w in weights.items()},
+            "networks": {
+                k: {key: v for key, v in d.items() if key != "columns"} for k, d in parts.items()
+            },
+        }
+        if any("selected" in d for d in parts.values()):
+            chosen = [torch.as_tensor(d.get("selected", range(n))) for d in parts.values()]
+            diagnostics["selected"] = torch.unique(torch.cat(chosen).long().cpu())
+        return diagnostics
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SNNExecutor:
+    """FedStNN's clients (the paper's Algorithm 3): each trains a copy of the global SNN
+    on its own data with round r's learning rate (``local.lr * lr_decay**(r - 1)``) and
+    noise from its own generator (:func:`client_generator`), and returns its update."""
+
+    model: SNN  # the executor's own workspace (the federation keeps another)
+    clients: Sequence[SNNClientData]
+    config: SNNFederationConfig
+    seed: int
+
+    def train(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        decay = self.config.lr_decay ** (round_number - 1)
+        local = dataclasses.replace(self.config.local, lr=self.config.local.lr * decay)
+
+        def result_of(client_id: int) -> ClientResult:
+            return self._train_one(global_vector, round_number, client_id, local)
+
+        return collect_results(client_ids, result_of, on_result)
+
+    def _train_one(
+        self, global_vector: Tensor, round_number: int, client_id: int, local: LocalTrainConfig
+    ) -> ClientResult:
+        data = self.clients[client_id]
+        vector_to_model_(self.model, global_vector)
+        generator = client_generator(
+            self.seed, round_number - 1, client_id, device=global_vector.device
+        )
+        stats = train_local(self.model, data, local, generator=generator)
+        delta = model_to_vector(self.model) - global_vector
+        update = ClientUpdate(client_id, delta, len(data), stats["loss"])
+        return ClientResult(client_id, "ok", update)
 
 
 def run_federation(
@@ -246,48 +341,46 @@ def run_federation(
     seed: int,
     on_round: Callable[[int, SNN], Mapping[str, float]] | None = None,
 ) -> SNNFederationResult:
-    """Run FedStNN from the common initial ``model`` (modified in place and returned).
+    """Run FedStNN from the common initial ``model`` (modified in place and returned) on
+    the engine's round loop (:func:`federated.loop.train`): its clients are an
+    :class:`SNNExecutor`, its rule :class:`NetworkRules`, its sampling the ``stream`` rule.
 
-    ``on_round(round, global_model)`` may return metrics to record in that round's
-    history entry (e.g. the global model's test error, for per-round tracking).
+    ``on_round(round, global_model)`` (rounds from 1) may return metrics to record in that
+    round's history entry (e.g. the global model's test error, for per-round tracking).
     """
     if not clients:
         raise ValueError("no clients")
-    device = next(model.parameters()).device
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC11E]))
-    rules = config.rules()
-    states = {name: rule.init_state() for name, rule in rules.items()}
-    m = max(round(config.fraction * len(clients)), 1)
-    history: list[dict[str, Any]] = []
-    for r in range(config.rounds):
-        local_config = dataclasses.replace(config.local, lr=config.local.lr * config.lr_decay**r)
-        selected = sorted(int(c) for c in rng.choice(len(clients), size=m, replace=False))
-        local_models: list[SNN] = []
-        losses: list[float] = []
-        for c in selected:
-            local = copy.deepcopy(model)
-            stats = train_local(
-                local,
-                clients[c],
-                local_config,
-                generator=client_generator(seed, r, c, device=device),
+
+    def scores(global_model: nn.Module, round_number: int) -> Mapping[str, float]:
+        assert isinstance(global_model, SNN)
+        return on_round(round_number, global_model) if on_round is not None else {}
+
+    federation = Federation(
+        model=model,
+        clients=[RegisteredClient(client_id=i, num_samples=len(c)) for i, c in enumerate(clients)],
+        local=None,
+        config=FederationConfig(
+            rounds=config.rounds, client_fraction=config.fraction, seed=seed, sampling="stream"
+        ),
+        defence=Defence(rule=NetworkRules(columns=network_columns(model), rules=config.rules())),
+        evaluation=EvaluationSets(model_scores=scores),
+        execution=Execution(
+            executor=SNNExecutor(
+                model=copy.deepcopy(model), clients=clients, config=config, seed=seed
             )
-            local_models.append(local)
-            losses.append(stats["loss"])
-        weights = torch.tensor([float(len(clients[c])) for c in selected], device=device)
-        states, diagnostics = aggregate_networks(model, local_models, weights, rules, states)
-        entry: dict[str, Any] = {
-            "round": r,
-            "clients": selected,
-            "local_loss": float(np.mean(losses)),
-            "diagnostics": {
-                net: {k: v.tolist() if isinstance(v, Tensor) else v for k, v in diag.items()}
-                for net, diag in diagnostics.items()
-            },
-        }
-        if on_round is not None:
-            entry.update(on_round(r, model))
-        history.append(entry)
+        ),
+    )
+    history: list[dict[str, Any]] = []
+
+    def record(report: RoundReport, _: ServerState) -> None:
+        clients_of_round = [int(row["client"]) for row in report.clients]
+        history.append(
+            report.metrics
+            | {"clients": clients_of_round, "local_loss": report.metrics["client_loss_mean"]}
+        )
+
+    state = train(federation, federation.initial_state(), config.rounds, on_round=record)
+    vector_to_model_(model, state.global_vector)
     return SNNFederationResult(model=model, history=history)
 
 

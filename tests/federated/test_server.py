@@ -1,6 +1,7 @@
 import io
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ from federated.data import load_medmnist, to_tensors
 from federated.metrics import scores_of
 from federated.partition import build_partitioner
 from federated.privacy import ClientPrivacy
-from federated.seeding import seeded_init
+from federated.seeding import CLIENT_STREAM, seeded_init
 from federated.server import (
     Defence,
     EvaluationSets,
@@ -111,6 +112,49 @@ def test_client_sampling_is_seeded_and_takes_the_fraction(medmnist_root):
     assert picks[0] == picks[2] and picks[0] != picks[1]
 
 
+def test_stream_sampling_draws_each_round_from_one_generator_and_replays_on_resume(medmnist_root):
+    config = FederationConfig(rounds=3, client_fraction=0.3, seed=5, sampling="stream")
+    federation = make_federation(medmnist_root, num_clients=10, config=config)
+    stream = np.random.default_rng(np.random.SeedSequence([5, CLIENT_STREAM]))
+    drawn = [sorted(stream.choice(10, size=3, replace=False).tolist()) for _ in range(3)]
+
+    picks = [federation.sample_clients(r) for r in (1, 2, 3, 2)]
+
+    assert picks == [*drawn, drawn[1]]
+
+
+def test_a_model_that_is_no_classifier_is_scored_by_the_callers_own_scores(medmnist_root):
+    seen = []
+
+    def scores(model, round_number):
+        seen.append(round_number)
+        return {"weight_norm": float(model_to_vector(model).norm())}
+
+    federation = make_federation(medmnist_root, rounds=2)
+    federation = Federation(
+        model=federation.model, clients=federation.clients, local=federation.local,
+        config=federation.config, defence=federation.defence,
+        evaluation=EvaluationSets(model_scores=scores),
+    )  # fmt: skip
+
+    state = run(federation, 2)
+
+    assert seen == [1, 2]
+    assert state.history[-1]["weight_norm"] == float(state.global_vector.norm())
+    assert not any(key.startswith("test_") for key in state.history[-1])
+
+
+def test_clients_held_here_need_their_local_training(medmnist_root):
+    federation = make_federation(medmnist_root)
+
+    with pytest.raises(ValueError, match="local= is needed"):
+        Federation(
+            model=federation.model, clients=federation.clients, local=None,
+            config=federation.config, defence=federation.defence,
+            evaluation=federation.evaluation,
+        )  # fmt: skip
+
+
 def test_a_client_that_raises_is_dropped_and_recorded(medmnist_root, broken_client):
     def break_client_1(clients):
         clients[1] = broken_client(1, clients[0])
@@ -186,6 +230,10 @@ def test_config_values_are_validated():
         FederationConfig(rounds=1, client_fraction=0)
     with pytest.raises(ValueError, match="rounds"):
         FederationConfig(rounds=0)
+    with pytest.raises(ValueError, match="sampling must be 'per_round' or 'stream'"):
+        FederationConfig(rounds=1, sampling="shuffled")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        LocalTraining(momentum=1.5)
 
 
 def test_noniid_check_reports_cv_and_excludes_outlying_clients(medmnist_root):

@@ -23,7 +23,12 @@ from federated.fedstnn.experiments import (
     top_k_binary,
 )
 
-FAST = {"rounds": 1, "epochs": 2, "eval_paths": 8, "train_paths": 4, "track_rounds": True}
+FAST = {
+    "federation": {"rounds": 1, "local": {"epochs": 2}},
+    "model": {"n_paths": 4},
+    "eval_paths": 8,
+    "track_rounds": True,
+}
 
 
 def test_partition_iid_sizes():
@@ -118,7 +123,8 @@ def test_the_same_seed_gives_the_same_numbers():
 def test_the_engine_draws_no_figures():
     code = (
         "import sys; from federated.fedstnn.experiments import run_experiment; "
-        "run_experiment('2d', grid=10, n_clients=4, main_points=5, other_points=2, rounds=0); "
+        "run_experiment('2d', grid=10, n_clients=4, main_points=5, other_points=2, "
+        "federation={'rounds': 1, 'local': {'epochs': 1}}); "
         "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'"
     )
 
@@ -171,16 +177,16 @@ def test_each_trainer_reduces_the_loss_and_keeps_the_diffusion_positive(trainer)
     from federated.fedstnn.train import SNNClientData, train_local
     from models.snn import SNN
 
-    config = experiment_config("1d_iid", trainer=trainer, epochs=150)
+    config = experiment_config("1d_iid", trainer=trainer, federation={"local": {"epochs": 150}})
     g = torch.Generator().manual_seed(0)
     x = torch.rand(100, 1, generator=g) * 2 - 1
     data = SNNClientData(x, 0.8 * x + 0.2 * torch.randn(100, 1, generator=g))  # a line, σ = 0.2
-    model = SNN(config.model_config(1, 1), generator=torch.Generator().manual_seed(1))
-    loss = build_loss(config.loss)
+    model = SNN(config.model, generator=torch.Generator().manual_seed(1))
+    loss = build_loss(config.federation.local.loss)
     noise = model.sample_noise(100, 64, generator=torch.Generator().manual_seed(2))
     before = float(loss(model(x, noise=noise), data.y))
 
-    train_local(model, data, config.federation().local, generator=torch.Generator().manual_seed(3))
+    train_local(model, data, config.federation.local, generator=torch.Generator().manual_seed(3))
 
     after = float(loss(model(x, noise=noise), data.y))
     sigma = model.predict(x, n_paths=64, generator=torch.Generator().manual_seed(4)).std
@@ -190,10 +196,38 @@ def test_each_trainer_reduces_the_loss_and_keeps_the_diffusion_positive(trainer)
 
 def test_the_smp_trainer_is_the_papers_recipe_and_overrides_win():
     smp = experiment_config("2d", trainer="smp")
-    tuned = experiment_config("2d", trainer="smp", lr=0.01)
+    tuned = experiment_config("2d", trainer="smp", federation={"local": {"lr": 0.01}})
 
-    assert (smp.gradient, smp.optimizer, smp.momentum, smp.train_paths) == ("smp", "sgd", 0.0, 1)
-    assert (smp.loss, smp.lr_decay, smp.diffusion_lr_scale) == ("squared_error", 1.0, 1.0)
-    assert experiment_config("2d").gradient == "autograd" and tuned.lr == 0.01
+    local = smp.federation.local
+    assert (local.gradient, local.optimizer, local.momentum, smp.model.n_paths) == (
+        "smp", "sgd", 0.0, 1,
+    )  # fmt: skip
+    assert (local.loss, smp.federation.lr_decay, local.diffusion_lr_scale) == (
+        "squared_error", 1.0, 1.0,
+    )  # fmt: skip
+    assert experiment_config("2d").federation.local.gradient == "autograd"
+    assert tuned.federation.local.lr == 0.01 and tuned.federation.local.optimizer == "sgd"
+    assert tuned.federation.fraction == 0.25  # the preset's, under the recipe and override
     with pytest.raises(ValueError, match="unknown trainer 'adam'; available: autograd, smp"):
         experiment_config("2d", trainer="adam")
+
+
+def test_settings_are_nested_as_the_engine_takes_them_and_unknown_ones_named():
+    config = experiment_config("image", federation={"rounds": 3}, model={"hidden_dim": 16})
+
+    assert config.federation.rounds == 3 and config.federation.fraction == 0.3
+    assert (config.model.hidden_dim, config.model.fourier_features) == (16, 5)
+    with pytest.raises(ValueError, match=r"^federation.local.epoch is not a setting here; "):
+        experiment_config("2d", federation={"local": {"epoch": 3}})
+    with pytest.raises(
+        ValueError, match=r"model\.n_paths must be >= 2 for the loss .energy_score."
+    ):
+        experiment_config("1d_iid", model={"n_paths": 1})
+    with pytest.raises(ValueError, match=r"model\.in_dim and model\.out_dim are the data.s"):
+        experiment_config("1d_iid", model={"in_dim": 3})
+    with pytest.raises(ValueError, match=r"^federation\.local: epochs must be >= 0, got -1$"):
+        experiment_config("1d_iid", federation={"local": {"epochs": -1}})
+    with pytest.raises(ValueError, match=r"^federation: unknown aggregator 'nope'; available: "):
+        experiment_config("1d_iid", federation={"drift_rule": "nope"})
+    with pytest.raises(ValueError, match=r"^model takes a mapping of its settings \(in_dim, "):
+        experiment_config("1d_iid", model=3)

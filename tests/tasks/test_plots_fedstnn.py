@@ -1,4 +1,4 @@
-"""FedStNN figures drawn from an experiment's plain results (untrained, rounds = 0)."""
+"""FedStNN figures drawn from an experiment's plain results (one round of one epoch)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from matplotlib.figure import Figure
 from federated.fedstnn.experiments import run_experiment
 from tasks.plots_fedstnn import fedstnn_figures, save_fedstnn_figures
 
-UNTRAINED = {"rounds": 0, "eval_paths": 4, "track_rounds": False}
+UNTRAINED = {
+    "federation": {"rounds": 1, "local": {"epochs": 1}},
+    "eval_paths": 4,
+    "track_rounds": False,
+}
 TINY = {
     "1d_iid": {"n_points": 200, "n_clients": 4, "main_points": 10},
     "2d": {"grid": 20, "n_clients": 4, "main_points": 5, "other_points": 2},
