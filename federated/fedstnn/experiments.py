@@ -86,6 +86,7 @@ from federated.fedstnn.train import (
     run_federation,
     train_standalone,
 )
+from federated.seeding import clients_per_round
 from models.snn import SNN, SNNConfig
 
 __all__ = [
@@ -235,6 +236,22 @@ class ExperimentConfig(abc.ABC):
                 f"model.n_paths must be >= {needed} for the loss {local.loss!r} (a scoring "
                 f"rule needs spread), got {paths}; squared_error takes one path"
             )
+        self._probe_rules()
+
+    def _probe_rules(self) -> None:
+        """Each network's rule tried on as many updates as a round samples, so a rule that
+        cannot work with that many (``krum`` with ``f`` too large) is refused before the
+        run starts, not in its first round."""
+        sampled = clients_per_round(self.federation.fraction, self.n_clients)
+        updates = torch.randn(sampled, 4, generator=torch.Generator().manual_seed(0))
+        for network, rule in self.federation.rules().items():
+            try:
+                rule.step(rule.init_state(), updates, torch.ones(sampled))
+            except ValueError as error:
+                raise ValueError(
+                    f"federation: the {network} network's rule cannot aggregate the "
+                    f"{sampled} clients a round samples: {error}"
+                ) from None
 
     @abc.abstractmethod
     def make_data(self, rng: np.random.Generator) -> ExperimentData:

@@ -231,3 +231,11 @@ def test_settings_are_nested_as_the_engine_takes_them_and_unknown_ones_named():
         experiment_config("1d_iid", federation={"drift_rule": "nope"})
     with pytest.raises(ValueError, match=r"^model takes a mapping of its settings \(in_dim, "):
         experiment_config("1d_iid", model=3)
+
+
+def test_a_rule_that_cannot_aggregate_a_rounds_clients_is_refused_before_the_run():
+    too_many = {"drift_rule": "krum", "drift_rule_params": {"f": 40}}  # 10 clients a round
+
+    with pytest.raises(ValueError, match=r"^federation: the drift network's rule cannot aggre"):
+        experiment_config("1d_iid", federation=too_many)
+    assert experiment_config("1d_iid", federation=too_many | {"drift_rule_params": {"f": 3}})
