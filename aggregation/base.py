@@ -55,6 +55,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from registry.constraints import Interval, check
+
 __all__ = [
     "AggregationRule",
     "Diagnostics",
@@ -99,8 +101,7 @@ def check_updates(updates: Tensor, weights: Tensor | None) -> None:
 
 def check_int(name: str, value: Any, minimum: int) -> None:
     """Raise unless ``value`` is an int (not a bool) >= ``minimum`` (a hyperparameter check)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    check(name, value, (Interval(int, minimum),))
 
 
 def check_minority(rule: str, n: int, f: int) -> None:

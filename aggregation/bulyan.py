@@ -33,7 +33,7 @@ the unselected rows 0, 6 in none: effective weights ``[0, 1/6, 1/3, 1/3, 1/6, 0,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,7 @@ from aggregation.ops import (
     squared_distances,
 )
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Bulyan", "closest_to_median_mean", "closest_to_median_start", "iterated_krum"]
 
@@ -100,11 +101,10 @@ def closest_to_median_mean(ordered: Tensor, beta: int, start: Tensor | None = No
 class Bulyan(AggregationRule):
     """Iterated Krum selection, then a coordinate-wise mean around the median."""
 
-    f: int  # number of Byzantine clients tolerated
+    f: int = field(metadata=allowed(Interval(int, 0)))  # Byzantine clients tolerated
 
     def __post_init__(self) -> None:
-        if not isinstance(self.f, int) or isinstance(self.f, bool) or self.f < 0:
-            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n = updates.shape[0]

@@ -35,7 +35,7 @@ Clip factors ``[1, 1, 0.2]``, effective weights ``[1/3, 1/3, 0.2/3]``, center we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State
 from aggregation.ops import block_columns, column_blocks, compute_dtype
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["CenteredClipping", "distances_to"]
 
@@ -66,14 +67,12 @@ def distances_to(updates: Tensor, center: Tensor) -> Tensor:
 class CenteredClipping(AggregationRule):
     """Iterative clipping around the previous aggregate."""
 
-    tau: float = 10.0  # clipping radius
-    n_iter: int = 1  # clipping iterations per round
+    # clipping radius
+    tau: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    n_iter: int = field(default=1, metadata=allowed(Interval(int, 1)))  # iterations per round
 
     def __post_init__(self) -> None:
-        if not self.tau > 0:
-            raise ValueError(f"tau must be > 0, got {self.tau!r}")
-        if not isinstance(self.n_iter, int) or self.n_iter < 1:
-            raise ValueError(f"n_iter must be an integer >= 1, got {self.n_iter!r}")
+        check_fields(self)
 
     def init_state(self) -> State:
         return {"center": None}

@@ -41,16 +41,17 @@ direction is the diagonal ``v = [1, 1] / sqrt(2)``, so the scores are ``(x + y)Â
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, RoundInputs, State, check_int, row_mean
+from aggregation.base import AggregationRule, RoundInputs, State, row_mean
 from aggregation.ops import centered_gram, ranking
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["DnC", "projection_scores"]
 
@@ -68,20 +69,18 @@ def projection_scores(gram: Tensor) -> Tensor:
 class DnC(AggregationRule):
     """Mean of the clients never among the top projections on a random subspace."""
 
-    f: int  # number of Byzantine clients tolerated
-    n_iters: int = 1  # subsampling iterations per round
-    sub_dim: int = 10_000  # parameters drawn per iteration
-    filter_frac: float = 1.0  # clients removed per iteration: floor(filter_frac * f)
-    seed: int = 0  # seeds the parameter draws together with the round counter
+    f: int = field(metadata=allowed(Interval(int, 0)))  # Byzantine clients tolerated
+    # subsampling iterations per round
+    n_iters: int = field(default=1, metadata=allowed(Interval(int, 1)))
+    # parameters drawn per iteration
+    sub_dim: int = field(default=10_000, metadata=allowed(Interval(int, 1)))
+    # clients removed per iteration: floor(filter_frac * f)
+    filter_frac: float = field(default=1.0, metadata=allowed(Interval(float, 0)))
+    # seeds the parameter draws together with the round counter
+    seed: int = field(default=0, metadata=allowed(Interval(int)))
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-        check_int("n_iters", self.n_iters, 1)
-        check_int("sub_dim", self.sub_dim, 1)
-        if not self.filter_frac >= 0:
-            raise ValueError(f"filter_frac must be >= 0, got {self.filter_frac!r}")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_fields(self)
 
     def init_state(self) -> State:
         return {"round": 0}

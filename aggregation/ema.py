@@ -53,7 +53,7 @@ weight 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,6 +69,7 @@ from aggregation.ops import (
     sort_columns,
 )
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["EstimatedMean", "window_quantile"]
 
@@ -100,11 +101,10 @@ def _fixed_quantile(ordered: Tensor, q: float) -> Tensor:
 class EstimatedMean(AggregationRule):
     """IQR fences, then Luo et al.'s estimated mean from (q1, median, q3)."""
 
-    k: float = 1.5  # fence width in IQRs
+    k: float = field(default=1.5, metadata=allowed(Interval(float, 0)))  # fence width in IQRs
 
     def __post_init__(self) -> None:
-        if not self.k >= 0:
-            raise ValueError(f"k must be >= 0, got {self.k!r}")
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n, d = updates.shape

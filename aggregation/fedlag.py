@@ -55,7 +55,7 @@ Example (equal weights): one parameter with values ``0, 1, 1, 10``: mu = 3, sigm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State, normalised_weights
 from aggregation.ops import block_columns, column_blocks, fedlag_kernel_for, sort_columns
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["FedLag", "direct_scores", "fedlag_direct"]
 
@@ -179,21 +180,15 @@ def _fedlag_sampled(values: Tensor, weights: Tensor, eps: float, pairs: Tensor) 
 class FedLag(AggregationRule):
     """Most likely pairwise midpoint under the clients' shared-sigma Gaussians."""
 
-    eps: float = 1e-12  # added to the population variance (squared update units)
-    max_candidates: int | None = None  # None: every pair (exact); else a seeded subsample
-    seed: int = 0  # seeds the subsample together with the round counter
+    # added to the population variance (squared update units)
+    eps: float = field(default=1e-12, metadata=allowed(Interval(float, 0, closed="neither")))
+    # None: every pair (exact); else a seeded subsample
+    max_candidates: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
+    # seeds the subsample together with the round counter
+    seed: int = field(default=0, metadata=allowed(Interval(int)))
 
     def __post_init__(self) -> None:
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps!r}")
-        if self.max_candidates is not None and (
-            not isinstance(self.max_candidates, int) or self.max_candidates < 1
-        ):
-            raise ValueError(
-                f"max_candidates must be an integer >= 1 or None, got {self.max_candidates!r}"
-            )
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_fields(self)
 
     def init_state(self) -> State:
         return {"round": 0}

@@ -41,8 +41,7 @@ the two copies get no weight.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -51,6 +50,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State, required
 from aggregation.ops import gram
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["FoolsGold", "foolsgold_weights"]
 
@@ -80,11 +80,11 @@ class FoolsGold(AggregationRule):
 
     requires_client_ids: ClassVar[bool] = True
 
-    kappa: float = 1.0  # confidence of the logit
+    # confidence of the logit
+    kappa: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not (self.kappa > 0 and math.isfinite(self.kappa)):
-            raise ValueError(f"kappa must be finite and > 0, got {self.kappa!r}")
+        check_fields(self)
 
     def init_state(self) -> State:
         return {"history": {}}

@@ -32,7 +32,7 @@ towards the five points sum to zero when ``3t² - 6t + 2 = 0``, so ``t = 1 + 1/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, normalised_weights
 from aggregation.ops import centered_gram
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["GeometricMedian", "weiszfeld_on_gram"]
 
@@ -78,17 +79,15 @@ def weiszfeld_on_gram(
 class GeometricMedian(AggregationRule):
     """RFA's smoothed Weiszfeld geometric median."""
 
-    nu: float = 1e-6  # smoothing: distances below nu count as nu
-    max_iter: int = 100  # Weiszfeld iterations at most
-    tol: float = 1e-6  # stop when z moves by at most tol x the mean distance
+    # smoothing: distances below nu count as nu
+    nu: float = field(default=1e-6, metadata=allowed(Interval(float, 0, closed="neither")))
+    # Weiszfeld iterations at most
+    max_iter: int = field(default=100, metadata=allowed(Interval(int, 1)))
+    # stop when z moves by at most tol x the mean distance
+    tol: float = field(default=1e-6, metadata=allowed(Interval(float, 0)))
 
     def __post_init__(self) -> None:
-        if not self.nu > 0:
-            raise ValueError(f"nu must be > 0, got {self.nu!r}")
-        if not isinstance(self.max_iter, int) or self.max_iter < 1:
-            raise ValueError(f"max_iter must be an integer >= 1, got {self.max_iter!r}")
-        if not self.tol >= 0:
-            raise ValueError(f"tol must be >= 0, got {self.tol!r}")
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         alpha = normalised_weights(updates, weights).to(device="cpu", dtype=torch.float64)

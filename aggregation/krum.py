@@ -25,15 +25,16 @@ averages rows 0-3: ``[1.75, 0]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, check_int, row_mean
+from aggregation.base import AggregationRule, row_mean
 from aggregation.ops import centered_gram, krum_scores, ranking, squared_distances
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Krum", "MultiKrum", "check_krum_condition", "krum_ranking"]
 
@@ -60,10 +61,10 @@ def krum_ranking(updates: Tensor, f: int) -> tuple[Tensor, Tensor]:
 class Krum(AggregationRule):
     """The update with the smallest Krum score."""
 
-    f: int  # number of Byzantine clients tolerated
+    f: int = field(metadata=allowed(Interval(int, 0)))  # Byzantine clients tolerated
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         check_krum_condition("krum", updates.shape[0], self.f)
@@ -84,13 +85,12 @@ class Krum(AggregationRule):
 class MultiKrum(AggregationRule):
     """Mean of the ``m`` updates with the smallest Krum scores."""
 
-    f: int  # number of Byzantine clients tolerated
-    m: int | None = None  # updates averaged; None: n - f
+    f: int = field(metadata=allowed(Interval(int, 0)))  # Byzantine clients tolerated
+    # updates averaged; None: n - f
+    m: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-        if self.m is not None:
-            check_int("m", self.m, 1)
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n = updates.shape[0]

@@ -39,16 +39,17 @@ their diameters: {0, 1, 2} sqrt(2) = 1.414, {0, 1, 3} sqrt(50), {0, 2, 3} sqrt(5
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, check_int, check_minority, row_mean
+from aggregation.base import AggregationRule, check_minority, row_mean
 from aggregation.ops import centered_gram, squared_distances
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["MDA", "minimum_diameter_subset"]
 
@@ -141,12 +142,13 @@ def minimum_diameter_subset(squared: np.ndarray, f: int, max_nodes: int) -> tupl
 class MDA(AggregationRule):
     """Mean of the ``n - f`` updates whose set has the smallest diameter."""
 
-    f: int  # number of Byzantine clients tolerated (updates left out)
-    max_nodes: int = 1_000_000  # branches the exact search may visit
+    # Byzantine clients tolerated (updates left out)
+    f: int = field(metadata=allowed(Interval(int, 0)))
+    # branches the exact search may visit
+    max_nodes: int = field(default=1_000_000, metadata=allowed(Interval(int, 1)))
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-        check_int("max_nodes", self.max_nodes, 1)
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n = updates.shape[0]

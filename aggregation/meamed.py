@@ -31,15 +31,16 @@ effective weights ``[1/3, 1/3, 1/3, 0]``, trimmed shares ``[0, 0, 0, 1]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from aggregation.base import AggregationRule, check_int, check_minority
+from aggregation.base import AggregationRule, check_minority
 from aggregation.bulyan import closest_to_median_mean, closest_to_median_start
 from aggregation.median import window_rule
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Meamed"]
 
@@ -49,10 +50,10 @@ __all__ = ["Meamed"]
 class Meamed(AggregationRule):
     """Mean of the ``n - f`` values closest to the median, per coordinate."""
 
-    f: int  # values left out per coordinate
+    f: int = field(metadata=allowed(Interval(int, 0)))  # values left out per coordinate
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         n = updates.shape[0]

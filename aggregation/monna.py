@@ -30,7 +30,7 @@ reference ``[4, 4]``, the distances are 5.657, 5, 5 and 1.414: rows 1-3 are aver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,7 +40,6 @@ from aggregation.base import (
     AggregationRule,
     RoundInputs,
     State,
-    check_int,
     check_minority,
     required,
     row_mean,
@@ -49,6 +48,7 @@ from aggregation.centered_clipping import distances_to
 from aggregation.median import coordinate_median
 from aggregation.ops import ranking
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["MoNNA"]
 
@@ -60,13 +60,13 @@ _ANCHORS = ("median", "reference")
 class MoNNA(AggregationRule):
     """Mean of the ``n - f`` updates nearest to the anchor."""
 
-    f: int  # number of Byzantine clients tolerated (updates left out)
-    anchor: str = "median"  # median | reference (the server's own update)
+    # Byzantine clients tolerated (updates left out)
+    f: int = field(metadata=allowed(Interval(int, 0)))
+    # median | reference (the server's own update)
+    anchor: str = field(default="median", metadata=allowed(Options(_ANCHORS)))
 
     def __post_init__(self) -> None:
-        check_int("f", self.f, 0)
-        if self.anchor not in _ANCHORS:
-            raise ValueError(f"anchor must be one of {', '.join(_ANCHORS)}, got {self.anchor!r}")
+        check_fields(self)
 
     @property
     def requires_reference(self) -> bool:  # type: ignore[override]

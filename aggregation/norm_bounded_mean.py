@@ -27,7 +27,7 @@ Example (max_norm = 1): updates ``[[0.6, 0], [0, 0.8], [3, 4]]`` with weights ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, normalised_weights
 from aggregation.ops import row_products
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["NormBoundedMean", "clip_factors"]
 
@@ -50,11 +51,13 @@ def clip_factors(norms: Tensor, bound: float) -> Tensor:
 class NormBoundedMean(AggregationRule):
     """Size-weighted mean of the updates scaled into a ball of radius M."""
 
-    max_norm: float | None = None  # M; None: the median norm of the round's updates
+    # M; None: the median norm of the round's updates
+    max_norm: float | None = field(
+        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
+    )
 
     def __post_init__(self) -> None:
-        if self.max_norm is not None and not self.max_norm > 0:
-            raise ValueError(f"max_norm must be > 0 or None, got {self.max_norm!r}")
+        check_fields(self)
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         w = normalised_weights(updates, weights).to("cpu", torch.float64)

@@ -24,7 +24,7 @@ weights ``[1/6, 1/3, 1/3, 1/6, 0]``, trimmed shares ``[0.5, 0, 0, 0.5, 1]``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -35,6 +35,7 @@ from aggregation.ops import (
     order_kernels_for,
 )
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["TrimmedMean"]
 
@@ -44,21 +45,20 @@ __all__ = ["TrimmedMean"]
 class TrimmedMean(AggregationRule):
     """Mean of the middle ``n - 2f`` values per coordinate."""
 
-    f: int | None = None  # values dropped at each end
-    beta: float | None = None  # or: fraction dropped at each end, f = floor(beta * n)
+    # values dropped at each end
+    f: int | None = field(default=None, metadata=allowed(Interval(int, 0), None))
+    # or: fraction dropped at each end, f = floor(beta * n)
+    beta: float | None = field(
+        default=None, metadata=allowed(Interval(float, 0, 0.5, closed="left"), None)
+    )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if (self.f is None) == (self.beta is None):
             raise ValueError(
                 "trimmed_mean needs exactly one of f (values dropped per side) "
                 f"or beta (fraction dropped per side); got f={self.f}, beta={self.beta}"
             )
-        if self.f is not None and (
-            not isinstance(self.f, int) or isinstance(self.f, bool) or self.f < 0
-        ):
-            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
-        if self.beta is not None and not 0.0 <= self.beta < 0.5:
-            raise ValueError(f"beta must lie in [0, 0.5), got {self.beta!r}")
 
     def trimmed(self, n: int) -> int:
         """Values dropped at each end for ``n`` clients."""

@@ -35,7 +35,7 @@ range is [2, 6], which holds all of the value 1 and all of the value 2, so the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -46,6 +46,7 @@ from aggregation.base import AggregationRule
 from aggregation.ops import WeightedColumns
 from aggregation.registry import register_aggregator
 from aggregation.weighted_median import weighted_rule
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["WeightedTrimmedMean"]
 
@@ -55,20 +56,20 @@ __all__ = ["WeightedTrimmedMean"]
 class WeightedTrimmedMean(AggregationRule):
     """Weighted mean of the middle ``1 - 2 beta`` of the weight, per coordinate."""
 
-    beta: float | None = None  # weight share dropped at each end
-    f: int | None = None  # or: the share of the f heaviest clients, per round
+    # weight share dropped at each end
+    beta: float | None = field(
+        default=None, metadata=allowed(Interval(float, 0, 0.5, closed="left"), None)
+    )
+    # or: the share of the f heaviest clients, per round
+    f: int | None = field(default=None, metadata=allowed(Interval(int, 0), None))
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if (self.beta is None) == (self.f is None):
             raise ValueError(
                 "weighted_trimmed_mean takes exactly one of beta (a weight share) or f (a "
                 f"number of clients), got beta={self.beta!r}, f={self.f!r}"
             )
-        if self.beta is not None and not 0.0 <= self.beta < 0.5:
-            raise ValueError(f"beta must lie in [0, 0.5), got {self.beta!r}")
-        if self.f is not None and (isinstance(self.f, bool) or not isinstance(self.f, int)
-                                   or self.f < 0):  # fmt: skip
-            raise ValueError(f"f must be an integer >= 0, got {self.f!r}")
 
     def aggregate(self, updates: Tensor, weights: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
         beta = self.beta if self.beta is not None else self._share(updates, weights)

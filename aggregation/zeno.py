@@ -39,7 +39,7 @@ dropped and Zeno returns ``[0.75, 0.75]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -47,6 +47,7 @@ from torch import Tensor
 
 from aggregation.base import AggregationRule, Oracle, RoundInputs, State, required, row_mean
 from aggregation.registry import register_aggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Oracle", "Zeno"]
 
@@ -58,14 +59,12 @@ class Zeno(AggregationRule):
 
     requires_oracle: ClassVar[bool] = True
 
-    b: int  # updates discarded each round
-    rho: float = 5e-4  # weight of the ||g||² penalty
+    b: int = field(metadata=allowed(Interval(int, 0)))  # updates discarded each round
+    # weight of the ||g||² penalty
+    rho: float = field(default=5e-4, metadata=allowed(Interval(float, 0)))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.b, int) or isinstance(self.b, bool) or self.b < 0:
-            raise ValueError(f"b must be an integer >= 0, got {self.b!r}")
-        if not self.rho >= 0:
-            raise ValueError(f"rho must be >= 0, got {self.rho!r}")
+        check_fields(self)
 
     def advance(
         self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs

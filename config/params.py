@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,9 +28,27 @@ import aggregation  # noqa: F401  (fills the registries)
 from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
 from config.errors import ConfigError
 from federated.attacks import ATTACKS
+from federated.client import LocalTraining
+from federated.partition import (
+    DirichletPartitioner,
+    IIDPartitioner,
+    QuantityPartitioner,
+    ShardPartitioner,
+)
+from federated.parts import (
+    Backend,
+    Execution,
+    FederationConfig,
+    NonIIDCheck,
+    NonIIDLoss,
+    RoundScores,
+    Select,
+    Where,
+)
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
 from registry import Registry, RegistryError
+from registry.constraints import declared, describe, is_allowed
 
 __all__ = [
     "ConfigError",
@@ -47,6 +66,20 @@ __all__ = [
 
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds alike
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
+def engine(part: type, name: str) -> AfterValidator:
+    """The check of a setting the engine's ``part`` declares as field ``name``: the bound is
+    written once, in the engine (registry.constraints), and both say the same line."""
+    constraints = declared(part, name)
+
+    def check(value: Any) -> Any:
+        if not is_allowed(value, constraints):
+            raise ValueError(f"must be {describe(constraints, none='null')}")
+        return value
+
+    check.declared_by = (part, name)  # type: ignore[attr-defined]  (read by the tests)
+    return AfterValidator(check)
 
 
 class _Section(BaseModel):
@@ -131,10 +164,11 @@ class DataParams(_Section):
 class PartitionParams(_Section):
     scheme: str = "iid"  # iid | dirichlet | shards | quantity
     num_clients: int = Field(10, ge=1)
-    alpha: float = Field(0.5, gt=0)  # dirichlet concentration
-    classes_per_client: int = Field(2, ge=1)  # shards
-    sigma: float = Field(1.0, gt=0)  # quantity: log-normal spread of client sizes
-    min_samples: int = Field(8, ge=1)
+    alpha: Annotated[float, engine(DirichletPartitioner, "alpha")] = 0.5  # dirichlet concentration
+    classes_per_client: Annotated[int, engine(ShardPartitioner, "classes_per_client")] = 2  # shards
+    # quantity: log-normal spread of client sizes
+    sigma: Annotated[float, engine(QuantityPartitioner, "sigma")] = 1.0
+    min_samples: Annotated[int, engine(IIDPartitioner, "min_samples")] = 8
     # the server's root data (FLTrust's reference): training images held back from every
     # client, a seeded uniform draw (0 = none)
     root_size: int = Field(0, ge=0)
@@ -174,33 +208,26 @@ class ModelParams(_Section):
 
 
 class TrainParams(_Section):
-    rounds: int = Field(20, ge=1)
-    client_fraction: float = Field(1.0, gt=0, le=1)
-    local_epochs: int = Field(1, ge=1)
-    lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum: 1 or more never forgets a step
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(32, ge=1)
-    prox_mu: float = Field(0.0, ge=0)  # FedProx proximal weight
-    server_lr: float = Field(1.0, gt=0)
-    min_clients: int = Field(1, ge=1)
+    rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
+    client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
+    local_epochs: Annotated[int, engine(LocalTraining, "epochs")] = 1
+    lr: Annotated[float, engine(LocalTraining, "lr")] = 0.01
+    # SGD momentum: 1 or more never forgets a step
+    momentum: Annotated[float, engine(LocalTraining, "momentum")] = 0.9
+    weight_decay: Annotated[float, engine(LocalTraining, "weight_decay")] = 0.0
+    batch_size: Annotated[int, engine(LocalTraining, "batch_size")] = 32
+    prox_mu: Annotated[float, engine(LocalTraining, "prox_mu")] = 0.0  # FedProx proximal weight
+    server_lr: Annotated[float, engine(FederationConfig, "server_lr")] = 1.0
+    min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # how clients are trained: auto = batched on CUDA, and on a CPU for models without
     # convolutions (where it measured faster), when the model allows; else sequential
-    backend: Literal["auto", "sequential", "batched"] = "auto"
-    max_parallel: int | None = Field(None, ge=1)  # batched: clients at once (None: by memory)
+    backend: Backend = "auto"
+    # batched: clients at once (null: by memory)
+    max_parallel: Annotated[int | None, engine(Execution, "max_parallel")] = None
     # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
     # the round's sampled clients); a round above it halts the run (null: off)
-    max_excluded: int | float | None = None
-
-    @field_validator("max_excluded")
-    @classmethod
-    def _count_or_share(cls, value: int | float | None) -> int | float | None:
-        if value is None or (isinstance(value, int) and value >= 0):
-            return value
-        if isinstance(value, float) and 0 <= value < 1:
-            return value
-        raise ValueError("a count of clients >= 0 or a share of them in [0, 1), or null")
+    max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
 
 
 class _RegistryEntry(BaseModel):
@@ -272,12 +299,13 @@ class PretestParams(_Section):
 class NonIIDParams(_Section):
     """CV-based non-IID detection (EMA paper, Algorithms 3-4)."""
 
-    every: int = Field(1, ge=0)  # check every N rounds (0 = never)
+    every: Annotated[int, engine(NonIIDCheck, "every")] = 1  # check every N rounds (0 = never)
     final: bool = True  # also check the trained model on every client, as the paper does
-    loss: Literal["mse", "cross_entropy"] = "mse"  # the paper: MSE of softmax vs one-hot
-    threshold: float = Field(0.25, gt=0)  # verdict non_iid when CV > threshold
+    loss: NonIIDLoss = "mse"  # the paper: MSE of softmax vs one-hot
+    # verdict non_iid when CV > threshold
+    threshold: Annotated[float, engine(NonIIDCheck, "threshold")] = 0.25
     exclude: bool = False  # leave out clients whose loss z-score exceeds z
-    z: float = Field(2.0, gt=0)
+    z: Annotated[float, engine(NonIIDCheck, "z")] = 2.0
 
 
 class MethodParams(_Section):
@@ -327,18 +355,20 @@ class CompareParams(_Section):
 class EvalParams(_Section):
     # images per forward pass when scoring; null: by image size (see eval_batch_size)
     batch_size: int | None = Field(None, ge=1)
-    target_acc: float = Field(0.8, ge=0, le=1)
+    target_acc: Annotated[float, engine(FederationConfig, "target_acc")] = 0.8
     target_loss: float | None = Field(None, gt=0)  # rounds-to-target also needs loss <= this
     # the model the run ends with: the last round's, or the best validation AUC round's
-    select: Literal["last", "best_val"] = "last"
-    every: int = Field(1, ge=1)  # score the sites' local test splits every N rounds (and the last)
+    select: Select = "last"
+    every: Annotated[int, engine(FederationConfig, "site_every")] = (
+        1  # score the sites' local test splits every N rounds (and the last)
+    )
     # each round's test scores: loss, ACC, AUC, ECE, Brier (full), or loss and ACC only
     # (accuracy: a cross-device run's rounds; the last round is always scored fully)
-    round_scores: Literal["full", "accuracy"] = "full"
+    round_scores: RoundScores = "full"
     # where the global model's round and final scores come from: the hub's own validation
     # and test splits (hub), or the sites' held-out splits, pooled from their aggregates
     # (sites: the hub holds no images; in a simulation, the clients' local test splits)
-    where: Literal["hub", "sites"] = "hub"
+    where: Where = "hub"
 
     @model_validator(mode="after")
     def _select_needs_auc(self) -> EvalParams:
@@ -353,10 +383,13 @@ class PrivacyParams(_Section):
     """Client-level differential privacy, DP-FedAvg (federated/privacy.py, docs/privacy.md)."""
 
     mode: Literal["off", "central", "local"] = "off"  # who adds the noise: server or clients
-    clip: float = Field(1.0, gt=0)  # L2 norm every client update is clipped to
-    noise_multiplier: float = Field(1.0, gt=0)  # noise std = noise_multiplier x clip
-    delta: float = Field(1e-5, gt=0, lt=1)
-    target_epsilon: float | None = Field(None, gt=0)  # no round may take ε past it (null: none)
+    # L2 norm every client update is clipped to
+    clip: Annotated[float, engine(ClientPrivacy, "clip")] = 1.0
+    # noise std = noise_multiplier x clip
+    noise_multiplier: Annotated[float, engine(ClientPrivacy, "noise_multiplier")] = 1.0
+    delta: Annotated[float, engine(ClientPrivacy, "delta")] = 1e-5
+    # no round may take ε past it (null: none)
+    target_epsilon: Annotated[float | None, engine(ClientPrivacy, "target_epsilon")] = None
     # a rule, filter or pre-aggregator outside the accountant's assumptions: refuse, or run
     # with the ε marked as not holding
     unaccounted: Literal["refuse", "warn"] = "refuse"

@@ -11,7 +11,7 @@ arithmetic on lists of tensors (:mod:`federated.foreach_sgd` says why it is not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from federated.foreach_sgd import sgd_step_ as foreach_sgd_step_
 from federated.seeding import derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = [
     "ClientData",
@@ -35,20 +36,17 @@ __all__ = [
 class LocalTraining:
     """Hyperparameters of one client's local SGD."""
 
-    epochs: int = 1  # passes over the client's data per round
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    batch_size: int = 32
-    prox_mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg local training
+    epochs: int = field(default=1, metadata=allowed(Interval(int, 1)))  # passes over its data
+    lr: float = field(default=0.01, metadata=allowed(Interval(float, 0, closed="neither")))
+    # SGD's momentum: 1 or more never forgets a step
+    momentum: float = field(default=0.9, metadata=allowed(Interval(float, 0, 1, closed="left")))
+    weight_decay: float = field(default=0.0, metadata=allowed(Interval(float, 0)))
+    batch_size: int = field(default=32, metadata=allowed(Interval(int, 1)))
+    # FedProx proximal weight; 0 is plain FedAvg local training
+    prox_mu: float = field(default=0.0, metadata=allowed(Interval(float, 0)))
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be >= 1")
-        if self.lr <= 0 or self.weight_decay < 0 or self.prox_mu < 0:
-            raise ValueError("lr must be > 0; weight_decay and prox_mu >= 0")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1) (SGD's), got {self.momentum}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from federated.batched import (
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.metrics import SplitSummary, logits_of, scores_of, summarise
 from federated.vectors import vector_to_model_
+from registry.constraints import Options, allowed, check_fields
 
 __all__ = [
     "BatchedExecutor",
@@ -123,14 +124,13 @@ class ScoreRequest:
     splits: tuple[str, ...] = ()
     full: bool = True
     rows: bool = True
-    data_loss: str = ""
+    data_loss: str = field(default="", metadata=allowed(Options(DATA_LOSSES)))
 
     def __post_init__(self) -> None:
+        check_fields(self)
         unknown = [s for s in self.splits if s not in SPLITS]
         if unknown:
             raise ValueError(f"splits must be among {SPLITS}, got {unknown}")
-        if self.data_loss not in DATA_LOSSES:
-            raise ValueError(f"data_loss must be one of {DATA_LOSSES}, got {self.data_loss!r}")
 
     def to_config(self) -> dict[str, str | bool]:
         """The request as flat values, as it travels to a site."""

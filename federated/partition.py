@@ -16,11 +16,12 @@ per sample ``(N,)`` (label-skew schemes refuse multi-label data).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from registry import Registry
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = [
     "PARTITIONERS",
@@ -42,6 +43,9 @@ class PartitionError(ValueError):
 
 def build_partitioner(name: str, **params: object):
     return PARTITIONERS.build(name, **params)
+
+
+MIN_SAMPLES = allowed(Interval(int, 1))  # the fewest samples a client may get
 
 
 def list_partitioners() -> list[str]:
@@ -132,7 +136,10 @@ def _single_label(labels: np.ndarray, scheme: str) -> np.ndarray:
 @PARTITIONERS.register("iid")
 @dataclass(frozen=True, kw_only=True)
 class IIDPartitioner:
-    min_samples: int = 1
+    min_samples: int = field(default=1, metadata=MIN_SAMPLES)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def __call__(self, labels: np.ndarray, num_clients: int, *, seed: int) -> list[np.ndarray]:
         _check_inputs(labels, num_clients, self.min_samples)
@@ -143,13 +150,14 @@ class IIDPartitioner:
 @PARTITIONERS.register("dirichlet")
 @dataclass(frozen=True, kw_only=True)
 class DirichletPartitioner:
-    alpha: float = 0.5
-    min_samples: int = 1
-    max_draws: int = 100
+    alpha: float = field(
+        default=0.5, metadata=allowed(Interval(float, 0, closed="neither"))
+    )  # the concentration
+    min_samples: int = field(default=1, metadata=MIN_SAMPLES)
+    max_draws: int = field(default=100, metadata=allowed(Interval(int, 1)))
 
     def __post_init__(self) -> None:
-        if not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        check_fields(self)
 
     def __call__(self, labels: np.ndarray, num_clients: int, *, seed: int) -> list[np.ndarray]:
         labels = _single_label(labels, "dirichlet")
@@ -181,12 +189,11 @@ class DirichletPartitioner:
 @PARTITIONERS.register("shards")
 @dataclass(frozen=True, kw_only=True)
 class ShardPartitioner:
-    classes_per_client: int = 2
-    min_samples: int = 1
+    classes_per_client: int = field(default=2, metadata=allowed(Interval(int, 1)))
+    min_samples: int = field(default=1, metadata=MIN_SAMPLES)
 
     def __post_init__(self) -> None:
-        if self.classes_per_client < 1:
-            raise ValueError(f"classes_per_client must be >= 1, got {self.classes_per_client}")
+        check_fields(self)
 
     def __call__(self, labels: np.ndarray, num_clients: int, *, seed: int) -> list[np.ndarray]:
         labels = _single_label(labels, "shards")
@@ -229,13 +236,13 @@ class ShardPartitioner:
 @PARTITIONERS.register("quantity")
 @dataclass(frozen=True, kw_only=True)
 class QuantityPartitioner:
-    sigma: float = 1.0
-    min_samples: int = 1
-    max_draws: int = 100
+    # the log-normal spread of the clients' sizes
+    sigma: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    min_samples: int = field(default=1, metadata=MIN_SAMPLES)
+    max_draws: int = field(default=100, metadata=allowed(Interval(int, 1)))
 
     def __post_init__(self) -> None:
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        check_fields(self)
 
     def __call__(self, labels: np.ndarray, num_clients: int, *, seed: int) -> list[np.ndarray]:
         _check_inputs(labels, num_clients, self.min_samples)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +21,7 @@ from federated.client import ClientData, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = [
     "Backend",
@@ -37,60 +38,50 @@ __all__ = [
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
+Select = Literal["last", "best_val"]
+RoundScores = Literal["full", "accuracy"]
+Sampling = Literal["per_round", "stream"]
+Where = Literal["hub", "sites"]
+NonIIDLoss = Literal["mse", "cross_entropy"]
 ModelScores = Callable[[nn.Module, int], Mapping[str, float]]  # (global model, round) -> scores
 
 
 @dataclass(frozen=True, kw_only=True)
 class FederationConfig:
-    rounds: int
-    client_fraction: float = 1.0  # share of clients sampled per round
-    server_lr: float = 1.0  # global += server_lr * aggregated update
-    min_clients: int = 1  # fewer survivors than this: the round is skipped
+    rounds: int = field(metadata=allowed(Interval(int, 1)))
+    # share of clients sampled per round
+    client_fraction: float = field(
+        default=1.0, metadata=allowed(Interval(float, 0, 1, closed="right"))
+    )
+    # global += server_lr * aggregated update
+    server_lr: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    # fewer survivors than this: the round is skipped
+    min_clients: int = field(default=1, metadata=allowed(Interval(int, 1)))
     seed: int = 0
-    eval_batch_size: int = 512
+    eval_batch_size: int = field(default=512, metadata=allowed(Interval(int, 1)))
     # the model a run ends with: the last round's, or the round with the best validation
     # AUC (MedMNIST's protocol; earliest on ties; needs the Federation's ``val`` split)
-    select: Literal["last", "best_val"] = "last"
+    select: Select = field(default="last", metadata=allowed(Options.of(Select)))
     # fail closed: the most clients a round may leave out (filters, screens, non-finite
     # updates, a selecting rule's choice): an int is a count, a float in [0, 1) a share of
     # the round's sampled clients; a round above it is not aggregated and halts the run
-    max_excluded: int | float | None = None
-    site_every: int = 1  # score the sites' local test splits every N rounds (and the last)
-    target_acc: float = 0.8  # per-site evaluation: the share of sites reaching it
+    max_excluded: int | float | None = field(
+        default=None,
+        metadata=allowed(Interval(int, 0), Interval(float, 0, 1, closed="left"), None),
+    )
+    # score the sites' local test splits every N rounds (and the last)
+    site_every: int = field(default=1, metadata=allowed(Interval(int, 1)))
+    # per-site evaluation: the share of sites reaching it
+    target_acc: float = field(default=0.8, metadata=allowed(Interval(float, 0, 1)))
     # what every round scores on the test (and validation) split: loss, ACC, AUC, ECE and
     # Brier ("full"), or loss and ACC ("accuracy"; the last round is always scored fully)
-    round_scores: Literal["full", "accuracy"] = "full"
+    round_scores: RoundScores = field(default="full", metadata=allowed(Options.of(RoundScores)))
     # which clients a round samples: a seeded draw of its own per round ("per_round"), or
     # draws from one generator over the run ("stream": FedStNN's rule)
-    sampling: Literal["per_round", "stream"] = "per_round"
+    sampling: Sampling = field(default="per_round", metadata=allowed(Options.of(Sampling)))
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_excluded, bool) or (
-            self.max_excluded is not None
-            and not (
-                (isinstance(self.max_excluded, int) and self.max_excluded >= 0)
-                or (isinstance(self.max_excluded, float) and 0 <= self.max_excluded < 1)
-            )
-        ):
-            raise ValueError(
-                f"max_excluded must be a count >= 0 or a share in [0, 1), got {self.max_excluded!r}"
-            )
-        if self.select not in ("last", "best_val"):
-            raise ValueError(f"select must be 'last' or 'best_val', got {self.select!r}")
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if not 0 < self.client_fraction <= 1:
-            raise ValueError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
-        if self.server_lr <= 0 or self.min_clients < 1:
-            raise ValueError("server_lr must be > 0 and min_clients >= 1")
-        if self.site_every < 1:
-            raise ValueError(f"site_every must be >= 1, got {self.site_every}")
-        if self.round_scores not in ("full", "accuracy"):
-            raise ValueError(
-                f"round_scores must be 'full' or 'accuracy', got {self.round_scores!r}"
-            )
-        if self.sampling not in ("per_round", "stream"):
-            raise ValueError(f"sampling must be 'per_round' or 'stream', got {self.sampling!r}")
+        check_fields(self)
         if self.round_scores == "accuracy" and self.select == "best_val":
             raise ValueError(
                 "select='best_val' picks by validation AUC: it needs round_scores='full'"
@@ -101,11 +92,17 @@ class FederationConfig:
 class NonIIDCheck:
     """EMA's non-IID check: client losses of the global model, CV = σ/μ vs ``threshold``."""
 
-    every: int = 1  # rounds between checks (0 = only when excluding)
-    loss: str = "mse"  # "mse" (softmax vs one-hot, the paper's) or "cross_entropy"
-    threshold: float = 0.25
+    # rounds between checks (0 = only when excluding)
+    every: int = field(default=1, metadata=allowed(Interval(int, 0)))
+    # "mse" (softmax vs one-hot, the paper's) or "cross_entropy"
+    loss: NonIIDLoss = field(default="mse", metadata=allowed(Options.of(NonIIDLoss)))
+    # the verdict is non_iid when CV > threshold
+    threshold: float = field(default=0.25, metadata=allowed(Interval(float, 0, closed="neither")))
     exclude: bool = False  # leave out clients whose loss z-score exceeds z
-    z: float = 2.0
+    z: float = field(default=2.0, metadata=allowed(Interval(float, 0, closed="neither")))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass
@@ -233,12 +230,11 @@ class EvaluationSets:
     site_vals: tuple[tuple[Tensor, Tensor], ...] = ()  # each site's validation split
     multi_label: bool = False
     site_scorer: SiteScorer | None = None
-    where: Literal["hub", "sites"] = "hub"
+    where: Where = field(default="hub", metadata=allowed(Options.of(Where)))
     model_scores: ModelScores | None = None
 
     def __post_init__(self) -> None:
-        if self.where not in ("hub", "sites"):
-            raise ValueError(f"where must be 'hub' or 'sites', got {self.where!r}")
+        check_fields(self)
         if self.where == "hub" and self.test is None and self.model_scores is None:
             raise ValueError(
                 "where='hub' scores the hub's test split: test= (or model_scores=) is needed"
@@ -254,15 +250,13 @@ class Execution:
     """How the sampled clients are trained: by one of this process's backends, or by an
     executor of its own (``executor``, e.g. clients that live elsewhere)."""
 
-    backend: Backend = "sequential"
-    max_parallel: int | None = None  # batched: clients trained at once (None: by memory)
+    backend: Backend = field(default="sequential", metadata=allowed(Options.of(Backend)))
+    # batched: clients trained at once (None: by memory)
+    max_parallel: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
     executor: ClientExecutor | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in get_args(Backend):
-            raise ValueError(f"backend must be one of {get_args(Backend)}, got {self.backend!r}")
-        if self.max_parallel is not None and self.max_parallel < 1:
-            raise ValueError(f"max_parallel must be >= 1 or None, got {self.max_parallel}")
+        check_fields(self)
 
 
 def check_assembly(

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import functools
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["ClientPrivacy", "epsilon_after", "site_privacy"]
 
@@ -56,28 +58,34 @@ def epsilon_after(
     return float(accountant.get_epsilon(delta, alphas=orders))
 
 
+Mode = Literal["central", "local"]  # who adds the noise: the server, or each client
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClientPrivacy:
     """DP-FedAvg's clipping and noise for a federation of ``population`` clients of which
     ``per_round`` are sampled each round, and its budget (``target_epsilon``)."""
 
-    clip: float
-    noise_multiplier: float
-    population: int
-    per_round: int
-    mode: Literal["central", "local"] = "central"
-    delta: float = 1e-5
-    target_epsilon: float | None = None
+    clip: float = field(
+        metadata=allowed(Interval(float, 0, closed="neither"))
+    )  # L2 norm each update is clipped to
+    # noise std = noise_multiplier x clip
+    noise_multiplier: float = field(metadata=allowed(Interval(float, 0, closed="neither")))
+    population: int = field(metadata=allowed(Interval(int, 1)))
+    per_round: int = field(metadata=allowed(Interval(int, 1)))
+    mode: Mode = field(default="central", metadata=allowed(Options.of(Mode)))
+    delta: float = field(default=1e-5, metadata=allowed(Interval(float, 0, 1, closed="neither")))
+    # no round may take ε past it (None: no budget)
+    target_epsilon: float | None = field(
+        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
+    )
 
     def __post_init__(self) -> None:
-        if self.clip <= 0 or self.noise_multiplier <= 0:
-            raise ValueError("clip and noise_multiplier must be > 0")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        if not 1 <= self.per_round <= self.population:
-            raise ValueError("per_round must be between 1 and the population")
-        if self.mode not in ("central", "local"):
-            raise ValueError(f"mode must be 'central' or 'local', got {self.mode!r}")
+        check_fields(self)
+        if self.per_round > self.population:
+            raise ValueError(
+                f"per_round must be at most the population ({self.population}), got {self.per_round}"
+            )
 
     @property
     def sample_rate(self) -> float:

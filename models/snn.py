@@ -41,7 +41,7 @@ explicit ``torch.Generator`` (or replayed ``noise``); the model does no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from models.sde_solver import euler_maruyama, standard_noise
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = [
     "ACTIVATIONS",
@@ -72,35 +73,34 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
+_COUNT = allowed(Interval(int, 1))
+_POSITIVE = allowed(Interval(float, 0, closed="neither"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class SNNConfig:
     """Architecture of an :class:`SNN`; the defaults suit 1-D regression."""
 
-    in_dim: int = 1  # input features (1 for 1-D regression, 2 for a plane or an image)
-    out_dim: int = 1  # outputs
-    state_dim: int = 16  # width d of the SDE state X_n ("neurons in the n-th layer")
-    hidden_dim: int = 32  # hidden width of each block's drift / diffusion MLP
-    n_blocks: int = 10  # N residual blocks = Euler–Maruyama steps
-    horizon: float = 1.0  # T; the step is h = T / N
-    n_paths: int = 32  # K sample paths per input, in training and prediction
-    diffusion_init: float = 0.3  # initial g everywhere (the starting noise level)
-    activation: str = "tanh"  # hidden activation of f and g: one of ACTIVATIONS
-    fourier_features: int = 0  # F > 0: lift sin/cos(2^j π u), j < F, of each input too
+    # input features (1 for 1-D regression, 2 for a plane or an image)
+    in_dim: int = field(default=1, metadata=_COUNT)
+    out_dim: int = field(default=1, metadata=_COUNT)  # outputs
+    # width d of the SDE state X_n ("neurons in the n-th layer")
+    state_dim: int = field(default=16, metadata=_COUNT)
+    # hidden width of each block's drift / diffusion MLP
+    hidden_dim: int = field(default=32, metadata=_COUNT)
+    n_blocks: int = field(default=10, metadata=_COUNT)  # N residual blocks = Euler–Maruyama steps
+    horizon: float = field(default=1.0, metadata=_POSITIVE)  # T; the step is h = T / N
+    # K sample paths per input, in training and prediction
+    n_paths: int = field(default=32, metadata=_COUNT)
+    # initial g everywhere (the starting noise level)
+    diffusion_init: float = field(default=0.3, metadata=_POSITIVE)
+    # hidden activation of f and g
+    activation: str = field(default="tanh", metadata=allowed(Options(tuple(ACTIVATIONS))))
+    # F > 0: lift sin/cos(2^j π u), j < F, of each input too
+    fourier_features: int = field(default=0, metadata=allowed(Interval(int, 0)))
 
     def __post_init__(self) -> None:
-        for name in ("in_dim", "out_dim", "state_dim", "hidden_dim", "n_blocks", "n_paths"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.horizon > 0:
-            raise ValueError(f"horizon must be > 0, got {self.horizon}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"
-            )
-        if self.fourier_features < 0:
-            raise ValueError(f"fourier_features must be >= 0, got {self.fourier_features}")
-        if not self.diffusion_init > 0:
-            raise ValueError(f"diffusion_init must be > 0, got {self.diffusion_init}")
+        check_fields(self)
 
     @property
     def step(self) -> float:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from aggregation.base import Filter, FilterDecision, check_updates
+from registry.constraints import Interval, Options, allowed, check_fields
 
 State = dict[str, Any]
 
@@ -49,12 +50,8 @@ MAD_TO_STD = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of normal data times this is it
 TIE_RTOL = 1e-12  # u > τ with this relative tolerance: identical scores never split
 _CENTROIDS = ("mean", "geometric_median")
 _EXCLUSIONS = ("permanent", "round")
+POSITIVE = Interval(float, 0, closed="neither")
 _BLOCK_ELEMENTS = 1 << 20  # row blocks of <= 1M entries (4 MB fp32): O(d) extra memory
-
-
-def check_choice(filter_name: str, name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{filter_name} {name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
 @dataclass
@@ -75,27 +72,17 @@ class Judgement:
 class CentroidHistoryFilter(Filter):
     """Distances from the round's centroid, a history per client id, exclusion."""
 
-    round_cut: float | None = None
-    centroid: str = "mean"
-    exclusion: str = "permanent"
-    gm_max_iter: int = 100
-    gm_tol: float = 1e-6
+    # an update more than this many robust deviations out is cut that round (None: off)
+    round_cut: float | None = field(default=None, metadata=allowed(POSITIVE, None))
+    centroid: str = field(default="mean", metadata=allowed(Options(_CENTROIDS)))
+    exclusion: str = field(default="permanent", metadata=allowed(Options(_EXCLUSIONS)))
+    gm_max_iter: int = field(default=100, metadata=allowed(Interval(int, 1)))
+    gm_tol: float = field(default=1e-6, metadata=allowed(POSITIVE))
 
     name = "filter"  # the registered name: error messages and the trail's reason
 
     def __post_init__(self) -> None:
-        check_choice(self.name, "centroid", self.centroid, _CENTROIDS)
-        check_choice(self.name, "exclusion", self.exclusion, _EXCLUSIONS)
-        if self.round_cut is not None and not (
-            math.isfinite(self.round_cut) and self.round_cut > 0
-        ):
-            raise ValueError(
-                f"{self.name} round_cut must be finite and > 0 (or null: off), got {self.round_cut}"
-            )
-        if self.gm_max_iter < 1:
-            raise ValueError(f"{self.name} gm_max_iter must be >= 1, got {self.gm_max_iter}")
-        if not (math.isfinite(self.gm_tol) and self.gm_tol > 0):
-            raise ValueError(f"{self.name} gm_tol must be finite and > 0, got {self.gm_tol}")
+        check_fields(self, self.name)
 
     def init_state(self) -> State:
         """``round``: rounds seen; ``history``: ``{id: {"integral", "last", "rounds",
@@ -250,11 +237,9 @@ def cusum_judgement(
     )
 
 
-def check_cusum(filter_name: str, drift: float, h: float) -> None:
-    if not (math.isfinite(drift) and drift >= 0):
-        raise ValueError(f"{filter_name} drift must be finite and >= 0, got {drift}")
-    if not (math.isfinite(h) and h > 0):
-        raise ValueError(f"{filter_name} h must be finite and > 0, got {h}")
+# Page's CUSUM: the drift each round's score is lowered by, and the threshold h
+DRIFT = allowed(Interval(float, 0))
+CUSUM_H = allowed(Interval(float, 0, closed="neither"))
 
 
 def robust_z(values: Tensor, active: Tensor) -> Tensor:

@@ -27,15 +27,16 @@ Parameters: ``drift=3.0`` (≥ 0), ``h=8.0`` (> 0), ``round_cut=None``, ``centro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
 from aggregation.filters.centroid_history import (
+    CUSUM_H,
+    DRIFT,
     CentroidHistoryFilter,
     Judgement,
     State,
-    check_cusum,
     cusum_judgement,
 )
 from aggregation.registry import register_filter
@@ -48,14 +49,10 @@ __all__ = ["DistanceCUSUM"]
 class DistanceCUSUM(CentroidHistoryFilter):
     """Page's CUSUM of each client's robust z of its distance; excluded above ``h``."""
 
-    drift: float = 3.0
-    h: float = 8.0
+    drift: float = field(default=3.0, metadata=DRIFT)
+    h: float = field(default=8.0, metadata=CUSUM_H)
 
     name = "distance_cusum"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_cusum(self.name, self.drift, self.h)
 
     def _judge(
         self, state: State, ids: list[int], distance: Tensor, z: Tensor, active: Tensor

@@ -93,7 +93,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
@@ -101,17 +101,18 @@ import torch
 from torch import Tensor
 
 from aggregation.filters.centroid_history import (
+    CUSUM_H,
+    DRIFT,
     MAD_TO_STD,
     CentroidHistoryFilter,
     Judgement,
     State,
     above,
-    check_choice,
-    check_cusum,
     cusum_judgement,
     robust_z,
 )
 from aggregation.registry import register_filter
+from registry.constraints import Interval, Options, allowed
 
 __all__ = ["PIDMADE", "chebyshev_k", "gaussian_k"]
 
@@ -148,40 +149,28 @@ class PIDMADE(CentroidHistoryFilter):
     """PID score per client id, excluded above ``mean + z(1−α)·std`` of the round's scores
     (the paper's Algorithm 1 with Theorem 6's threshold)."""
 
-    kp: float = 1.0
-    ki: float = 0.5
-    kd: float = 0.05
-    alpha: float = 0.05
-    threshold: str = "gaussian"
-    k: float | None = None
-    spending: str = "rounds"
-    drift: float = 3.0
-    h: float = 8.0
+    kp: float = field(default=1.0, metadata=allowed(Interval(float, 0)))
+    ki: float = field(default=0.5, metadata=allowed(Interval(float, 0)))
+    kd: float = field(default=0.05, metadata=allowed(Interval(float, 0)))
+    alpha: float = field(default=0.05, metadata=allowed(Interval(float, 0, 1, closed="neither")))
+    threshold: str = field(default="gaussian", metadata=allowed(Options(_THRESHOLDS)))
+    k: float | None = field(default=None, metadata=allowed(Interval(float, 0), None))
+    spending: str = field(default="rounds", metadata=allowed(Options(_SPENDING)))
+    drift: float = field(default=3.0, metadata=DRIFT)
+    h: float = field(default=8.0, metadata=CUSUM_H)
 
     name = "pid_made"
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("kp", "ki", "kd"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"pid_made {name} must be finite and >= 0, got {value}")
-        if not (math.isfinite(self.alpha) and 0.0 < self.alpha < 1.0):
-            raise ValueError(
-                f"pid_made alpha must be in the open interval (0, 1), got {self.alpha}"
-            )
-        check_choice(self.name, "threshold", self.threshold, _THRESHOLDS)
-        check_choice(self.name, "spending", self.spending, _SPENDING)
+        super().__post_init__()  # every declared field, this class's too
         if self.spending != "rounds" and self.threshold != "robust":
             raise ValueError(
                 f"pid_made spending={self.spending!r} is only used with threshold='robust' "
                 f"(threshold={self.threshold!r})"
             )
-        check_cusum(self.name, self.drift, self.h)
-        if self.threshold == "k":
-            if self.k is None or not (math.isfinite(self.k) and self.k >= 0):
-                raise ValueError(f"pid_made threshold='k' needs k finite and >= 0, got k={self.k}")
-        elif self.k is not None:
+        if self.threshold == "k" and self.k is None:
+            raise ValueError("pid_made threshold='k' needs k (a finite number >= 0)")
+        if self.threshold != "k" and self.k is not None:
             raise ValueError(
                 f"pid_made k={self.k} is only used with threshold='k' "
                 f"(threshold={self.threshold!r} derives k from alpha)"

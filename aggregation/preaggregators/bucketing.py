@@ -32,7 +32,7 @@ Example (s = 2): updates ``[[1, 2, 3], [4, 5, 6], [7, 8, 9]]`` and the permutati
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -45,9 +45,9 @@ from aggregation.base import (
     State,
     Transformed,
     Weights,
-    check_int,
 )
 from aggregation.registry import register_preaggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Bucketing", "bucket_mixing"]
 
@@ -69,10 +69,10 @@ class Bucketing(PreAggregator):
 
     keeps_rows: ClassVar[bool] = False
 
-    s: int = 1  # updates per bucket
+    s: int = field(default=1, metadata=allowed(Interval(int, 1)))  # updates per bucket
 
     def __post_init__(self) -> None:
-        check_int("s", self.s, 1)
+        check_fields(self)
 
     def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
         n = updates.shape[0]

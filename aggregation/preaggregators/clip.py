@@ -19,7 +19,7 @@ and 13.928, so they are scaled by 0.5345, 0.2279 and 0.1436 to ``[0.5345, 1.0690
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ from aggregation.base import PreAggregation, PreAggregator, Rng, State, Transfor
 from aggregation.norm_bounded_mean import clip_factors
 from aggregation.ops import row_products
 from aggregation.registry import register_preaggregator
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["StaticClipping", "scaled_rows"]
 
@@ -51,11 +52,11 @@ def scaled_rows(
 class StaticClipping(PreAggregator):
     """Scale every update into the ball of radius c."""
 
-    c: float = 2.0  # clipping radius
+    # clipping radius
+    c: float = field(default=2.0, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not self.c > 0:
-            raise ValueError(f"c must be > 0, got {self.c!r}")
+        check_fields(self)
 
     def transform(self, state: State, updates: Tensor, weights: Weights, rng: Rng) -> Transformed:
         norms = row_products(updates)[1].sqrt()

@@ -19,7 +19,7 @@ Shapes ``(n, d), (n,) -> (n, d)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import torch
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["ALittleIsEnough", "alie_z"]
 
@@ -51,18 +52,12 @@ def alie_z(n: int, f: int) -> float:
 class ALittleIsEnough(ModelAttack):
     """Malicious rows become ``mean - z * std`` of the reference rows, per coordinate."""
 
-    z: float | None = None
-    reference: str = "benign"
+    # None: the paper's formula from the round's n and f
+    z: float | None = field(default=None, metadata=allowed(Interval(float), None))
+    reference: str = field(default="benign", metadata=allowed(Options(_REFERENCES)))
 
     def __post_init__(self) -> None:
-        if self.z is not None and not math.isfinite(self.z):
-            raise ValueError(
-                f"alie z must be finite (or None for the paper's formula), got {self.z}"
-            )
-        if self.reference not in _REFERENCES:
-            raise ValueError(
-                f"alie reference must be one of {', '.join(_REFERENCES)}, got {self.reference!r}"
-            )
+        check_fields(self, "alie")
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         n, f = out.shape[0], int(mask.sum())

@@ -35,7 +35,7 @@ channel become ``value``. Replacement: 10 clients, ``eta=1`` -> the malicious ro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -44,6 +44,7 @@ from torch import Tensor
 
 from federated.attacks.base import AttackKind, AttackRound, AttackState, DataAttack, ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["Backdoor"]
 
@@ -57,42 +58,25 @@ class Backdoor(DataAttack, ModelAttack):
 
     kind: ClassVar[AttackKind] = "both"
 
-    target_label: int = 0
-    poison_fraction: float = 0.5
-    size: int = 3
-    position: str = "bottom_right"
-    margin: int = 1
-    value: float = 1.0
+    target_label: int = field(default=0, metadata=allowed(Interval(int, 0)))
+    poison_fraction: float = field(
+        default=0.5, metadata=allowed(Interval(float, 0, 1, closed="right"))
+    )
+    size: int = field(default=3, metadata=allowed(Interval(int, 1)))
+    position: str = field(default="bottom_right", metadata=allowed(Options(_CORNERS)))
+    margin: int = field(default=1, metadata=allowed(Interval(int, 0)))
+    value: float = field(default=1.0, metadata=allowed(Interval(float)))
     model_replacement: bool = False
-    boost: float | None = None
-    eta: float = 1.0
+    # None: the paper's n/eta
+    boost: float | None = field(
+        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
+    )
+    eta: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        for name in ("target_label", "size", "margin"):
-            count = getattr(self, name)
-            if isinstance(count, bool) or not isinstance(count, int):
-                raise ValueError(f"backdoor {name} must be an integer, got {count!r}")
-        if self.target_label < 0 or self.size < 1 or self.margin < 0:
-            raise ValueError(
-                f"backdoor needs target_label >= 0, size >= 1 and margin >= 0; got "
-                f"{self.target_label}, {self.size}, {self.margin}"
-            )
-        if not 0.0 < self.poison_fraction <= 1.0:
-            raise ValueError(
-                f"backdoor poison_fraction must be in (0, 1], got {self.poison_fraction}"
-            )
-        if self.position not in _CORNERS:
-            raise ValueError(
-                f"backdoor position must be one of {', '.join(_CORNERS)}, got {self.position!r}"
-            )
-        if not math.isfinite(self.value):
-            raise ValueError(f"backdoor value must be finite, got {self.value}")
-        if not (math.isfinite(self.eta) and self.eta > 0):
-            raise ValueError(f"backdoor eta must be finite and > 0, got {self.eta}")
+        check_fields(self, "backdoor")
         if self.boost is not None and not self.model_replacement:
             raise ValueError("backdoor boost only applies with model_replacement=True")
-        if self.boost is not None and not (math.isfinite(self.boost) and self.boost > 0):
-            raise ValueError(f"backdoor boost must be finite and > 0 (or None), got {self.boost}")
 
     def stamp(self, images: Tensor) -> Tensor:
         """A copy of ``images`` ``(N, [C,] H, W)`` with the trigger on every image."""

@@ -12,14 +12,14 @@ state gives the same noise. Shapes ``(n, d), (n,) -> (n, d)``.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["GaussianNoise"]
 
@@ -31,14 +31,11 @@ _MODES = ("replace", "add")
 class GaussianNoise(ModelAttack):
     """Malicious rows become ``N(0, σ²)`` (``replace``) or ``Δ + N(0, σ²)`` (``add``)."""
 
-    sigma: float = 1.0
-    mode: str = "replace"
+    sigma: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    mode: str = field(default="replace", metadata=allowed(Options(_MODES)))
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"gaussian sigma must be finite and > 0, got {self.sigma}")
-        if self.mode not in _MODES:
-            raise ValueError(f"gaussian mode must be one of {', '.join(_MODES)}, got {self.mode!r}")
+        check_fields(self, "gaussian")
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         if generator is None:

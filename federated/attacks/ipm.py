@@ -12,14 +12,14 @@ Example: benign rows ``[2, 0]`` and ``[0, 4]``, ``epsilon=0.5`` -> malicious ``[
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["InnerProductManipulation"]
 
@@ -29,11 +29,10 @@ __all__ = ["InnerProductManipulation"]
 class InnerProductManipulation(ModelAttack):
     """Malicious rows become ``-epsilon * mean of the benign rows``."""
 
-    epsilon: float = 0.5
+    epsilon: float = field(default=0.5, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"ipm epsilon must be finite and > 0, got {self.epsilon}")
+        check_fields(self, "ipm")
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         benign = ~mask

@@ -16,7 +16,7 @@ Example (``C = 3``, ``rate = 1``, reverse): ``[0, 1, 2, 2] -> [2, 1, 0, 0]``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from torch import Tensor
 
 from federated.attacks.base import DataAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["LabelFlip", "flip_labels"]
 
@@ -35,16 +36,11 @@ _MAPPINGS = ("reverse", "random")
 class LabelFlip(DataAttack):
     """Flip ``rate`` of a client's labels with ``mapping`` (``reverse`` or ``random``)."""
 
-    rate: float = 1.0
-    mapping: str = "reverse"
+    rate: float = field(default=1.0, metadata=allowed(Interval(float, 0, 1)))
+    mapping: str = field(default="reverse", metadata=allowed(Options(_MAPPINGS)))
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rate) and 0.0 <= self.rate <= 1.0):
-            raise ValueError(f"label_flip rate must be in [0, 1], got {self.rate}")
-        if self.mapping not in _MAPPINGS:
-            raise ValueError(
-                f"label_flip mapping must be one of {', '.join(_MAPPINGS)}, got {self.mapping!r}"
-            )
+        check_fields(self, "label_flip")
 
     def poison_labels(
         self, labels: Tensor | np.ndarray, *, num_classes: int, seed: int

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import AttackRound, AttackState, ModelAttack
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["LineSearchAttack", "line_maximize"]
 
@@ -61,20 +62,15 @@ class LineSearchAttack(ModelAttack):
 
     requires_aggregate = True
 
-    evals: int = 20
-    start: float = 0.0
-    delta: float = 10.0
-    ratio: float = 0.8
+    evals: int = field(default=20, metadata=allowed(Interval(int, 1)))
+    start: float = field(default=0.0, metadata=allowed(Interval(float)))
+    delta: float = 10.0  # finite and non-zero: checked below
+    ratio: float = field(default=0.8, metadata=allowed(Interval(float, 0.5, 1, closed="neither")))
 
     def __post_init__(self) -> None:
-        if isinstance(self.evals, bool) or not isinstance(self.evals, int) or self.evals < 1:
-            raise ValueError(f"evals must be an integer >= 1, got {self.evals!r}")
-        if not math.isfinite(self.start):
-            raise ValueError(f"start must be finite, got {self.start}")
+        check_fields(self)
         if not math.isfinite(self.delta) or self.delta == 0:
             raise ValueError(f"delta must be finite and non-zero, got {self.delta}")
-        if not 0.5 < self.ratio < 1:
-            raise ValueError(f"ratio must lie in (0.5, 1), got {self.ratio}")
 
     def _candidate(self, honest: Tensor, factor: float) -> Tensor:
         """The malicious row ``(d,)`` for attack factor ``factor`` from the honest rows."""

@@ -29,13 +29,14 @@ Example (after learning, ``z = [1, 0]``): benign rows ``[0.5, 3]``, ``[-2, 0]``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import AttackRound, AttackState, ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Mimic", "learn_direction"]
 
@@ -60,13 +61,11 @@ def learn_direction(
 class Mimic(ModelAttack):
     """Malicious rows copy the honest row of largest variance along a learned direction."""
 
-    warmup: int | None = 20
+    # rounds spent learning the direction (None: always copy the first benign row)
+    warmup: int | None = field(default=20, metadata=allowed(Interval(int, 1), None))
 
     def __post_init__(self) -> None:
-        if self.warmup is not None and (
-            isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1
-        ):
-            raise ValueError(f"mimic warmup must be an integer >= 1 or None, got {self.warmup!r}")
+        check_fields(self, "mimic")
 
     def init_state(self) -> AttackState:
         return {"round": 0, "mean": None, "direction": None}

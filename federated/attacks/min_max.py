@@ -31,15 +31,15 @@ over benign rows are 26, 17, 41 and ``Σ_i (m − x_i)² = 14 + 3γ²``: γ = 3 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import AttackRound, AttackState, ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = ["MinMax", "MinSum", "halving_search", "perturbation_direction"]
 
@@ -85,19 +85,12 @@ def _pairwise(honest: Tensor) -> Tensor:
 class DistanceBudgetAttack(ModelAttack):
     """Shared search of min_max and min_sum; subclasses define the budget and the score."""
 
-    perturbation: str = "unit_vec"
-    gamma_init: float = 10.0
-    tolerance: float = 1e-5
+    perturbation: str = field(default="unit_vec", metadata=allowed(Options(_PERTURBATIONS)))
+    gamma_init: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    tolerance: float = field(default=1e-5, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if self.perturbation not in _PERTURBATIONS:
-            raise ValueError(
-                f"perturbation must be one of {', '.join(_PERTURBATIONS)}, got {self.perturbation!r}"
-            )
-        if not (math.isfinite(self.gamma_init) and self.gamma_init > 0):
-            raise ValueError(f"gamma_init must be finite and > 0, got {self.gamma_init}")
-        if not (math.isfinite(self.tolerance) and self.tolerance > 0):
-            raise ValueError(f"tolerance must be finite and > 0, got {self.tolerance}")
+        check_fields(self)  # a subclass's declared fields too (min_sum's bound)
 
     def _budget(self, honest: Tensor) -> float:
         raise NotImplementedError
@@ -137,12 +130,7 @@ class MinMax(DistanceBudgetAttack):
 class MinSum(DistanceBudgetAttack):
     """Sum of squared distances to the benign rows within a benign row's own sum."""
 
-    bound: str = "max"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.bound not in _BOUNDS:
-            raise ValueError(f"bound must be one of {', '.join(_BOUNDS)}, got {self.bound!r}")
+    bound: str = field(default="max", metadata=allowed(Options(_BOUNDS)))
 
     def _budget(self, honest: Tensor) -> float:
         sums = _pairwise(honest).square().sum(dim=1)

@@ -11,14 +11,14 @@ Example: row ``[1, -2]`` with ``factor=10`` -> ``[10, -20]``.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["Scaling"]
 
@@ -28,11 +28,10 @@ __all__ = ["Scaling"]
 class Scaling(ModelAttack):
     """Malicious rows become ``factor * Δ``."""
 
-    factor: float = 10.0
+    factor: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.factor) and self.factor > 0):
-            raise ValueError(f"scaling factor must be finite and > 0, got {self.factor}")
+        check_fields(self, "scaling")
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         out[mask] = self.factor * out[mask]

@@ -9,14 +9,14 @@ Example: row ``[1, -2]`` with ``scale=2`` -> ``[-2, 4]``.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = ["SignFlip"]
 
@@ -26,11 +26,10 @@ __all__ = ["SignFlip"]
 class SignFlip(ModelAttack):
     """Malicious rows become ``-scale * Δ``."""
 
-    scale: float = 1.0
+    scale: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"sign_flip scale must be finite and > 0, got {self.scale}")
+        check_fields(self, "sign_flip")
 
     def _attack(self, out: Tensor, mask: Tensor, generator: torch.Generator | None) -> None:
         out[mask] = -self.scale * out[mask]

@@ -71,7 +71,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -88,6 +88,7 @@ from federated.fedstnn.train import (
 )
 from federated.seeding import clients_per_round
 from models.snn import SNN, SNNConfig
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = [
     "EXPERIMENTS",
@@ -201,6 +202,11 @@ IMAGE_MODEL = dataclasses.replace(
 )
 
 
+Trainer = Literal["autograd", "smp"]
+Partition = Literal["iid", "noniid"]
+POSITIVE = Interval(float, 0, closed="neither")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig(abc.ABC):
     """An experiment's settings, nested as the engine takes them: ``federation`` (rounds,
@@ -209,23 +215,20 @@ class ExperimentConfig(abc.ABC):
     evaluation and reproducibility at the top, beside the data's settings, which each
     experiment's subclass adds with its data and metrics."""
 
-    n_clients: int = 100  # clients in total (the data's partition)
+    # clients in total (the data's partition)
+    n_clients: int = field(default=100, metadata=allowed(Interval(int, 1)))
     # the recipe (TRAINERS) that ``federation`` and ``model`` start from
-    trainer: Literal["autograd", "smp"] = "autograd"
+    trainer: Trainer = field(default="autograd", metadata=allowed(Options.of(Trainer)))
     federation: SNNFederationConfig = FEDERATION
     model: SNNConfig = MODEL
-    eval_paths: int = 256  # K paths when evaluating the trained models
+    # K paths when evaluating the trained models
+    eval_paths: int = field(default=256, metadata=allowed(Interval(int, 2)))
     track_rounds: bool = True  # evaluate the global model after every round (history)
     seed: int = 0
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.n_clients < 1:
-            raise ValueError(f"n_clients must be >= 1, got {self.n_clients}")
-        if self.eval_paths < 2:
-            raise ValueError(f"eval_paths must be >= 2, got {self.eval_paths}")
-        if self.trainer not in TRAINERS:
-            raise ValueError(f"trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+        check_fields(self)  # this class's and its subclass's declared fields
         if (self.model.in_dim, self.model.out_dim) != (1, 1):
             raise ValueError("model.in_dim and model.out_dim are the data's: leave them out")
         local = self.federation.local
@@ -244,7 +247,7 @@ class ExperimentConfig(abc.ABC):
         run starts, not in its first round."""
         sampled = clients_per_round(self.federation.fraction, self.n_clients)
         updates = torch.randn(sampled, 4, generator=torch.Generator().manual_seed(0))
-        for network, rule in self.federation.rules().items():
+        for network, rule in self.federation.rules.items():
             try:
                 rule.step(rule.init_state(), updates, torch.ones(sampled))
             except ValueError as error:
@@ -301,18 +304,12 @@ class Function1DConfig(RegressionConfig):
     n_points: int = 10_000  # grid points on [x_min, x_max]
     x_min: float = -1.0
     x_max: float = 1.0
-    noise_sigma: float = 0.2  # σ of the Gaussian observation noise
-    partition: Literal["iid", "noniid"] = "iid"
+    # σ of the Gaussian observation noise
+    noise_sigma: float = field(default=0.2, metadata=allowed(POSITIVE))
+    partition: Partition = field(default="iid", metadata=allowed(Options.of(Partition)))
     n_groups: int = 10  # non-IID: client groups = data groups (consecutive intervals)
     main_points: int = 100  # IID: points per client; non-IID: from the client's own group
     other_points: int = 10  # non-IID: points from the other groups (0 for IID)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.partition not in ("iid", "noniid"):
-            raise ValueError(f"partition must be 'iid' or 'noniid', got {self.partition!r}")
-        if not self.noise_sigma > 0:
-            raise ValueError(f"noise_sigma must be > 0, got {self.noise_sigma}")
 
     def make_data(self, rng: np.random.Generator) -> ExperimentData:
         """The noisy grid; IID: each client draws ``main_points`` anywhere; non-IID:
@@ -349,19 +346,14 @@ class Function1DConfig(RegressionConfig):
 class Function2DConfig(RegressionConfig):
     """Sec. 5.2: the piecewise :func:`function_2d` on a grid of ``[-1, 1]^2``, 4 groups."""
 
-    n_clients: int = 40  # 4 groups of 10
+    n_clients: int = field(default=40, metadata=allowed(Interval(int, 1)))  # 4 groups of 10
     federation: SNNFederationConfig = FEDERATION_2D
     grid: int = 100  # points per axis (grid x grid observations)
-    noise_sigma: float = 0.1
+    noise_sigma: float = field(default=0.1, metadata=allowed(POSITIVE))
     main_points: int = 200  # per client, from its group's quadrant
     other_points: int = 30  # per client, from the other three quadrants together
     slice_y: float = 0.5  # the fixed y of the first slice plot
     slice_x: float = -0.5  # the fixed x of the second slice plot
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.noise_sigma > 0:
-            raise ValueError(f"noise_sigma must be > 0, got {self.noise_sigma}")
 
     def make_data(self, rng: np.random.Generator) -> ExperimentData:
         """The noisy grid; one client group per quadrant."""
@@ -404,7 +396,7 @@ class ImageConfig(ExperimentConfig):
     width: int = 96  # pixels (split into len(text) equal sections)
     font_size: int = 28
     stroke_width: int = 2  # bold letters (~7 px strokes); thin strokes make IoU a contour test
-    n_clients: int = 30  # len(text) groups of 10
+    n_clients: int = field(default=30, metadata=allowed(Interval(int, 1)))  # len(text) groups of 10
     main_points: int = 300  # pixels per client from its own letter's section
     other_points: int = 30  # pixels per client from the other sections together
     federation: SNNFederationConfig = IMAGE_FEDERATION

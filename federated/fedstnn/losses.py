@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from registry import Registry
+from registry.constraints import Interval, allowed, check_fields
 
 __all__ = [
     "LOSSES",
@@ -78,11 +79,11 @@ def _check(samples: Tensor, targets: Tensor, *, min_paths: int = 2) -> None:
 class EnergyScore:
     """Fair energy score (CRPS for one output); ``beta`` in (0, 2)."""
 
-    beta: float = 1.0
+    # strictly proper for beta in (0, 2)
+    beta: float = field(default=1.0, metadata=allowed(Interval(float, 0, 2, closed="neither")))
 
     def __post_init__(self) -> None:
-        if not 0 < self.beta < 2:
-            raise ValueError(f"beta must be in (0, 2) for a strictly proper score, got {self.beta}")
+        check_fields(self)
 
     def _norm(self, diff: Tensor) -> Tensor:
         if diff.shape[-1] == 1:
@@ -107,11 +108,13 @@ class EnergyScore:
 class GaussianNLL:
     """Gaussian NLL of the observation under the K-sample mean and variance."""
 
-    min_variance: float = 1e-6  # floor on the variance, for a finite loss at zero diffusion
+    # floor on the variance, for a finite loss at zero diffusion
+    min_variance: float = field(
+        default=1e-6, metadata=allowed(Interval(float, 0, closed="neither"))
+    )
 
     def __post_init__(self) -> None:
-        if not self.min_variance > 0:
-            raise ValueError(f"min_variance must be > 0, got {self.min_variance}")
+        check_fields(self)
 
     def __call__(self, samples: Tensor, targets: Tensor) -> Tensor:
         _check(samples, targets)

@@ -32,6 +32,8 @@ import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
@@ -56,6 +58,7 @@ from federated.parts import (
 from federated.server import Federation
 from federated.vectors import model_to_vector, vector_to_model_
 from models.snn import SNN
+from registry.constraints import Interval, Options, allowed, check_fields
 
 __all__ = [
     "NETWORKS",
@@ -73,6 +76,9 @@ __all__ = [
     "train_standalone",
 ]
 
+Optimizer = Literal["adam", "sgd"]
+Gradient = Literal["autograd", "smp"]
+
 # network name -> the SNN submodules whose parameters it aggregates (in this order)
 NETWORKS: dict[str, tuple[str, ...]] = {
     "drift": ("lift", "drift", "readout"),
@@ -84,46 +90,43 @@ NETWORKS: dict[str, tuple[str, ...]] = {
 class LocalTrainConfig:
     """One client's local training per round."""
 
-    epochs: int = 20  # passes over the client's data per round
-    batch_size: int | None = None  # None: full batch (clients hold ~100 points)
-    lr: float = 1e-2  # step size
-    optimizer: Literal["adam", "sgd"] = "adam"  # a fresh optimiser each round
-    diffusion_lr_scale: float = 1.0  # the diffusion network's lr is lr * this
-    momentum: float = 0.9  # SGD only
+    # passes over the client's data per round
+    epochs: int = field(default=20, metadata=allowed(Interval(int, 0)))
+    # None: full batch (clients hold ~100 points)
+    batch_size: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
+    lr: float = field(default=1e-2, metadata=allowed(Interval(float, 0, closed="neither")))
+    # a fresh optimiser each round
+    optimizer: Optimizer = field(default="adam", metadata=allowed(Options.of(Optimizer)))
+    # the diffusion network's lr is lr * this
+    diffusion_lr_scale: float = field(
+        default=1.0, metadata=allowed(Interval(float, 0, closed="neither"))
+    )
+    # SGD only
+    momentum: float = field(default=0.9, metadata=allowed(Interval(float, 0, 1, closed="left")))
     n_paths: int | None = None  # K paths per step; None: the model config's
     loss: str = "energy_score"  # a registered loss (federated.fedstnn.losses)
-    gradient: Literal["autograd", "smp"] = "autograd"  # same numbers; autograd is faster
+    # same numbers; autograd is faster
+    gradient: Gradient = field(default="autograd", metadata=allowed(Options.of(Gradient)))
 
     def __post_init__(self) -> None:
-        if self.epochs < 0:
-            raise ValueError(f"epochs must be >= 0, got {self.epochs}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        check_fields(self)
         loss = build_loss(self.loss)  # fails here, listing the losses, on an unknown name
         if self.n_paths is not None and self.n_paths < getattr(loss, "min_paths", 2):
             raise ValueError(
                 f"n_paths must be >= 2 for the loss {self.loss!r} (a scoring rule needs "
                 f"spread), got {self.n_paths}; squared_error takes one path"
             )
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if not self.diffusion_lr_scale > 0:
-            raise ValueError(f"diffusion_lr_scale must be > 0, got {self.diffusion_lr_scale}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.gradient not in ("autograd", "smp"):
-            raise ValueError(f"gradient must be 'autograd' or 'smp', got {self.gradient!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SNNFederationConfig:
     """Rounds, client sampling and the per-network aggregation rules."""
 
-    rounds: int = 10  # communication rounds
-    fraction: float = 0.1  # C: share of clients sampled per round
-    lr_decay: float = 1.0  # local lr in round r is local.lr * lr_decay**r
+    rounds: int = field(default=10, metadata=allowed(Interval(int, 1)))  # communication rounds
+    # C: share of clients sampled per round
+    fraction: float = field(default=0.1, metadata=allowed(Interval(float, 0, 1, closed="right")))
+    # local lr in round r is local.lr * lr_decay**r
+    lr_decay: float = field(default=1.0, metadata=allowed(Interval(float, 0, 1, closed="right")))
     drift_rule: str = "fedavg"  # aggregation rule for the drift network (+ lift, read-out)
     drift_rule_params: Mapping[str, Any] = field(default_factory=dict)
     diffusion_rule: str = "fedavg"  # aggregation rule for the diffusion network
@@ -131,19 +134,18 @@ class SNNFederationConfig:
     local: LocalTrainConfig = field(default_factory=LocalTrainConfig)
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if not 0 < self.lr_decay <= 1:
-            raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
-        self.rules()  # an unknown rule or a bad parameter fails here, naming the choices
+        check_fields(self)
+        self.rules  # noqa: B018  (an unknown rule or a bad parameter fails here, naming the choices)
 
-    def rules(self) -> dict[str, AggregationRule]:
-        return {
-            "drift": build_aggregator(self.drift_rule, **self.drift_rule_params),
-            "diffusion": build_aggregator(self.diffusion_rule, **self.diffusion_rule_params),
-        }
+    @cached_property
+    def rules(self) -> Mapping[str, AggregationRule]:
+        """Each network's rule, built once (a rule keeps no state of its own)."""
+        return MappingProxyType(
+            {
+                "drift": build_aggregator(self.drift_rule, **self.drift_rule_params),
+                "diffusion": build_aggregator(self.diffusion_rule, **self.diffusion_rule_params),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,9 @@ def run_federation(
         config=FederationConfig(
             rounds=config.rounds, client_fraction=config.fraction, seed=seed, sampling="stream"
         ),
-        defence=Defence(rule=NetworkRules(columns=network_columns(model), rules=config.rules())),
+        defence=Defence(
+            rule=NetworkRules(columns=network_columns(model), rules=dict(config.rules))
+        ),
         evaluation=EvaluationSets(model_scores=scores),
         execution=Execution(
             executor=SNNExecutor(

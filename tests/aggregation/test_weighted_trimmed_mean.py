@@ -94,7 +94,8 @@ def test_f_trims_the_share_the_f_heaviest_clients_hold() -> None:
     [
         ({"beta": 0.1, "f": 1}, "exactly one of beta"),
         ({}, "exactly one of beta"),
-        ({"f": -1}, "f must be an integer"),
+        ({"f": -1}, r"f must be an integer >= 0 or None, got -1"),
+        ({"beta": 0.5}, r"beta must be a number in \[0, 0\.5\) or None, got 0\.5"),
     ],
 )
 def test_beta_or_f_is_required_and_checked(settings: dict, message: str) -> None:

@@ -93,7 +93,7 @@ def test_label_skew_refuses_multi_label_data():
 
 
 def test_bad_parameters_name_what_is_allowed():
-    with pytest.raises(RegistryError, match="alpha must be > 0"):
+    with pytest.raises(RegistryError, match="alpha must be a finite number > 0, got 0"):
         build_partitioner("dirichlet", alpha=0)
     with pytest.raises(RegistryError, match="accepted: min_samples"):
         build_partitioner("iid", alpha=0.5)

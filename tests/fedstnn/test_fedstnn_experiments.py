@@ -225,7 +225,9 @@ def test_settings_are_nested_as_the_engine_takes_them_and_unknown_ones_named():
         experiment_config("1d_iid", model={"n_paths": 1})
     with pytest.raises(ValueError, match=r"model\.in_dim and model\.out_dim are the data.s"):
         experiment_config("1d_iid", model={"in_dim": 3})
-    with pytest.raises(ValueError, match=r"^federation\.local: epochs must be >= 0, got -1$"):
+    with pytest.raises(
+        ValueError, match=r"^federation\.local: epochs must be an integer >= 0, got -1$"
+    ):
         experiment_config("1d_iid", federation={"local": {"epochs": -1}})
     with pytest.raises(ValueError, match=r"^federation: unknown aggregator 'nope'; available: "):
         experiment_config("1d_iid", federation={"drift_rule": "nope"})

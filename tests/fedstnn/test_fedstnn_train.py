@@ -131,7 +131,7 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
     clients = [SNN(TINY, generator=g.manual_seed(s)) for s in (1, 2, 3)]
     weights = torch.tensor([10.0, 30.0, 60.0])
 
-    moved, diagnostics = _aggregated(global_model, clients, weights, SNNFederationConfig().rules())
+    moved, diagnostics = _aggregated(global_model, clients, weights, SNNFederationConfig().rules)
 
     for network in NETWORKS:
         expected = sum(
@@ -211,7 +211,7 @@ def test_federation_is_reproducible_and_samples_a_fraction():
 
 def test_federation_rejects_unknown_rule():
     with pytest.raises(ValueError, match="fedavg"):
-        SNNFederationConfig(diffusion_rule="no_such_rule").rules()
+        SNNFederationConfig(diffusion_rule="no_such_rule")
 
 
 def test_diffusion_lr_scale_applies_to_the_diffusion_only():

@@ -111,10 +111,13 @@ def test_the_pid_scores_cusum_depends_on_the_gains() -> None:
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ({"drift": -1.0}, "distance_cusum drift must be finite and >= 0"),
-        ({"h": 0.0}, "distance_cusum h must be finite and > 0"),
-        ({"round_cut": math.inf}, "distance_cusum round_cut must be finite and > 0"),
-        ({"exclusion": "forever"}, "distance_cusum exclusion must be one of permanent, round"),
+        ({"drift": -1.0}, "distance_cusum drift must be a finite number >= 0"),
+        ({"h": 0.0}, "distance_cusum h must be a finite number > 0"),
+        (
+            {"round_cut": math.inf},
+            "distance_cusum round_cut must be a finite number > 0 or None, got inf",
+        ),
+        ({"exclusion": "forever"}, "distance_cusum exclusion must be one of 'permanent', 'round'"),
         ({"kp": 1.0}, "kp"),
     ],
 )
