@@ -106,7 +106,7 @@ def test_a_command_with_bad_input_starts_no_server_and_writes_nothing(medmnist_r
 
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "fedsieve: error: params.yaml: train.rounds = -1: Input should be greater than or equal to 1"
+        "fedsieve: error: params.yaml: train.rounds = -1: must be an integer >= 1"
     )
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
     assert not (tmp_path / "prefect-home" / "prefect.db").exists()
