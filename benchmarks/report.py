@@ -890,6 +890,17 @@ def loopback_own_data_block() -> str:
     return table(("measure", "figure", "goal"), rows)
 
 
+# Flower 1.32.1's SuperNode looks for work every 3 s, hard-coded
+# (flwr/supernode/start_client_internal.py), and starts a process per message
+SUPERNODE_POLL_S = 3.0
+
+
+def flower_floor(phases: dict[str, float]) -> float:
+    """What one exchange cannot come under with Flower's design, whatever the site does:
+    the SuperNode's poll, the message's own process start (measured) and the work itself."""
+    return SUPERNODE_POLL_S + phases["start_s"] + phases["work_s"]
+
+
 def loopback_phases_block() -> str:
     """A round at real sites timed by phase, at 3 and 10 sites (benchmarks/
     federation_loopback.py ``--phases-only``, ``by_phase``): per exchange, the medians of
@@ -914,6 +925,15 @@ def loopback_phases_block() -> str:
     rows.append((
         "answers from a warm trainer",
         *(f"{by_phase[n]['phases'][kind].get('warm_share', 0.0):.0%}" for n, kind in columns),
+    ))  # fmt: skip
+    floors = {(n, kind): flower_floor(by_phase[n]["phases"][kind]) for n, kind in columns}
+    rows.append((
+        f"Flower's floor: the SuperNode's {SUPERNODE_POLL_S:g} s poll + the process start + the work",
+        *(f"{floors[column]:.2f}" for column in columns),
+    ))  # fmt: skip
+    rows.append((
+        "**the exchange over that floor**",
+        *(f"{by_phase[n]['phases'][kind]['wall_s'] - floors[n, kind]:.2f}" for n, kind in columns),
     ))  # fmt: skip
     totals = [
         ("a round at the sites (`round_s`)", "round_s"),
@@ -1239,6 +1259,75 @@ def filters_paired_block(dataset: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def faults_block() -> str:
+    """docs/operations.md's fault table, from ``make container-faults``' JSON record
+    (scripts/container_faults.py): one row per fault, in the order they ran."""
+    record = results_json("container-faults")
+    rows = [
+        (name, _injected(fault), _flow_run(fault), _mlflow_run(fault), _afterwards(fault))
+        for name, fault in record.items()
+        if isinstance(fault, dict)
+    ]
+    return table(("fault", "injected at", "flow run", "MLflow run", "afterwards"), rows)
+
+
+def _injected(fault: dict[str, Any]) -> str:
+    if "injected_at_round" not in fault:
+        return "round 3" if "crashed_after_s" in fault else "round 12 (training done)"
+    pace = f", {fault['round_s_before']:.1f} s a round" if "round_s_before" in fault else ""
+    return f"round {fault['injected_at_round']}{pace}"
+
+
+def _flow_run(fault: dict[str, Any]) -> str:
+    if "crashed_after_s" in fault:
+        return f"Crashed after {fault['crashed_after_s']:.0f} s"
+    return str(fault.get("flow_run", "COMPLETED")).capitalize()
+
+
+def _mlflow_run(fault: dict[str, Any]) -> str:
+    if "mlflow_killed_after_s" in fault:
+        return f"KILLED after {fault['mlflow_killed_after_s']:.0f} s"
+    if fault.get("mlflow_run") not in (None, "FINISHED"):
+        return f"{fault['mlflow_run']}, {fault.get('rounds_before_resume', '?')} rounds"
+    return "FINISHED, every round, model version"
+
+
+def _afterwards(fault: dict[str, Any]) -> str:
+    said = []
+    if "unhealthy_after_s" in fault:
+        shown = ", ".join(f"{name} {after:.0f} s" if after is not None else f"{name} never"
+                          for name, after in fault["unhealthy_after_s"].items())  # fmt: skip
+        said.append(f"Docker showed the servers unhealthy after: {shown}")
+    if "subflow_runs" in fault:
+        said.append("subflow runs " + ", ".join(sorted(set(fault["subflow_runs"].values()))))
+    if "closing_runs" in fault:
+        states = list(fault["closing_runs"].values())
+        said.append(
+            f"{len(states)} closing run(s) on the operations worker: "
+            + ", ".join(f"{states.count(s)} {s.lower()}" for s in sorted(set(states)))
+        )
+    if fault.get("tracking_failed_midway"):
+        said.append(
+            "tracking failed midway and the lost rounds were logged when the store answered"
+        )
+    if "model_version_after_the_run" in fault:
+        said.append(
+            "model version "
+            + (
+                "registered by the run itself"
+                if fault["model_version_after_the_run"]
+                else "missing after the run (it failed in one line)"
+            )
+        )
+    if any(key.startswith("resumed") for key in fault):
+        said.append("resumed into the same MLflow run: FINISHED, every round, model version")
+    if "rounds_logged_after_outage" in fault:
+        said.append(
+            f"{fault['rounds_logged_after_outage']} round(s) logged after the store came back"
+        )
+    return "; ".join(said)
+
+
 def claims_block(ledger: Path | None = None) -> str:
     """Every claim of the ledger (benchmarks/claims.yaml) recomputed from the records."""
     from benchmarks import claims
@@ -1343,18 +1432,29 @@ BLOCKS: dict[str, Callable[[], str]] = (
 )
 
 
-def regenerated(text: str) -> tuple[str, list[str]]:
-    """``text`` with every generated block recomputed, and the names of those that
-    changed. A block name no builder knows is an error."""
+# docs/operations.md's fault table, once `make container-faults --results` has recorded it
+OPERATIONS = REPO / "docs" / "operations.md"
+OPERATIONS_BLOCKS: dict[str, Callable[[], str]] = (
+    {"container-faults": faults_block} if (RESULTS / "container-faults.json").exists() else {}
+)
+
+
+def regenerated(
+    text: str, blocks: dict[str, Callable[[], str]] | None = None, doc: Path = DOC
+) -> tuple[str, list[str]]:
+    """``text`` (of ``doc``) with every generated block recomputed, and the names of those
+    that changed. A block name no builder knows is an error."""
+    blocks = BLOCKS if blocks is None else blocks
     changed = []
 
     def fill(match: re.Match[str]) -> str:
         name = match["name"]
-        if name not in BLOCKS:
+        if name not in blocks:
             raise KeyError(
-                f"docs/results.md names an unknown generated block {name!r}; known: {', '.join(BLOCKS)}"
+                f"{doc.relative_to(REPO)} names an unknown generated block {name!r}; "
+                f"known: {', '.join(blocks)}"
             )
-        body = BLOCKS[name]()
+        body = blocks[name]()
         if body != match["body"]:
             changed.append(name)
         return f"{match[1]}{body}{match[4]}"
@@ -1382,15 +1482,22 @@ def main() -> None:
     )
     args = parser.parse_args()
     text = DOC.read_text()
+    operations = OPERATIONS.read_text()
     if args.check:
         found = problems(text)
         if found:
             sys.exit("docs/results.md: " + "; ".join(found) + " (run python -m benchmarks.report)")
+        _, stale = regenerated(operations, OPERATIONS_BLOCKS, OPERATIONS)
+        if stale:
+            sys.exit(f"docs/operations.md: generated blocks out of date: {', '.join(stale)}")
         print("docs/results.md: every generated block matches its records and every claim holds")
         return
     text, changed = regenerated(text)
     DOC.write_text(text)
-    print(f"docs/results.md: {len(changed)} block(s) rewritten: {', '.join(changed) or 'none'}")
+    operations, rewritten = regenerated(operations, OPERATIONS_BLOCKS, OPERATIONS)
+    OPERATIONS.write_text(operations)
+    changed += rewritten
+    print(f"docs: {len(changed)} block(s) rewritten: {', '.join(changed) or 'none'}")
     for problem in problems(text):
         print(f"docs/results.md: {problem}")
 
