@@ -1300,6 +1300,11 @@ def _afterwards(fault: dict[str, Any]) -> str:
         shown = ", ".join(f"{name} {after:.0f} s" if after is not None else f"{name} never"
                           for name, after in fault["unhealthy_after_s"].items())  # fmt: skip
         said.append(f"Docker showed the servers unhealthy after: {shown}")
+    if "started_again_by_its_restart_policy" in fault:
+        said.append("came back by itself" if fault["started_again_by_its_restart_policy"]
+                    else "still down 10 s later; started again then")  # fmt: skip
+    if fault.get("away_for_good_s"):
+        said.append(f"MLflow down {fault['away_for_good_s']} s, then started again")
     if "subflow_runs" in fault:
         said.append("subflow runs " + ", ".join(sorted(set(fault["subflow_runs"].values()))))
     if "closing_runs" in fault:
@@ -1313,14 +1318,15 @@ def _afterwards(fault: dict[str, Any]) -> str:
             "tracking failed midway and the lost rounds were logged when the store answered"
         )
     if "model_version_after_the_run" in fault:
-        said.append(
-            "model version "
-            + (
-                "registered by the run itself"
-                if fault["model_version_after_the_run"]
-                else "missing after the run (it failed in one line)"
+        if not fault["model_version_after_the_run"]:
+            said.append("no model version after the run (it failed in one line)")
+        elif fault.get("tracking_failed_then_recovered"):
+            said.append(
+                "tracking failed in the evaluate stage; once MLflow answered, the final "
+                "results and the model were logged again in the same run and registered"
             )
-        )
+        else:
+            said.append("model version registered by the run itself")
     if any(key.startswith("resumed") for key in fault):
         said.append("resumed into the same MLflow run: FINISHED, every round, model version")
     if "rounds_logged_after_outage" in fault:

@@ -13,16 +13,31 @@ round, and must end as docs/operations.md says:
    deployment run with ``resume`` continues from the checkpoint into the same MLflow run,
    which ends FINISHED with all 12 rounds.
 2. ``docker kill`` of the worker, started again at once: the same.
-3. ``docker kill`` of PostgreSQL (kill -9), started again 10 s later: the run goes on and
-   ends FINISHED with all 12 rounds.
-4. PostgreSQL stopped for 50 s: both servers' health probes fail while it is away; the
-   run's calls wait (retried for about two minutes) and it ends FINISHED with all rounds.
+3. ``docker kill`` of PostgreSQL (kill -9): compose's restart policy starts it again (or
+   this script does, 10 s later, where no policy did); the run goes on and ends FINISHED
+   with all 12 rounds.
+4. PostgreSQL stopped for 50 s: Docker shows both servers unhealthy within 30 s (their
+   health checks, watched every second); the run's calls wait (retried for about two
+   minutes) and it ends FINISHED with all rounds.
 5. The whole stack stopped and started (``compose stop``, ``compose start``): the run is
    Crashed and closed as in 1, and resumes to FINISHED with all rounds.
 6. PostgreSQL stopped for longer than a worker's calls are retried (240 s): the run ends
    (never Running for good) and its MLflow run is closed, not RUNNING; resumed once the
    database is back, it continues into the same MLflow run, which is given the rounds
    its tracking lost (from the checkpoint) and ends FINISHED with all 12.
+7. The MLflow server stopped when the run holds its last round, for 150 s (stopped: a
+   killed one is started again at once by its restart policy): the model's logging and registration fall in the outage. The run
+   is never green without its model version: it either logs and registers the model once
+   the server answers, or fails (exit 1, one line saying what to run) and the resumed run
+   registers it in the same MLflow run.
+8. The only training worker stopped and not started again: the run is marked Crashed, its
+   subflow runs and its MLflow run are closed by the operations worker (its own pool),
+   by one closing run that closes anything; started again later, the worker resumes it.
+
+Each fault that hits the tracking store records the round it was injected at and the
+seconds a round took just before (from the rounds' MLflow timestamps), and fails unless
+rounds remained to be trained then and at least one round was logged after the store came
+back: a fault that fell after training proves nothing about it.
 
 Needs a Docker engine with Compose, ``make setup`` (the host's ``.venv`` is the client)
 and the stack's image (built here). Prints each fault's timings; ``--results`` writes
@@ -65,6 +80,7 @@ ROUNDS = 12
 INJECT_AT = 3  # rounds the MLflow run holds when the fault is injected
 OVERRIDES = [f"train.rounds={ROUNDS}", "train.local_epochs=4", "eval.every=1"]
 ROUND_METRIC = "test_acc"  # logged once per round
+HEALTH_WITHIN_S = 30  # docs/container.md: a server whose PostgreSQL is away shows unhealthy by then
 RECORD: dict[str, Any] = {}
 
 
@@ -93,6 +109,19 @@ class Stack:
         """``docker stop|kill|start`` of the service's container."""
         container = self("ps", "-aq", service).stdout.strip()
         run(["docker", action, container], timeout=120)
+
+    def running(self, service: str) -> bool:
+        """Whether the service's container is running now."""
+        container = self("ps", "-aq", service).stdout.strip()
+        done = run(["docker", "inspect", "--format", "{{.State.Running}}", container])
+        return done.stdout.strip() == "true"
+
+    def logs_since(self, service: str, since: float) -> str:
+        """The service's log lines since ``since`` (epoch seconds): this fault's, not an
+        earlier one's."""
+        container = self("ps", "-aq", service).stdout.strip()
+        done = run(["docker", "logs", "--since", f"{since:.0f}", container], timeout=120)
+        return done.stdout + done.stderr
 
     def down(self, logs_file: Path) -> None:
         """The stack's logs into ``logs_file`` (kept: they are how a fault is read after
@@ -146,6 +175,41 @@ def rounds_logged(run_id: str) -> int:
     from mlflow import MlflowClient
 
     return len(MlflowClient().get_metric_history(run_id, ROUND_METRIC))
+
+
+def round_times(run_id: str) -> dict[int, float]:
+    """When each round was last logged (epoch seconds, by round): the worker's clock is
+    this host's (containers share its kernel)."""
+    from mlflow import MlflowClient
+
+    times: dict[int, float] = {}
+    for metric in MlflowClient().get_metric_history(run_id, ROUND_METRIC):
+        times[metric.step] = max(times.get(metric.step, 0.0), metric.timestamp / 1000)
+    return times
+
+
+def injected_at(run_id: str, record: dict[str, Any]) -> float:
+    """Record where in training a fault is injected now (the rounds logged, the last
+    round's seconds) and return the time; a fault after the last round hits no training."""
+    times = round_times(run_id)
+    record["injected_at_round"] = len(times)
+    steps = sorted(times)
+    if len(steps) >= 2:
+        record["round_s_before"] = round(times[steps[-1]] - times[steps[-2]], 2)
+    if len(times) >= ROUNDS:
+        raise StepError(f"the fault came after training: all {ROUNDS} rounds were logged")
+    return time.time()
+
+
+def hit_training(run_id: str, back: float, record: dict[str, Any], what: str) -> None:
+    """Fail unless some round was logged after the store answered again (at ``back``):
+    the fault then fell on training's tracking, as its name says."""
+    after = sum(logged >= back for logged in round_times(run_id).values())
+    record["rounds_logged_after_outage"] = after
+    if after == 0:
+        raise StepError(
+            f"{what}: every round was logged before the outage ended; it hit no training"
+        )
 
 
 def at_round(flow_run_id: str, rounds: int = INJECT_AT) -> str:
@@ -222,14 +286,20 @@ def stop_and_resume(stack: Stack, action: str, name: str) -> None:
 
 
 def postgres_killed(stack: Stack) -> None:
-    with fault("PostgreSQL killed (kill -9) and started 10 s later") as record:
+    with fault("PostgreSQL killed (kill -9)") as record:
         flow_run = start_run()
         run_id = at_round(flow_run)
+        injected_at(run_id, record)
         stack.docker("kill", "postgres")
         time.sleep(10)
-        stack.docker("start", "postgres")
+        # compose's `restart: unless-stopped` starts a killed container again by itself
+        record["started_again_by_its_restart_policy"] = stack.running("postgres")
+        if not record["started_again_by_its_restart_policy"]:
+            stack.docker("start", "postgres")
+        back = time.time()
         ends_finished(flow_run, run_id, "PostgreSQL killed")
         record["rounds"] = rounds_logged(run_id)
+        hit_training(run_id, back, record, "PostgreSQL killed")
 
 
 def probes(stack: Stack) -> dict[str, bool]:
@@ -250,16 +320,44 @@ def database_outage(stack: Stack, seconds: int = 50) -> None:
     with fault(f"PostgreSQL stopped for {seconds} s") as record:
         flow_run = start_run()
         run_id = at_round(flow_run)
+        injected_at(run_id, record)
+        stopped = time.monotonic()
         stack.docker("stop", "postgres")
-        time.sleep(20)
-        record["probes_during_outage"] = probes(stack)
-        time.sleep(seconds - 20)
+        record["unhealthy_after_s"] = unhealthy_after(stack, stopped, seconds - 5)
+        time.sleep(max(0.0, seconds - (time.monotonic() - stopped)))
         stack.docker("start", "postgres")
+        back = time.time()
         wait_for("both probes healthy again", lambda: all(probes(stack).values()), 120, 3)
         ends_finished(flow_run, run_id, "PostgreSQL stopped")
         record["rounds"] = rounds_logged(run_id)
-        if any(record["probes_during_outage"].values()):
-            raise StepError(f"a health probe passed with PostgreSQL away: {record}")
+        hit_training(run_id, back, record, "PostgreSQL stopped")
+        late = {name: after for name, after in record["unhealthy_after_s"].items()
+                if after is None or after > HEALTH_WITHIN_S}  # fmt: skip
+        if late:
+            raise StepError(
+                f"Docker still showed a server healthy {HEALTH_WITHIN_S} s into the outage: {late}"
+            )
+
+
+def unhealthy_after(stack: Stack, since: float, limit: float) -> dict[str, float | None]:
+    """Seconds from ``since`` until Docker shows each server unhealthy (its compose health
+    check), looked at every second for ``limit`` seconds; None: never within them."""
+    containers = {
+        name: stack("ps", "-q", name).stdout.strip() for name in ("mlflow", "prefect-server")
+    }
+    after: dict[str, float | None] = dict.fromkeys(containers)
+    while time.monotonic() - since < limit and None in after.values():
+        for name, container in containers.items():
+            if after[name] is None and _health(container) == "unhealthy":
+                after[name] = round(time.monotonic() - since, 1)
+        time.sleep(1)
+    return after
+
+
+def _health(container: str) -> str:
+    done = subprocess.run(["docker", "inspect", "--format", "{{.State.Health.Status}}", container],
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip()
 
 
 def long_outage(stack: Stack, seconds: int = 240) -> None:
@@ -268,10 +366,12 @@ def long_outage(stack: Stack, seconds: int = 240) -> None:
     with fault(f"PostgreSQL stopped for {seconds} s, past the calls' retries") as record:
         flow_run = start_run()
         run_id = at_round(flow_run)
+        since = injected_at(run_id, record)
         injected = time.monotonic()
         stack.docker("stop", "postgres")
         time.sleep(seconds)
         stack.docker("start", "postgres")
+        back = time.time()
         wait_for("both probes healthy again", lambda: all(probes(stack).values()), 300, 3)
         record["flow_run"] = wait_for(
             "the run to end", lambda: flow_run_state(flow_run, final=True), 900
@@ -284,12 +384,121 @@ def long_outage(stack: Stack, seconds: int = 240) -> None:
             300,
         )
         record["rounds_before_resume"] = rounds_logged(run_id)
-        worker_log = stack("logs", "--no-color", "worker").stdout
+        worker_log = stack.logs_since("worker", since)
         record["tracking_failed_midway"] = "further tracking calls are skipped" in worker_log
         record["tracking_recovered_at_the_end"] = "is back (it failed" in worker_log
         resumed = start_run(resume=True)
         ends_finished(resumed, run_id, "the long outage, resumed")
         record["resumed_into_the_same_run_with_every_round"] = True
+        hit_training(run_id, back, record, "the long outage")
+
+
+def registration_outage(stack: Stack, seconds: int = 150) -> None:
+    """Fault 7: the tracking server lost while the model is logged and registered."""
+    from mlflow import MlflowClient
+
+    with fault(f"MLflow stopped for {seconds} s at the last round (model logging)") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run, ROUNDS)  # training is done; the evaluate stage follows
+        since = time.time()
+        # stopped, not killed: a killed container is started again by its restart policy
+        stack.docker("stop", "mlflow")
+        time.sleep(seconds)
+        record["away_for_good_s"] = seconds if not stack.running("mlflow") else 0
+        if not record["away_for_good_s"]:
+            raise StepError("MLflow came back before it was started again: the fault did not hold")
+        stack.docker("start", "mlflow")
+        back = time.time()
+        wait_for("both probes healthy again", lambda: all(probes(stack).values()), 300, 3)
+        state = wait_for("the run to end", lambda: flow_run_state(flow_run, final=True), 900)
+        record["flow_run"] = state
+        versions = MlflowClient().search_model_versions(f"run_id = '{run_id}'")
+        record["model_version_after_the_run"] = bool(versions)
+        worker_log = stack.logs_since("worker", since)
+        record["tracking_failed_then_recovered"] = (
+            "failed while" in worker_log and "is back (it failed" in worker_log
+        )
+        if state == "COMPLETED":
+            if not versions:
+                raise StepError(
+                    "a green run without its model version (MLflow stopped at the last round)"
+                )
+            record["registered_after_outage"] = (
+                min(int(v.creation_timestamp) / 1000 for v in versions) >= back
+            )
+            ends_finished(flow_run, run_id, "MLflow killed at the last round")
+            return
+        resumed = start_run(resume=True)
+        ends_finished(resumed, run_id, "MLflow killed at the last round, resumed")
+        record["resumed_registered_the_model_in_the_same_run"] = True
+
+
+def worker_lost(stack: Stack) -> None:
+    """Fault 8: the only training worker gone for good; the operations worker closes."""
+    from mlflow import MlflowClient
+
+    with fault("the only training worker stopped and not started again") as record:
+        flow_run = start_run()
+        run_id = at_round(flow_run)
+        injected = time.monotonic()
+        stack.docker("stop", "worker")
+        wait_for("the flow run Crashed", lambda: flow_run_state(flow_run) == "CRASHED", 600)
+        record["crashed_after_s"] = round(time.monotonic() - injected, 1)
+        client = MlflowClient()
+        wait_for(
+            "its MLflow run KILLED", lambda: client.get_run(run_id).info.status == "KILLED", 300
+        )
+        record["mlflow_killed_after_s"] = round(time.monotonic() - injected, 1)
+        subflows = wait_for(
+            "its subflow runs closed", lambda: _subflows_if_closed(flow_run), 300, 2
+        )
+        record["subflow_runs"] = subflows
+        record["subflows_closed_after_s"] = round(time.monotonic() - injected, 1)
+        closing = wait_for(
+            "its closing runs ended", lambda: _closing_runs_if_ended(flow_run), 300, 2
+        )
+        record["closing_runs"] = closing
+        if sum(run == "COMPLETED" for run in closing.values()) != 1:
+            raise StepError(f"worker lost: not one closing run closed the crash: {closing}")
+        stack.docker("start", "worker")
+        resumed = start_run(resume=True)
+        ends_finished(resumed, run_id, "worker lost, started again later and resumed")
+        record["resumed_into_the_same_run"] = True
+
+
+def _subflows_if_closed(flow_run_id: str) -> dict[str, str] | None:
+    """The states of the flow run's subflow runs by name, once none is still running."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])
+            )
+        )
+    states = {child.name: str(child.state_type.value) for child in children if child.state_type}
+    return None if not states or "RUNNING" in states.values() else states
+
+
+def _closing_runs_if_ended(flow_run_id: str) -> dict[str, str] | None:
+    """The closing runs made for the crashed flow run (name: state; a run that closed
+    nothing because an earlier one did is tagged so), once each has ended."""
+    from prefect.client.orchestration import get_client
+
+    from flows.crashed import DEFERRED  # here: Prefect reads its settings when imported
+
+    with get_client(sync_client=True) as client:
+        runs = [
+            run
+            for run in client.read_flow_runs(limit=200)
+            if str(run.parameters.get("flow_run", "")).endswith(flow_run_id)
+        ]
+    if not runs or any(run.state is None or not run.state.is_final() for run in runs):
+        return None
+    return {
+        run.name: "DEFERRED" if DEFERRED in run.tags else str(run.state_type.value) for run in runs
+    }
 
 
 def whole_stack_restarted(stack: Stack) -> None:
@@ -310,6 +519,8 @@ FAULTS: dict[str, Callable[[Stack], None]] = {
     "4-database-outage": database_outage,
     "5-stack-restart": whole_stack_restarted,
     "6-long-outage": long_outage,
+    "7-registration-outage": registration_outage,
+    "8-worker-lost": worker_lost,
 }
 
 
@@ -342,7 +553,7 @@ def main() -> int:
             cwd=REPO, timeout=3600)  # fmt: skip
         stack("up", "-d", "--no-build", "postgres", "mlflow", "prefect-server")
         stack("run", "--rm", "deploy")
-        stack("up", "-d", "--no-build", "worker")
+        stack("up", "-d", "--no-build", "worker", "ops-worker")
         for name in args.faults:
             FAULTS[name](stack)
     except (StepError, subprocess.TimeoutExpired) as error:
@@ -355,6 +566,8 @@ def main() -> int:
         if args.results:  # faults run on their own (--faults) join the others' record
             earlier = json.loads(args.results.read_text()) if args.results.exists() else {}
             record = {**earlier, "command": "make container-faults", **RECORD}
+            if "failed" not in RECORD:  # an earlier run's failure, since rerun: gone
+                record.pop("failed", None)
             args.results.write_text(json.dumps(record, indent=1) + "\n")
     print("container-faults: every fault ended as it should")
     return 0

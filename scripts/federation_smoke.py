@@ -321,7 +321,13 @@ def verify(
     params = Params.model_validate(raw)
     copied = copied_from_worker(stack, work, [
         "/app/artifacts/checkpoints/train.pt", "/app/reports/rounds.csv", "/app/reports/sites.json",
+        "/app/artifacts/hub/exchanges.jsonl",
     ])  # fmt: skip
+    answers = [
+        site["warm"]
+        for line in (copied / "exchanges.jsonl").read_text().splitlines()
+        for site in json.loads(line)["sites"].values()
+    ]
     saved = read_checkpoint(copied / "train.pt", params_hash(params))
     if saved is None:
         raise StepError("the train stage left no checkpoint for these params")
@@ -369,6 +375,8 @@ def verify(
         (f"{rounds_wanted} rounds in the checkpoint and rounds.csv",
          state.round == rounds_wanted and len(rounds) == rounds_wanted, f"{state.round}, {len(rounds)}"),
         ("every site answered every round", len(answered) == rounds_wanted * len(SITES), str(sorted(answered))),
+        ("each site container's warm trainer answered every exchange (exchanges.jsonl)",
+         bool(answers) and all(warm == 1.0 for warm in answers), f"{answers}"),
         ("the sites scored the final model on their own splits (reports/sites.json)",
          len(sites) == len(SITES) and all(float(r["n"]) > 0 for r in sites), str(sites)),
         (f"the sites' model equals the simulation's (max diff {diff:.1e} <= {TOLERANCE:g})",

@@ -254,8 +254,11 @@ class Tracker:
         if run_id is not None:
             try:
                 self._client.get_run(run_id)
-            except MlflowException:  # not in this store (e.g. another URI): start afresh
-                pass
+            except MlflowException as error:
+                # only a store that answers "no such run" (e.g. another URI) starts afresh;
+                # one that did not answer still owes this run its record
+                if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
             else:
                 self._client.update_run(run_id, status="RUNNING")
                 self.run_id = run_id

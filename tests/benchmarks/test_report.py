@@ -63,3 +63,17 @@ def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
         "C99 is cited but not in the ledger",
         "C1 is in the ledger but no sentence cites it",
     ]
+
+
+def test_the_fault_table_of_the_operations_guide_is_its_record():
+    text = report.OPERATIONS.read_text()
+    names = {name for _, name, *_ in report.BLOCK.findall(text)}
+    assert names == set(report.OPERATIONS_BLOCKS) == {"container-faults"}
+
+    _, changed = report.regenerated(text, report.OPERATIONS_BLOCKS, report.OPERATIONS)
+
+    assert changed == [], "stale: run python -m benchmarks.report"
+    record = report.results_json("container-faults")
+    faults = [name for name, fault in record.items() if isinstance(fault, dict)]
+    assert len(faults) == 8 and "failed" not in record  # every fault ran, and none failed
+    assert all(f"| {name} |" in text for name in faults)

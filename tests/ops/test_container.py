@@ -312,6 +312,18 @@ def test_an_ops_worker_of_its_own_takes_the_closing_runs(compose):
     assert ops["environment"]["PREFECT_WORKER_WEBSERVER_HOST"] == "127.0.0.1"
 
 
+def test_each_worker_s_health_server_has_a_port_of_its_own(compose):
+    # on a host network (network_mode: host, as these machines run the stack) two workers
+    # on one port would leave the second without a health server
+    ports = {}
+    for name in ("worker", "ops-worker"):
+        environment = compose["services"][name]["environment"]
+        port = int(environment.get("PREFECT_WORKER_WEBSERVER_PORT", 8080))  # Prefect's default
+        assert environment["FEDSIEVE_HEALTH_URL"] == f"http://127.0.0.1:{port}/health", name
+        ports[name] = port
+    assert len(set(ports.values())) == len(ports), ports
+
+
 def test_the_deploy_service_registers_prefect_yaml_with_the_placeholder_kept(compose):
     deploy = compose["services"]["deploy"]
     script = " ".join(deploy["command"])

@@ -165,6 +165,47 @@ def test_a_model_the_store_missed_is_logged_and_registered_once_when_it_answers(
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
 
 
+def test_a_run_reopened_while_its_store_is_away_stays_that_run_when_the_store_returns(
+    mlflow_server: MlflowServer, monkeypatch
+) -> None:
+    """The evaluate stage reopens the training run while the server is away, and the
+    server answers again just after that call gave up (found by make container-faults:
+    the model went to a new run and the training run stayed without its version). The
+    record stays owed to the training run; no second run is created."""
+    from mlflow import MlflowClient
+
+    from tasks.tracking import Tracker
+
+    training = Tracker("reopened", mlflow_server.url)
+    training.start(run_id=None, run_name="r", tags={})
+    training.end()
+    real_get_run = MlflowClient.get_run
+
+    def away_then_back(client: MlflowClient, run_id: str) -> Any:
+        mlflow_server.stop()
+        try:
+            return real_get_run(client, run_id)
+        finally:
+            mlflow_server.start()  # back before the tracker's next call
+
+    monkeypatch.setattr(MlflowClient, "get_run", away_then_back)
+    evaluation = Tracker("reopened", mlflow_server.url)
+    evaluation.start(run_id=training.run_id, run_name="", tags={})
+    monkeypatch.setattr(MlflowClient, "get_run", real_get_run)
+
+    assert evaluation.run_id == training.run_id and evaluation.failed is not None
+    assert evaluation.retried(
+        "the final results", lambda: evaluation.log_metrics({"final_test_acc": 0.8})
+    )
+    evaluation.end()
+    client = MlflowClient(mlflow_server.url)
+    experiment = client.get_experiment_by_name("reopened")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [
+        training.run_id
+    ]
+    assert client.get_run(training.run_id).data.metrics["final_test_acc"] == 0.8
+
+
 def test_a_store_away_at_evaluation_fails_the_stage_and_evaluate_later_registers_the_model(
     project: Path, prefect_server: str, mlflow_server: MlflowServer, monkeypatch
 ) -> None:
