@@ -105,22 +105,25 @@ class Stack:
     def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run([*self.compose, *args], env=self.env, timeout=timeout)
 
+    def container(self, service: str) -> str:
+        """The service's container id (stopped ones too)."""
+        return self("ps", "-aq", service).stdout.strip()
+
     def docker(self, action: str, service: str) -> None:
         """``docker stop|kill|start`` of the service's container."""
-        container = self("ps", "-aq", service).stdout.strip()
-        run(["docker", action, container], timeout=120)
+        run(["docker", action, self.container(service)], timeout=120)
 
     def running(self, service: str) -> bool:
         """Whether the service's container is running now."""
-        container = self("ps", "-aq", service).stdout.strip()
-        done = run(["docker", "inspect", "--format", "{{.State.Running}}", container])
+        done = run(["docker", "inspect", "--format", "{{.State.Running}}", self.container(service)])
         return done.stdout.strip() == "true"
 
     def logs_since(self, service: str, since: float) -> str:
         """The service's log lines since ``since`` (epoch seconds): this fault's, not an
         earlier one's."""
-        container = self("ps", "-aq", service).stdout.strip()
-        done = run(["docker", "logs", "--since", f"{since:.0f}", container], timeout=120)
+        done = run(
+            ["docker", "logs", "--since", f"{since:.0f}", self.container(service)], timeout=120
+        )
         return done.stdout + done.stderr
 
     def down(self, logs_file: Path) -> None:
@@ -308,7 +311,7 @@ def probes(stack: Stack) -> dict[str, bool]:
     healthy = {}
     for service in ("mlflow", "prefect-server"):
         command = compose["services"][service]["healthcheck"]["test"][1:]  # after "CMD"
-        container = stack("ps", "-q", service).stdout.strip()
+        container = stack.container(service)
         done = subprocess.run(
             ["docker", "exec", container, *command], capture_output=True, timeout=60
         )
@@ -342,9 +345,7 @@ def database_outage(stack: Stack, seconds: int = 50) -> None:
 def unhealthy_after(stack: Stack, since: float, limit: float) -> dict[str, float | None]:
     """Seconds from ``since`` until Docker shows each server unhealthy (its compose health
     check), looked at every second for ``limit`` seconds; None: never within them."""
-    containers = {
-        name: stack("ps", "-q", name).stdout.strip() for name in ("mlflow", "prefect-server")
-    }
+    containers = {name: stack.container(name) for name in ("mlflow", "prefect-server")}
     after: dict[str, float | None] = dict.fromkeys(containers)
     while time.monotonic() - since < limit and None in after.values():
         for name, container in containers.items():
