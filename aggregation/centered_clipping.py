@@ -44,7 +44,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State
 from aggregation.ops import block_columns, column_blocks, compute_dtype
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = ["CenteredClipping", "distances_to"]
 
@@ -68,7 +68,7 @@ class CenteredClipping(AggregationRule):
     """Iterative clipping around the previous aggregate."""
 
     # clipping radius
-    tau: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    tau: float = field(default=10.0, metadata=allowed(POSITIVE))
     n_iter: int = field(default=1, metadata=allowed(Interval(int, 1)))  # iterations per round
 
     def __post_init__(self) -> None:

@@ -65,7 +65,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State, normalised_weights
 from aggregation.ops import block_columns, column_blocks, fedlag_kernel_for, sort_columns
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = ["FedLag", "direct_scores", "fedlag_direct"]
 
@@ -181,7 +181,7 @@ class FedLag(AggregationRule):
     """Most likely pairwise midpoint under the clients' shared-sigma Gaussians."""
 
     # added to the population variance (squared update units)
-    eps: float = field(default=1e-12, metadata=allowed(Interval(float, 0, closed="neither")))
+    eps: float = field(default=1e-12, metadata=allowed(POSITIVE))
     # None: every pair (exact); else a seeded subsample
     max_candidates: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
     # seeds the subsample together with the round counter

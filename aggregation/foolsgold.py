@@ -50,7 +50,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, RoundInputs, State, required
 from aggregation.ops import gram
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["FoolsGold", "foolsgold_weights"]
 
@@ -81,7 +81,7 @@ class FoolsGold(AggregationRule):
     requires_client_ids: ClassVar[bool] = True
 
     # confidence of the logit
-    kappa: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    kappa: float = field(default=1.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -41,7 +41,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, normalised_weights
 from aggregation.ops import centered_gram
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = ["GeometricMedian", "weiszfeld_on_gram"]
 
@@ -80,7 +80,7 @@ class GeometricMedian(AggregationRule):
     """RFA's smoothed Weiszfeld geometric median."""
 
     # smoothing: distances below nu count as nu
-    nu: float = field(default=1e-6, metadata=allowed(Interval(float, 0, closed="neither")))
+    nu: float = field(default=1e-6, metadata=allowed(POSITIVE))
     # Weiszfeld iterations at most
     max_iter: int = field(default=100, metadata=allowed(Interval(int, 1)))
     # stop when z moves by at most tol x the mean distance

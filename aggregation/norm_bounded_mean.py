@@ -36,7 +36,7 @@ from torch import Tensor
 from aggregation.base import AggregationRule, normalised_weights
 from aggregation.ops import row_products
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["NormBoundedMean", "clip_factors"]
 
@@ -52,9 +52,7 @@ class NormBoundedMean(AggregationRule):
     """Size-weighted mean of the updates scaled into a ball of radius M."""
 
     # M; None: the median norm of the round's updates
-    max_norm: float | None = field(
-        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
-    )
+    max_norm: float | None = field(default=None, metadata=allowed(POSITIVE, None))
 
     def __post_init__(self) -> None:
         check_fields(self)

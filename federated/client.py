@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from federated.foreach_sgd import sgd_step_ as foreach_sgd_step_
 from federated.seeding import derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = [
     "ClientData",
@@ -37,7 +37,7 @@ class LocalTraining:
     """Hyperparameters of one client's local SGD."""
 
     epochs: int = field(default=1, metadata=allowed(Interval(int, 1)))  # passes over its data
-    lr: float = field(default=0.01, metadata=allowed(Interval(float, 0, closed="neither")))
+    lr: float = field(default=0.01, metadata=allowed(POSITIVE))
     # SGD's momentum: 1 or more never forgets a step
     momentum: float = field(default=0.9, metadata=allowed(Interval(float, 0, 1, closed="left")))
     weight_decay: float = field(default=0.0, metadata=allowed(Interval(float, 0)))

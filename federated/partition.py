@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from registry import Registry
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = [
     "PARTITIONERS",
@@ -150,9 +150,7 @@ class IIDPartitioner:
 @PARTITIONERS.register("dirichlet")
 @dataclass(frozen=True, kw_only=True)
 class DirichletPartitioner:
-    alpha: float = field(
-        default=0.5, metadata=allowed(Interval(float, 0, closed="neither"))
-    )  # the concentration
+    alpha: float = field(default=0.5, metadata=allowed(POSITIVE))  # the concentration
     min_samples: int = field(default=1, metadata=MIN_SAMPLES)
     max_draws: int = field(default=100, metadata=allowed(Interval(int, 1)))
 
@@ -237,7 +235,7 @@ class ShardPartitioner:
 @dataclass(frozen=True, kw_only=True)
 class QuantityPartitioner:
     # the log-normal spread of the clients' sizes
-    sigma: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    sigma: float = field(default=1.0, metadata=allowed(POSITIVE))
     min_samples: int = field(default=1, metadata=MIN_SAMPLES)
     max_draws: int = field(default=100, metadata=allowed(Interval(int, 1)))
 

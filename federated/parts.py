@@ -21,7 +21,7 @@ from federated.client import ClientData, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = [
     "Backend",
@@ -54,7 +54,7 @@ class FederationConfig:
         default=1.0, metadata=allowed(Interval(float, 0, 1, closed="right"))
     )
     # global += server_lr * aggregated update
-    server_lr: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    server_lr: float = field(default=1.0, metadata=allowed(POSITIVE))
     # fewer survivors than this: the round is skipped
     min_clients: int = field(default=1, metadata=allowed(Interval(int, 1)))
     seed: int = 0
@@ -97,9 +97,9 @@ class NonIIDCheck:
     # "mse" (softmax vs one-hot, the paper's) or "cross_entropy"
     loss: NonIIDLoss = field(default="mse", metadata=allowed(Options.of(NonIIDLoss)))
     # the verdict is non_iid when CV > threshold
-    threshold: float = field(default=0.25, metadata=allowed(Interval(float, 0, closed="neither")))
+    threshold: float = field(default=0.25, metadata=allowed(POSITIVE))
     exclude: bool = False  # leave out clients whose loss z-score exceeds z
-    z: float = field(default=2.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    z: float = field(default=2.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self)

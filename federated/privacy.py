@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = ["ClientPrivacy", "epsilon_after", "site_privacy"]
 
@@ -66,19 +66,15 @@ class ClientPrivacy:
     """DP-FedAvg's clipping and noise for a federation of ``population`` clients of which
     ``per_round`` are sampled each round, and its budget (``target_epsilon``)."""
 
-    clip: float = field(
-        metadata=allowed(Interval(float, 0, closed="neither"))
-    )  # L2 norm each update is clipped to
+    clip: float = field(metadata=allowed(POSITIVE))  # L2 norm each update is clipped to
     # noise std = noise_multiplier x clip
-    noise_multiplier: float = field(metadata=allowed(Interval(float, 0, closed="neither")))
+    noise_multiplier: float = field(metadata=allowed(POSITIVE))
     population: int = field(metadata=allowed(Interval(int, 1)))
     per_round: int = field(metadata=allowed(Interval(int, 1)))
     mode: Mode = field(default="central", metadata=allowed(Options.of(Mode)))
     delta: float = field(default=1e-5, metadata=allowed(Interval(float, 0, 1, closed="neither")))
     # no round may take ε past it (None: no budget)
-    target_epsilon: float | None = field(
-        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
-    )
+    target_epsilon: float | None = field(default=None, metadata=allowed(POSITIVE, None))
 
     def __post_init__(self) -> None:
         check_fields(self)

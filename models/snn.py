@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from models.sde_solver import euler_maruyama, standard_noise
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = [
     "ACTIVATIONS",
@@ -74,7 +74,6 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 _COUNT = allowed(Interval(int, 1))
-_POSITIVE = allowed(Interval(float, 0, closed="neither"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,11 +88,11 @@ class SNNConfig:
     # hidden width of each block's drift / diffusion MLP
     hidden_dim: int = field(default=32, metadata=_COUNT)
     n_blocks: int = field(default=10, metadata=_COUNT)  # N residual blocks = Euler–Maruyama steps
-    horizon: float = field(default=1.0, metadata=_POSITIVE)  # T; the step is h = T / N
+    horizon: float = field(default=1.0, metadata=allowed(POSITIVE))  # T; the step is h = T / N
     # K sample paths per input, in training and prediction
     n_paths: int = field(default=32, metadata=_COUNT)
     # initial g everywhere (the starting noise level)
-    diffusion_init: float = field(default=0.3, metadata=_POSITIVE)
+    diffusion_init: float = field(default=0.3, metadata=allowed(POSITIVE))
     # hidden activation of f and g
     activation: str = field(default="tanh", metadata=allowed(Options(tuple(ACTIVATIONS))))
     # F > 0: lift sin/cos(2^j π u), j < F, of each input too

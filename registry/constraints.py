@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 from numpy import bool_ as numpy_bool
 
 __all__ = [
+    "POSITIVE",
     "Constraint",
     "Interval",
     "Options",
@@ -91,6 +92,7 @@ class Options:
 
 
 Constraint = Interval | Options | None  # None: the value None (null in params.yaml)
+POSITIVE = Interval(float, 0, closed="neither")  # a finite number > 0: rates, scales, radii
 
 
 def is_allowed(value: Any, constraints: Sequence[Constraint]) -> bool:

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from aggregation.base import Filter, FilterDecision, check_updates
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 State = dict[str, Any]
 
@@ -50,7 +50,6 @@ MAD_TO_STD = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of normal data times this is it
 TIE_RTOL = 1e-12  # u > τ with this relative tolerance: identical scores never split
 _CENTROIDS = ("mean", "geometric_median")
 _EXCLUSIONS = ("permanent", "round")
-POSITIVE = Interval(float, 0, closed="neither")
 _BLOCK_ELEMENTS = 1 << 20  # row blocks of <= 1M entries (4 MB fp32): O(d) extra memory
 
 
@@ -239,7 +238,7 @@ def cusum_judgement(
 
 # Page's CUSUM: the drift each round's score is lowered by, and the threshold h
 DRIFT = allowed(Interval(float, 0))
-CUSUM_H = allowed(Interval(float, 0, closed="neither"))
+CUSUM_H = allowed(POSITIVE)
 
 
 def robust_z(values: Tensor, active: Tensor) -> Tensor:

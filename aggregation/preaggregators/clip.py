@@ -28,7 +28,7 @@ from aggregation.base import PreAggregation, PreAggregator, Rng, State, Transfor
 from aggregation.norm_bounded_mean import clip_factors
 from aggregation.ops import row_products
 from aggregation.registry import register_preaggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["StaticClipping", "scaled_rows"]
 
@@ -53,7 +53,7 @@ class StaticClipping(PreAggregator):
     """Scale every update into the ball of radius c."""
 
     # clipping radius
-    c: float = field(default=2.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    c: float = field(default=2.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from federated.attacks.base import AttackKind, AttackRound, AttackState, DataAttack, ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = ["Backdoor"]
 
@@ -68,10 +68,8 @@ class Backdoor(DataAttack, ModelAttack):
     value: float = field(default=1.0, metadata=allowed(Interval(float)))
     model_replacement: bool = False
     # None: the paper's n/eta
-    boost: float | None = field(
-        default=None, metadata=allowed(Interval(float, 0, closed="neither"), None)
-    )
-    eta: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    boost: float | None = field(default=None, metadata=allowed(POSITIVE, None))
+    eta: float = field(default=1.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self, "backdoor")

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Options, allowed, check_fields
 
 __all__ = ["GaussianNoise"]
 
@@ -31,7 +31,7 @@ _MODES = ("replace", "add")
 class GaussianNoise(ModelAttack):
     """Malicious rows become ``N(0, σ²)`` (``replace``) or ``Δ + N(0, σ²)`` (``add``)."""
 
-    sigma: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    sigma: float = field(default=1.0, metadata=allowed(POSITIVE))
     mode: str = field(default="replace", metadata=allowed(Options(_MODES)))
 
     def __post_init__(self) -> None:

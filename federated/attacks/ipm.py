@@ -19,7 +19,7 @@ from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["InnerProductManipulation"]
 
@@ -29,7 +29,7 @@ __all__ = ["InnerProductManipulation"]
 class InnerProductManipulation(ModelAttack):
     """Malicious rows become ``-epsilon * mean of the benign rows``."""
 
-    epsilon: float = field(default=0.5, metadata=allowed(Interval(float, 0, closed="neither")))
+    epsilon: float = field(default=0.5, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self, "ipm")

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from federated.attacks.base import AttackRound, AttackState, ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Options, allowed, check_fields
 
 __all__ = ["MinMax", "MinSum", "halving_search", "perturbation_direction"]
 
@@ -86,8 +86,8 @@ class DistanceBudgetAttack(ModelAttack):
     """Shared search of min_max and min_sum; subclasses define the budget and the score."""
 
     perturbation: str = field(default="unit_vec", metadata=allowed(Options(_PERTURBATIONS)))
-    gamma_init: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
-    tolerance: float = field(default=1e-5, metadata=allowed(Interval(float, 0, closed="neither")))
+    gamma_init: float = field(default=10.0, metadata=allowed(POSITIVE))
+    tolerance: float = field(default=1e-5, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self)  # a subclass's declared fields too (min_sum's bound)

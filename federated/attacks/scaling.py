@@ -18,7 +18,7 @@ from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["Scaling"]
 
@@ -28,7 +28,7 @@ __all__ = ["Scaling"]
 class Scaling(ModelAttack):
     """Malicious rows become ``factor * Δ``."""
 
-    factor: float = field(default=10.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    factor: float = field(default=10.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self, "scaling")

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from federated.attacks.base import ModelAttack
 from federated.attacks.registry import register_attack
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, allowed, check_fields
 
 __all__ = ["SignFlip"]
 
@@ -26,7 +26,7 @@ __all__ = ["SignFlip"]
 class SignFlip(ModelAttack):
     """Malicious rows become ``-scale * Δ``."""
 
-    scale: float = field(default=1.0, metadata=allowed(Interval(float, 0, closed="neither")))
+    scale: float = field(default=1.0, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self, "sign_flip")

@@ -88,7 +88,7 @@ from federated.fedstnn.train import (
 )
 from federated.seeding import clients_per_round
 from models.snn import SNN, SNNConfig
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = [
     "EXPERIMENTS",
@@ -204,7 +204,6 @@ IMAGE_MODEL = dataclasses.replace(
 
 Trainer = Literal["autograd", "smp"]
 Partition = Literal["iid", "noniid"]
-POSITIVE = Interval(float, 0, closed="neither")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from registry import Registry
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = [
     "LOSSES",
@@ -109,9 +109,7 @@ class GaussianNLL:
     """Gaussian NLL of the observation under the K-sample mean and variance."""
 
     # floor on the variance, for a finite loss at zero diffusion
-    min_variance: float = field(
-        default=1e-6, metadata=allowed(Interval(float, 0, closed="neither"))
-    )
+    min_variance: float = field(default=1e-6, metadata=allowed(POSITIVE))
 
     def __post_init__(self) -> None:
         check_fields(self)

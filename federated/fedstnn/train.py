@@ -58,7 +58,7 @@ from federated.parts import (
 from federated.server import Federation
 from federated.vectors import model_to_vector, vector_to_model_
 from models.snn import SNN
-from registry.constraints import Interval, Options, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
 __all__ = [
     "NETWORKS",
@@ -94,13 +94,11 @@ class LocalTrainConfig:
     epochs: int = field(default=20, metadata=allowed(Interval(int, 0)))
     # None: full batch (clients hold ~100 points)
     batch_size: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
-    lr: float = field(default=1e-2, metadata=allowed(Interval(float, 0, closed="neither")))
+    lr: float = field(default=1e-2, metadata=allowed(POSITIVE))
     # a fresh optimiser each round
     optimizer: Optimizer = field(default="adam", metadata=allowed(Options.of(Optimizer)))
     # the diffusion network's lr is lr * this
-    diffusion_lr_scale: float = field(
-        default=1.0, metadata=allowed(Interval(float, 0, closed="neither"))
-    )
+    diffusion_lr_scale: float = field(default=1.0, metadata=allowed(POSITIVE))
     # SGD only
     momentum: float = field(default=0.9, metadata=allowed(Interval(float, 0, 1, closed="left")))
     n_paths: int | None = None  # K paths per step; None: the model config's
