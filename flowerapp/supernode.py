@@ -79,6 +79,7 @@ EXIT_CODES = {
 RETRY_S = 5.0  # between tries while the old node is still online
 STOP_GRACE = 10.0  # after Ctrl-C or a revoked key: SIGTERM, then SIGKILL this much later
 QUIET_S = 0.2  # how long the output must be quiet before an exited child is done with
+HOLD_S = 10.0  # a child not joined by then is waiting on the hub: its lines are shown as they come
 
 _JOINED = re.compile(r"SuperNode ID: (\d+)")
 _STILL_ONLINE = re.compile(r"SuperNode with node ID (\d+) could not be activated")
@@ -100,10 +101,14 @@ class Site:
 
 @dataclass
 class _Attempt:
-    """One run of flower-supernode: what it printed before joining, its node once in."""
+    """One run of flower-supernode: what it printed before joining, its node once in.
+    ``held`` keeps every line before the join, for reading a refusal; ``passing`` is set
+    once they are shown as they come (an attempt that waits on the hub past HOLD_S)."""
 
     number: int
+    started: float = field(default_factory=time.monotonic)
     held: list[str] = field(default_factory=list)
+    passing: bool = False
     node: int | None = None
     revoked: bool = False
     returncode: int = 0
@@ -182,29 +187,37 @@ class _Supervisor:
 
     # -- one run of the child --------------------------------------------------------------
 
+    def _show_held(self, attempt: _Attempt) -> None:
+        """The start-up lines held so far, the first attempt's only (a later try's repeat
+        them), from here on shown as they come."""
+        if attempt.number == 1 and not attempt.passing:
+            for held in attempt.held:
+                self.say(held)
+        attempt.passing = True
+
     def _line(self, attempt: _Attempt, line: str) -> None:
-        """Hold what comes before the node joins; pass the rest through."""
+        """Hold what comes before the node joins; pass the rest through. A WARNING does not
+        end the holding: the SuperExec that flower-supernode starts before it connects
+        shares its output and warns when the SuperNode it serves is refused and gone."""
         if attempt.node is None:
             joined = _JOINED.search(line)
-            if joined is None and "WARNING" not in _plain(line)[:10]:
+            if joined is None:
                 attempt.held.append(line)  # start-up lines, or the report of a refusal
+                if attempt.passing:
+                    self.say(line)
                 return
-            if attempt.number == 1:  # a later try's start-up lines repeat the first's
-                for held in attempt.held:
-                    self.say(held)
-            attempt.held.clear()
-            if joined is not None:
-                attempt.node = int(joined.group(1))
-                self.say(line)
-                if self.on_joined is not None:
-                    self.on_joined()
-                if self.waiting_since is not None:
-                    self.say(
-                        f"fedsieve-site: rejoined as node {attempt.node}, "
-                        f"{time.monotonic() - self.started:.0f} s after this start"
-                    )
-                return
-        elif _REVOKED in line and not attempt.revoked:
+            self._show_held(attempt)
+            attempt.node = int(joined.group(1))
+            self.say(line)
+            if self.on_joined is not None:
+                self.on_joined()
+            if self.waiting_since is not None:
+                self.say(
+                    f"fedsieve-site: rejoined as node {attempt.node}, "
+                    f"{time.monotonic() - self.started:.0f} s after this start"
+                )
+            return
+        if _REVOKED in line and not attempt.revoked:
             attempt.revoked = True
             self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
         self.say(line)
@@ -236,10 +249,13 @@ class _Supervisor:
                 if child.poll() is not None:
                     break  # exited, and its output (a grandchild may hold the pipe) quiet
                 self._escalate(child)
-                continue
+                line = ""
             if line is None:
                 break
-            self._line(attempt, line)
+            if line:
+                self._line(attempt, line)
+            if attempt.node is None and time.monotonic() - attempt.started > HOLD_S:
+                self._show_held(attempt)  # still not in: the hub is slow or away, say so
         attempt.returncode = child.wait()
         return attempt
 

@@ -141,6 +141,11 @@ def serve(directory: Path, data: Path | None = None, plan: Path | None = None) -
 SITE_DIED = signal.SIGUSR1  # the trainer's parent-death signal: only the site's death sends it
 
 
+class SiteDied(BaseException):
+    """Raised in the trainer by :data:`SITE_DIED`; a BaseException, as SystemExit is, so the
+    serving loop's own error handling lets it through to the directory's removal."""
+
+
 class KeptTrainer:
     """The warm trainer as a child of ``fedsieve-site``, started again whenever it exits
     until :meth:`stop`; it dies with the site (its parent-death signal)."""
@@ -224,14 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # fedsieve-site stops it, quietly
 
     def site_died(*_: object) -> None:
-        """fedsieve-site was killed (SIGKILL) and could not remove the private directory
-        with its key: this process removes it on its way out."""
-        shutil.rmtree(args.dir, ignore_errors=True)
-        sys.exit(0)
+        raise SiteDied
 
     signal.signal(SITE_DIED, site_died)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the site's terminal: its parent's
-    serve(args.dir, args.data, args.plan)
+    try:
+        serve(args.dir, args.data, args.plan)
+    except SiteDied:
+        # fedsieve-site was killed (SIGKILL) and could not remove the private directory with
+        # its key: this process removes it, after the listener has removed its socket
+        shutil.rmtree(args.dir, ignore_errors=True)
     return 0
 
 

@@ -1,0 +1,80 @@
+"""How ``fedsieve-site`` reads its SuperNode's output, against a stand-in for
+``flower-supernode`` that prints what Flower 1.32.1 prints: the refusal is read from every
+line before the join, whatever the SuperExec it starts prints in between."""
+
+from __future__ import annotations
+
+import io
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flowerapp import supernode
+from flowerapp.supernode import EXIT_KEY_IN_USE, EXIT_SUPERNODE, Site, run_supernode
+
+STILL_ONLINE = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    print("INFO :      Starting Flower SuperNode", flush=True)
+    # the SuperExec, started before the SuperNode connects, shares its output
+    exec_ = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); "
+        "print('WARNING :   Connection attempt failed, retrying in 0.46 seconds', flush=True)"])
+    print("ERROR :     <_InactiveRpcError of RPC that terminated with:", flush=True)
+    print('\\tdetails = "SuperNode with node ID 42 could not be activated."', flush=True)
+    print("Traceback (most recent call last):", flush=True)
+    print("RuntimeError: generator didn't yield", flush=True)
+    exec_.wait()  # its warning arrives after the refusal, before the SuperNode is gone
+    sys.exit(1)
+    """
+)
+
+HUB_AWAY = textwrap.dedent(
+    """
+    import sys, time
+    print("INFO :      Starting Flower SuperNode", flush=True)
+    for _ in range(6):
+        print("WARNING :   Connection attempt failed, retrying in 0.2 seconds", flush=True)
+        time.sleep(0.2)
+    print("ERROR :     the hub never answered", flush=True)
+    sys.exit(1)
+    """
+)
+
+
+def supervise(script: str, tmp_path: Path, rejoin_timeout: float = 0.0) -> tuple[int, str]:
+    stand_in = tmp_path / "flower_supernode.py"
+    stand_in.write_text(script)
+    out = io.StringIO()
+    site = Site("127.0.0.1:9092", tmp_path / "ca.crt", tmp_path / "site.key")
+    code = run_supernode(
+        [sys.executable, str(stand_in)], {}, site, rejoin_timeout=rejoin_timeout, out=out
+    )
+    return code, out.getvalue()
+
+
+def test_a_node_still_online_is_waited_for_though_the_superexec_warns_after_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supernode, "RETRY_S", 0.1)
+    code, out = supervise(STILL_ONLINE, tmp_path)
+    assert code == EXIT_KEY_IN_USE, out
+    assert "(node 42) online; waiting until its heartbeat lapses" in out
+    assert "node 42 is still online after 0 s" in out
+    assert "Traceback" not in out and "ERROR" not in out and "WARNING" not in out, out
+
+
+def test_a_supernode_waiting_on_an_absent_hub_is_shown_and_its_last_error_quoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supernode, "HOLD_S", 0.5)
+    code, out = supervise(HUB_AWAY, tmp_path)
+    assert code == EXIT_SUPERNODE, out
+    lines = out.splitlines()
+    assert lines[0] == "INFO :      Starting Flower SuperNode"  # held, then shown once waiting
+    assert sum("Connection attempt failed" in line for line in lines) == 6
+    assert lines[-1] == (
+        "fedsieve-site: error: flower-supernode exited with 1 before joining: "
+        "ERROR :     the hub never answered"
+    )
