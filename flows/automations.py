@@ -10,8 +10,11 @@
    die with them and are closed with them.
 2. For every pipeline run that crashed otherwise (its process died while the worker
    lived, and the worker reported it), the same closing run, on the Crashed event. A run
-   the zombie automation crashed sends that event too: its second closing run finds the
-   first and ends at once, closing nothing twice (:func:`flows.crashed.close_crashed_run`).
+   the zombie automation crashed sends that event too; it is told apart by the message the
+   zombie automation gave its state (:data:`ZOMBIE_MESSAGE`, matched negated, as Prefect's
+   triggers allow), so each crash gets one closing run. Should a second one come all the
+   same (a closing run started by hand), it finds the first and ends at once, closing
+   nothing twice (:func:`flows.crashed.close_crashed_run`).
 
 Why the zombie automation closes the run itself rather than leave it to the Crashed
 event: the server orders events causally in memory (``prefect.server.events.ordering``),
@@ -36,7 +39,7 @@ from prefect.events.actions import ChangeFlowRunState, RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
-__all__ = ["CLOSE_DEPLOYMENT", "PIPELINE_FLOWS", "automations", "install"]
+__all__ = ["CLOSE_DEPLOYMENT", "PIPELINE_FLOWS", "ZOMBIE_MESSAGE", "automations", "install"]
 
 CLOSE_DEPLOYMENT = "close-crashed-run/fedsieve"
 PIPELINE_FLOWS = ["pipeline-from-file", "pipeline"]  # the flows deployments run
@@ -44,6 +47,9 @@ PIPELINE_FLOWS = ["pipeline-from-file", "pipeline"]  # the flows deployments run
 # through a database outage (docker-compose.yml), during which no heartbeat reaches the
 # server; three (Prefect's example) marked a live run Crashed after a 50 s outage.
 MISSED_HEARTBEATS = 6
+# the Crashed state's message the zombie automation sets: how the Crashed-event automation
+# knows the crash is closed already (no *, ? or [ in it: Prefect matches it as a glob)
+ZOMBIE_MESSAGE = "Flow run marked as crashed due to missing heartbeats."
 
 
 def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
@@ -69,17 +75,25 @@ def automations(heartbeat_s: int, close_deployment_id: str) -> list[Automation]:
         actions=[
             ChangeFlowRunState(
                 state=StateType.CRASHED,
-                message="Flow run marked as crashed due to missing heartbeats.",
+                message=ZOMBIE_MESSAGE,
             ),
             closing_run(close_deployment_id),
         ],
     )
     close = Automation(
         name="fedsieve: close a crashed run's subflows and MLflow runs",
-        description=f"Runs {CLOSE_DEPLOYMENT} for every pipeline run that crashed.",
+        description=(
+            f"Runs {CLOSE_DEPLOYMENT} for every pipeline run that crashed, but for those the "
+            "zombie automation crashed and closes itself."
+        ),
         trigger=EventTrigger(
             expect={"prefect.flow-run.Crashed"},
-            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            match=ResourceSpecification(
+                {
+                    "prefect.resource.id": ["prefect.flow-run.*"],
+                    "prefect.state-message": f"!{ZOMBIE_MESSAGE}",
+                }
+            ),
             match_related=pipeline_flows(),
             posture=Posture.Reactive,
             threshold=1,

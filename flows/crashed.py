@@ -15,8 +15,8 @@ from prefect import flow, get_run_logger
 
 __all__ = ["close_crashed_run", "earlier_closing_run", "flow_run_id_of"]
 
-RESOURCE_PREFIX = "prefect.flow-run."
-DEFERRED = "closed-by-an-earlier-run"  # the tag of a closing run that left it to another  # an event's resource id: prefect.flow-run.<uuid>
+RESOURCE_PREFIX = "prefect.flow-run."  # an event's resource id: prefect.flow-run.<uuid>
+DEFERRED = "closed-by-an-earlier-run"  # the tag of a closing run that left it to another
 
 
 def flow_run_id_of(resource: str) -> str:
@@ -28,7 +28,7 @@ def flow_run_id_of(resource: str) -> str:
 def close_crashed_run(flow_run: str) -> dict[str, Any]:
     """Mark the subflow runs of crashed ``flow_run`` Crashed and close the MLflow runs it
     opened (tagged ``prefect_flow_run_id``) KILLED; what was closed. A closing run that
-    finds an earlier one for the same crash (both automations fire for a zombie run)
+    finds an earlier one for the same crash (one started by hand beside the automation's)
     leaves the closing to it and says so."""
     flow_run_id = flow_run_id_of(flow_run)
     if (earlier := _earlier_closing_run(flow_run_id)) is not None:

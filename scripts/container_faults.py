@@ -459,8 +459,10 @@ def worker_lost(stack: Stack) -> None:
             "its closing runs ended", lambda: _closing_runs_if_ended(flow_run), 300, 2
         )
         record["closing_runs"] = closing
-        if sum(run == "COMPLETED" for run in closing.values()) != 1:
-            raise StepError(f"worker lost: not one closing run closed the crash: {closing}")
+        if list(closing.values()) != ["COMPLETED"]:
+            raise StepError(
+                f"worker lost: not one closing run, completed, for the crash: {closing}"
+            )
         stack.docker("start", "worker")
         resumed = start_run(resume=True)
         ends_finished(resumed, run_id, "worker lost, started again later and resumed")

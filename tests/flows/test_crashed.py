@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.automations import CLOSE_DEPLOYMENT, PIPELINE_FLOWS, install
+from flows.automations import CLOSE_DEPLOYMENT, PIPELINE_FLOWS, ZOMBIE_MESSAGE, install
 
 pytestmark = pytest.mark.e2e  # real processes and servers
 
@@ -58,6 +58,53 @@ def test_the_automations_are_prefects_zombie_trigger_and_the_closing_run(prefect
         on_server = [a.name for a in client.read_automations()]
     assert [on_server.count(a.name) for a in (zombie, close)] == [1, 1]
     assert Automation.read(id=close.id).actions[0].deployment_id == deployment_id
+
+
+def test_each_crash_gets_one_closing_run_whichever_automation_saw_it(prefect_server):
+    """A run the zombie automation crashed (its state's message) and closes itself starts no
+    second closing run with its Crashed event; a crash a worker reported starts one."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.states import Crashed, Running
+
+    @flow(name=PIPELINE_FLOWS[-1])
+    def pipeline() -> None:
+        """Stands in for the pipeline: only its name is read."""
+
+    with get_client(sync_client=True) as client:
+        flow_name, deployment_name = CLOSE_DEPLOYMENT.split("/")
+        deployment_id = client.create_deployment(
+            flow_id=client.create_flow_from_name(flow_name), name=deployment_name,
+            entrypoint="flows/crashed.py:close_crashed_run",
+        )  # fmt: skip
+    install(heartbeat_s=30)
+    crashed_by = {
+        "zombie": ZOMBIE_MESSAGE,
+        "worker": "Flow run infrastructure exited with non-zero status code -9.",
+    }
+    with get_client(sync_client=True) as client:
+        runs = {}
+        for who, message in crashed_by.items():  # the zombie's crash first
+            run = client.create_flow_run(flow=pipeline, name=f"crashed-by-{who}")
+            client.set_flow_run_state(run.id, Running(), force=True)
+            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            runs[f"prefect.flow-run.{run.id}"] = who
+
+        def closed() -> list[str]:
+            closing = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+            return sorted(
+                runs[r.parameters["flow_run"]] for r in closing if r.parameters["flow_run"] in runs
+            )
+
+        deadline = time.monotonic() + 90
+        while "worker" not in closed():
+            assert time.monotonic() < deadline, "no closing run for the worker's crash"
+            time.sleep(1)
+        time.sleep(5)  # the zombie's Crashed event came first: its closing run would be in
+        assert closed() == ["worker"]
 
 
 def test_a_killed_runs_subflows_and_mlflow_run_are_closed(
@@ -119,12 +166,12 @@ def test_a_killed_runs_subflows_and_mlflow_run_are_closed(
     assert checkpoint.exists()  # what --resume continues from
 
 
-def test_a_crash_is_closed_once_when_both_automations_fire_for_it(
+def test_a_crash_is_closed_once_when_a_second_closing_run_comes_for_it(
     prefect_server, tmp_path, monkeypatch
 ):
-    """A zombie run gets two closing runs (the zombie automation's and the Crashed event's):
-    the first closes it, the second finds the first and closes nothing; a closing run for
-    another crash is not deferred, nor is one whose earlier run failed."""
+    """A crash with two closing runs (the automation's and one started by hand): the first
+    closes it, the second finds the first and closes nothing; a closing run for another
+    crash is not deferred, nor is one whose earlier run failed."""
     from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow
     from prefect.states import Crashed, Failed
