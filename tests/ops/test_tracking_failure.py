@@ -124,12 +124,23 @@ class MlflowServer:
         self.processes.stop(self.process)
 
 
-@pytest.fixture
-def mlflow_server(ops: Any, processes: Any, tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module")
+def module_mlflow_server(ops: Any, processes: Any, tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module's outages (each test its own experiment and model names):
+    a start costs about 20 s on a busy 2-core machine."""
     server = MlflowServer(ops, processes, tmp_path_factory.mktemp("mlflow-server"))
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def mlflow_server(module_mlflow_server: MlflowServer) -> MlflowServer:
+    """The module's server, answering when the test starts (one a failed test left stopped
+    is started again)."""
+    if module_mlflow_server.process.poll() is not None:
+        module_mlflow_server.start()
+    return module_mlflow_server
 
 
 def test_a_model_the_store_missed_is_logged_and_registered_once_when_it_answers(

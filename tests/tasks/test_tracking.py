@@ -68,8 +68,10 @@ def test_a_stop_during_a_store_call_reaches_the_caller_and_the_call_still_ends()
     stopped, done = threading.Event(), []
 
     def write() -> None:
-        signal.raise_signal(signal.SIGINT)  # Ctrl-C halfway through the write
-        stopped.wait(60)
+        # Ctrl-C halfway through the write, to the main thread as a terminal's reaches it
+        # (raise_signal here would go to this thread and leave the main thread's wait alone)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        assert stopped.wait(60), "the stop did not interrupt the wait for the write"
         done.append("write")
 
     try:
