@@ -82,7 +82,9 @@ def check_params(params: Params, workdir: Path, *, source: str = "params") -> No
             labels, scheme.scheme, scheme.num_clients, params.seed,
             scheme.partitioner_params(), scheme.root_size, scheme.local_test,
         )  # fmt: skip
-    except (DataError, PartitionError, RegistryError) as error:
+    except DataError as error:  # it names the data file or folder at fault, not the params
+        raise ConfigError(str(error)) from None
+    except (PartitionError, RegistryError) as error:
         raise ConfigError(f"{source}: {error}") from None
     _check_counts(params, source)
 

@@ -126,6 +126,9 @@ def test_a_corrupt_data_file_is_refused_by_its_md5_before_anything_runs(medmnist
 
     assert result.returncode == 2
     assert "md5" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    # the line names the data file at fault, not params.yaml
+    assert f"{data / 'breastmnist.npz'} has md5" in result.stderr
+    assert "params.yaml" not in result.stderr
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
 
 
