@@ -65,7 +65,7 @@ ATTACKS: dict[str, dict[str, Any]] = {
     "backdoor": {},
 }
 BINARY = {"breastmnist"}  # accuracy sits near the majority share there: the glance shows AUC
-CORE_ATTACKS = ["label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm"]
+EVERY_ATTACK = [attack for attack in ATTACKS if attack != "none"]
 FRACTIONS = [0.2, 0.4, 0.1, 0.3]  # in run order: the most telling first
 
 # method -> (aggregate, filters); "f" is filled in per cell. (FedLag costs about 3 s a cell
@@ -99,6 +99,9 @@ FILTERED: dict[str, dict[str, Any]] = {
     **{f"{name}_cut_fedavg": spec | {"round_cut": ROUND_CUT} for name, spec in _FILTERS.items()},
 }
 METHODS = [*RULES, *FILTERED, *PREAGGREGATED]
+# the matrix: every rule, the distance CUSUM with the round cut as the one history-aware
+# filter (the others by name in the "filters" regime), the pre-aggregated rules
+MATRIX_METHODS = [*RULES, "distance_cusum_cut_fedavg", *PREAGGREGATED]
 REGIME_METHODS = [
     "fedavg", "median", "trimmed_mean", "krum", "geometric_median", "centered_clipping",
     "ema", "distance_cusum_cut_fedavg", "nnm_median", "arc_fedavg", "bucketing_median",
@@ -120,7 +123,7 @@ class Regime:
 
 
 REGIMES: dict[str, Regime] = {
-    "iid": Regime({}, METHODS, ["none", *CORE_ATTACKS], FRACTIONS),
+    "iid": Regime({}, MATRIX_METHODS, ["none", *EVERY_ATTACK], FRACTIONS),
     # Heterogeneous clients (label skew, Dirichlet over classes): the regimes NNM,
     # bucketing and ARC were designed for
     **{
@@ -134,9 +137,7 @@ REGIMES: dict[str, Regime] = {
     },
     # The history-aware filters, each configuration named (issue 44), on seeds 0-9 of the
     # matrix's own setting: seeds 0-4 are the ones the round cut was added on, 5-9 held out
-    "filters": Regime(
-        {}, list(FILTERED), [a for a in ATTACKS if a != "none"] + ["none"], [0.2, 0.4]
-    ),
+    "filters": Regime({}, list(FILTERED), [*EVERY_ATTACK, "none"], [0.2, 0.4]),
     # A non-convex model: the small CNN (0.42M parameters) on the same 20 IID clients
     "cnn": Regime(
         {"model": {"name": "small_cnn"}},
@@ -428,6 +429,30 @@ def write_seed_rows(records: list[dict[str, Any]], path: Path) -> None:
         writer.writerows(seed_rows(records))
 
 
+def coverage(records: list[dict[str, Any]]) -> str:
+    """Where the attacks did not all run at every fraction (the digits matrix: the core
+    attacks at every fraction, the others at 0.2 and 0.4), which ran where."""
+    fractions = {r["fraction"] for r in records if r["attack"] != "none"}
+    ran_at: dict[str, set[float]] = {}
+    for record in records:
+        if record["attack"] != "none":
+            ran_at.setdefault(record["attack"], set()).add(record["fraction"])
+    partial = {a: sorted(f) for a, f in ran_at.items() if f != fractions}
+    if not partial:
+        return ""
+    by_fractions: dict[tuple[float, ...], list[str]] = {}
+    for attack, where in partial.items():
+        by_fractions.setdefault(tuple(where), []).append(attack)
+    return (
+        " ("
+        + "; ".join(
+            f"{' '.join(attacks)} at {' '.join(f'{f:g}' for f in where)} only"
+            for where, attacks in by_fractions.items()
+        )
+        + ")"
+    )
+
+
 def summarise(
     name: str, dataset: str, command: str, cells_file: Path, settings: dict[str, Any]
 ) -> None:
@@ -481,14 +506,7 @@ def summarise(
     )
     stem.with_name(f"{stem.name}.md").write_text(
         f"# Robustness matrix: {name}\n\n"
-        f"Command: `{payload['command']}`"
-        + (
-            ""
-            if "--regime" in command
-            else " (the core attacks; `--attacks opt_alie opt_ipm "
-            "mimic inf min_max min_sum backdoor --fractions 0.2 0.4` the others)"
-        )
-        + ". Mean ± 95 % "
+        f"Command: `{payload['command']}`{coverage(records)}. Mean ± 95 % "
         "t-interval over seeds of the final test accuracy and AUC; FP/FN are honest "
         "clients excluded and attacker-rounds missed, summed over rounds (filters and "
         "rules that select clients).\n\n"

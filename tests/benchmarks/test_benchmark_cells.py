@@ -80,6 +80,36 @@ def test_the_cnn_regime_changes_the_model_only():
     assert {c.method for c in cells} < {c.method for c in iid}
 
 
+def test_the_matrix_command_runs_every_attack_at_every_fraction_as_its_record_holds():
+    """`python -m benchmarks.robustness --dataset breastmnist` (no options) runs the cells
+    its committed per-seed record holds: every attack at every attacker fraction."""
+    import csv
+
+    cells = regime_cells("breastmnist", "iid")
+    with (robustness.RESULTS / "robustness-breastmnist-seeds.csv").open(newline="") as handle:
+        recorded = {
+            (r["method"], r["attack"], float(r["fraction"])) for r in csv.DictReader(handle)
+        }
+
+    assert {(c.method, c.attack, c.fraction) for c in cells} == recorded
+    attacked = {(c.attack, c.fraction) for c in cells if c.attack != "none"}
+    assert attacked == {(a, f) for a in robustness.EVERY_ATTACK for f in robustness.FRACTIONS}
+
+
+def test_a_matrix_whose_attacks_did_not_all_run_everywhere_says_which_ran_where():
+    def records(attacks, fractions):
+        return [{"attack": a, "fraction": f} for a in attacks for f in fractions]
+
+    digits_like = [
+        {"attack": "none", "fraction": 0.0},
+        *records(["label_flip", "ipm"], [0.2, 0.4, 0.1, 0.3]),
+        *records(["opt_ipm", "min_max"], [0.2, 0.4]),
+    ]
+
+    assert robustness.coverage(digits_like) == " (opt_ipm min_max at 0.2 0.4 only)"
+    assert robustness.coverage(records(["label_flip", "opt_ipm"], [0.1, 0.2])) == ""
+
+
 def test_every_ablation_variant_builds_the_filter_its_name_says():
     from aggregation import build_filter
     from aggregation.filters import PIDMADE, DistanceCUSUM
