@@ -432,25 +432,20 @@ def write_seed_rows(records: list[dict[str, Any]], path: Path) -> None:
 def coverage(records: list[dict[str, Any]]) -> str:
     """Where the attacks did not all run at every fraction (the digits matrix: the core
     attacks at every fraction, the others at 0.2 and 0.4), which ran where."""
-    fractions = {r["fraction"] for r in records if r["attack"] != "none"}
     ran_at: dict[str, set[float]] = {}
     for record in records:
         if record["attack"] != "none":
             ran_at.setdefault(record["attack"], set()).add(record["fraction"])
-    partial = {a: sorted(f) for a, f in ran_at.items() if f != fractions}
-    if not partial:
-        return ""
+    every = set().union(*ran_at.values())
     by_fractions: dict[tuple[float, ...], list[str]] = {}
-    for attack, where in partial.items():
-        by_fractions.setdefault(tuple(where), []).append(attack)
-    return (
-        " ("
-        + "; ".join(
-            f"{' '.join(attacks)} at {' '.join(f'{f:g}' for f in where)} only"
-            for where, attacks in by_fractions.items()
-        )
-        + ")"
+    for attack, where in ran_at.items():
+        if where != every:
+            by_fractions.setdefault(tuple(sorted(where)), []).append(attack)
+    where_each = "; ".join(
+        f"{' '.join(attacks)} at {' '.join(f'{f:g}' for f in where)} only"
+        for where, attacks in by_fractions.items()
     )
+    return f" ({where_each})" if where_each else ""
 
 
 def summarise(

@@ -249,10 +249,9 @@ class _Supervisor:
                 if child.poll() is not None:
                     break  # exited, and its output (a grandchild may hold the pipe) quiet
                 self._escalate(child)
-                line = ""
-            if line is None:
-                break
-            if line:
+            else:
+                if line is None:
+                    break
                 self._line(attempt, line)
             if attempt.node is None and time.monotonic() - attempt.started > HOLD_S:
                 self._show_held(attempt)  # still not in: the hub is slow or away, say so

@@ -26,13 +26,13 @@ round, and must end as docs/operations.md says:
    database is back, it continues into the same MLflow run, which is given the rounds
    its tracking lost (from the checkpoint) and ends FINISHED with all 12.
 7. The MLflow server stopped when the run holds its last round, for 150 s (stopped: a
-   killed one is started again at once by its restart policy): the model's logging and registration fall in the outage. The run
-   is never green without its model version: it either logs and registers the model once
-   the server answers, or fails (exit 1, one line saying what to run) and the resumed run
-   registers it in the same MLflow run.
+   killed one is started again at once by its restart policy): the model's logging and
+   registration fall in the outage. The run is never green without its model version: it
+   either logs and registers the model once the server answers, or fails (exit 1, one
+   line saying what to run) and the resumed run registers it in the same MLflow run.
 8. The only training worker stopped and not started again: the run is marked Crashed, its
    subflow runs and its MLflow run are closed by the operations worker (its own pool),
-   by one closing run that closes anything; started again later, the worker resumes it.
+   by the one closing run the crash gets; started again later, the worker resumes it.
 
 Each fault that hits the tracking store records the round it was injected at and the
 seconds a round took just before (from the rounds' MLflow timestamps), and fails unless
