@@ -22,6 +22,11 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``first`` has the outcome in fewer (more) seeds than ``second``, exact McNemar p < 0.05.
 - ``at_most_seeds``: ``dataset``, ``variant``, ``outcome``, ``held_out`` (bool), ``k``: the
   outcome happened in at most k of the ablation's seeds of that group.
+- ``stability``: ``alpha``, ``first``, ``second``, ``measure`` (``acc``: final test
+  accuracy; ``wobble``: its standard deviation over the last rounds), ``higher`` or
+  ``lower`` (true): in benchmarks/fedlag_stability.py's record at that Dirichlet α,
+  ``first``'s measure is higher (lower) than ``second``'s, an exact sign-flip test over
+  seeds, two-sided p < 0.05.
 """
 
 from __future__ import annotations
@@ -165,11 +170,37 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
+def stability(claim: dict[str, Any]) -> Verdict:
+    from benchmarks import report
+    from tasks.statistics import seed_difference, smallest_p
+
+    key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
+    cells = {
+        r["method"]: r
+        for r in report.results_json("fedlag-stability")["rows"]
+        if r["alpha"] == claim["alpha"]
+    }
+    first, second = (
+        {(key, seed): value for seed, value in zip(cells[m]["seed"], cells[m][key], strict=True)}
+        for m in (claim["first"], claim["second"])
+    )
+    differences, p = seed_difference(first, second)
+    mean = float(differences.mean()) if len(differences) else math.nan
+    direction = mean > 0 if claim.get("higher") else mean < 0
+    return Verdict(
+        claim["id"], claim["text"],
+        f"Δ {claim['measure']} = {mean:+.3f} over {len(differences)} seeds",
+        f"sign-flip p = {p:.3g} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
+        bool(direction and p < ALPHA),
+    )  # fmt: skip
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
     "worst_case": worst_case,
     "better": better,
     "ablation": ablation,
     "at_most_seeds": at_most_seeds,
+    "stability": stability,
 }
 
 

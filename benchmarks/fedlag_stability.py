@@ -8,9 +8,11 @@ stable when clients' data differ. Here: scikit-learn's digits, 10 clients, Diric
 test accuracy and, as the measure of stability, the standard deviation of the test
 accuracy over the last 10 rounds. Cells append to
 ``benchmarks/results/fedlag-stability-cells.jsonl`` (a rerun skips finished ones); the
-summary, mean ± 95 % t-interval over seeds, goes to ``fedlag-stability.{json,md}``.
+summary, mean ± 95 % t-interval over seeds, goes to ``fedlag-stability.{json,md}``, with
+every seed's values in seed order (a seed fixes the partition and the initial model for
+all three methods, so they are compared seed by seed).
 
-    python -m benchmarks.fedlag_stability [--seeds 5]
+    python -m benchmarks.fedlag_stability [--seeds 10]
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def summarise() -> None:
     for record in finished(RESULTS / "fedlag-stability-cells.jsonl").values():
         if "error" not in record:
             groups.setdefault(record["method"], []).append(record)
+    for records in groups.values():
+        records.sort(key=lambda record: record["seed"])
 
     rows, lines = [], [
         f"| Dirichlet α | method | seeds | test ACC | test AUC | std of test ACC, last {LAST_ROUNDS} rounds |",
@@ -75,6 +79,7 @@ def summarise() -> None:
         auc = [r["metrics"]["test_auc"] for r in records]
         wobble = [statistics.stdev(r["accuracy"][-LAST_ROUNDS:]) for r in records]
         rows.append({"alpha": float(alpha[1:]), "method": name, "seeds": len(records),
+                     "seed": [r["seed"] for r in records],
                      "acc": acc, "auc": auc, "last_rounds_acc_std": wobble})  # fmt: skip
         lines.append(f"| {alpha[1:]} | {name} | {len(records)} | {shown(acc)} | {shown(auc)} "
                      f"| {shown(wobble)} |")  # fmt: skip
@@ -85,7 +90,7 @@ def summarise() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     run_matrix(cells_for(args.seeds), RESULTS / "fedlag-stability-cells.jsonl", args.workers)

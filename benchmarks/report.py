@@ -783,6 +783,37 @@ def fedlag_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_regime_paired_block(name: str, dataset: str) -> str:
+    """A one-fraction regime's methods against FedAvg (:func:`regime_paired_block`)."""
+    return regime_paired_block([name], dataset, "fraction")
+
+
+def fedlag_paired_block() -> str:
+    """FedLag and FedProx against FedAvg per α, seed by seed (:func:`against_block`; a
+    seed fixes the partition and initial model of all three): final test accuracy and
+    the wobble (lower is steadier), Holm over the whole table."""
+    from tasks.statistics import seed_difference
+
+    rows = results_json("fedlag-stability")["rows"]
+    cells = {(r["alpha"], r["method"]): r for r in rows}
+
+    def values(alpha: float, method: str, key: str) -> dict[tuple[str, int], float]:
+        cell = cells[(alpha, method)]
+        return {(key, seed): v for seed, v in zip(cell["seed"], cell[key], strict=True)}
+
+    tests = [
+        (
+            method,
+            f"{alpha:g}, {measure}",
+            seed_difference(values(alpha, method, key), values(alpha, "fedavg", key)),
+        )
+        for measure, key in (("ACC", "acc"), ("wobble", "last_rounds_acc_std"))
+        for alpha in sorted({r["alpha"] for r in rows})
+        for method in ("fedlag", "fedprox")
+    ]
+    return against_block(tests, "fedavg", "Dirichlet α, measure", "value")
+
+
 def privacy_block() -> str:
     """Central DP-FedAvg at several noise multipliers, per model (benchmarks/privacy.py):
     ε, test scores and per-site scores, mean ± t-interval [seeds]."""
@@ -1216,36 +1247,69 @@ PAPER_FILTER = "pid_made_fedavg"  # PID-MADE as the paper writes it, in front of
 
 def filters_paired_block(dataset: str) -> str:
     """Each filter that no choice was made on with these seeds (no round cut) against the
-    paper's PID-MADE, seed by seed over all ten: the mean difference of the per-seed
-    worst cases at 0.2 and 0.4 (± t-interval), the exact sign-flip p-value, Holm's
-    adjustment over the table, and, where the adjusted p is not below 0.05, the smallest
-    difference the test had an 80 % chance to detect (statsmodels' one-sample t power,
-    from the differences' spread)."""
+    paper's PID-MADE, seed by seed over all ten (:func:`against_block`)."""
+    rows = with_halts(load(f"{dataset}-filters"))
+    methods = [m for m in distinct(rows) if m != PAPER_FILTER and not m.endswith("_cut_fedavg")]
+    fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
+    return against_block(
+        [
+            (
+                method,
+                f"{fraction:g}",
+                worst_differences(rows, method, PAPER_FILTER, fraction, dataset),
+            )
+            for method in methods
+            for fraction in fractions
+        ],
+        PAPER_FILTER,
+        "fraction",
+    )
+
+
+def worst_differences(
+    rows: list[Row], method: str, reference: str, fraction: float, dataset: str
+) -> tuple[Any, float]:
+    """``method``'s per-seed worst case at ``fraction`` minus ``reference``'s, and the
+    exact sign-flip p-value over seeds (:func:`tasks.statistics.seed_difference`)."""
+    from tasks.statistics import seed_difference
+
+    mine, theirs = (
+        {("worst", s): v for s, v in worst_by_seed(rows, m, fraction, HEADLINE[dataset])[0].items()}
+        for m in (method, reference)
+    )
+    return seed_difference(mine, theirs)
+
+
+def against_block(
+    tests: list[tuple[str, str, tuple[Any, float]]],
+    reference: str,
+    label: str,
+    statistic: str = "worst case",
+    family_per_value: bool = False,
+) -> str:
+    """Methods against one reference, seed by seed: per test (method, ``label``'s value,
+    (per-seed differences, sign-flip p)) the mean difference ± t-interval, the exact p,
+    Holm's adjustment over the table (over each value's tests where ``family_per_value``:
+    separate regimes, separate questions), and, where the adjusted p is not below 0.05,
+    the smallest difference the test had an 80 % chance to detect (statsmodels'
+    one-sample t power, from the differences' spread)."""
     from statsmodels.stats.multitest import multipletests
     from statsmodels.stats.power import TTestPower
 
-    from tasks.statistics import seed_difference
-
-    rows = with_halts(load(f"{dataset}-filters"))
-    metric = HEADLINE[dataset]
-    fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
-    tests = []
-    for method in distinct(rows):
-        if method == PAPER_FILTER or method.endswith("_cut_fedavg"):
-            continue
-        for fraction in fractions:
-            mine, theirs = (
-                {("worst", s): v for s, v in worst_by_seed(rows, m, fraction, metric)[0].items()}
-                for m in (method, PAPER_FILTER)
-            )
-            tests.append((method, fraction, *seed_difference(mine, theirs)))
-    adjusted = multipletests([p for *_, p in tests], method="holm")[1]
+    families: dict[str, list[int]] = {}
+    for index, (_, value, _) in enumerate(tests):
+        families.setdefault(value if family_per_value else "", []).append(index)
+    adjusted = [1.0] * len(tests)
+    for members in families.values():
+        holm = multipletests([tests[i][2][1] for i in members], method="holm")[1]
+        for i, p_holm in zip(members, holm, strict=True):
+            adjusted[i] = float(p_holm)
     lines = [
-        f"| method | fraction | worst case minus {PAPER_FILTER}'s | p (sign-flip over seeds) "
+        f"| method | {label} | {statistic} minus {reference}'s | p (sign-flip over seeds) "
         "| p, Holm | smallest detectable difference (80 % power) |",
         "|---|---|---|---|---|---|",
     ]
-    for (method, fraction, differences, p), p_holm in zip(tests, adjusted, strict=True):
+    for (method, value, (differences, p)), p_holm in zip(tests, adjusted, strict=True):
         _, std, _ = interval(list(differences))
         if p_holm < 0.05:
             detectable = "–"
@@ -1255,10 +1319,28 @@ def filters_paired_block(dataset: str) -> str:
             d = TTestPower().solve_power(nobs=len(differences), alpha=0.05, power=0.8)
             detectable = f"{d * std:.2f}"
         lines.append(
-            f"| {method} | {fraction:g} | {shown(differences, 3)} | {p:.3g} | {p_holm:.3g} "
+            f"| {method} | {value} | {shown(differences, 3)} | {p:.3g} | {p_holm:.3g} "
             f"| {detectable} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def regime_paired_block(names: list[str], dataset: str, label: str) -> str:
+    """Each method of a regime against FedAvg at the regime's fraction, seed by seed: the
+    per-seed worst case over the regime's attacks (:func:`against_block`), one test per
+    method and record (``label`` names what tells the records apart; Holm within each
+    record)."""
+    tests = []
+    for name in names:
+        rows = with_halts(load(name))
+        fraction = next(r["fraction"] for r in rows if r["attack"] != "none")
+        value = name.rsplit("-", 1)[-1] if len(names) > 1 else f"{fraction:g}"
+        tests += [
+            (method, value, worst_differences(rows, method, "fedavg", fraction, dataset))
+            for method in distinct(rows)
+            if method != "fedavg"
+        ]
+    return against_block(tests, "fedavg", label, family_per_value=len(names) > 1)
 
 
 def faults_block() -> str:
@@ -1369,6 +1451,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-monte-carlo": ema_monte_carlo.table}
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
+    | {"fedlag-stability-paired": fedlag_paired_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
     | {"federation-loopback-own-data": loopback_own_data_block}
@@ -1396,10 +1479,14 @@ BLOCKS: dict[str, Callable[[], str]] = (
         else {}
     )
     | {
-        f"robustness-{dataset}-{regime}": partial(regime_grid_block, f"{dataset}-{regime}", dataset)
+        f"robustness-{dataset}-{regime}{kind}": partial(builder, f"{dataset}-{regime}", dataset)
         for dataset in HEADLINE
         for regime in GRID_REGIMES
         if recorded(f"{dataset}-{regime}")
+        for kind, builder in (
+            ("", regime_grid_block),
+            ("-paired", grid_regime_paired_block),
+        )
     }
     | (
         {"fedstnn": fedstnn_block}
@@ -1434,6 +1521,16 @@ BLOCKS: dict[str, Callable[[], str]] = (
     }
     | {
         f"robustness-{dataset}-noniid": partial(regimes_block, dataset)
+        for dataset in HEADLINE
+        if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
+    }
+    | {
+        f"robustness-{dataset}-noniid-paired": partial(
+            regime_paired_block,
+            [f"{dataset}-dirichlet-{a}" for a in DIRICHLET if recorded(f"{dataset}-dirichlet-{a}")],
+            dataset,
+            "α",
+        )
         for dataset in HEADLINE
         if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
     }

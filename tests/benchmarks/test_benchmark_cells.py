@@ -80,13 +80,14 @@ def test_the_cnn_regime_changes_the_model_only():
     assert {c.method for c in cells} < {c.method for c in iid}
 
 
-def test_the_matrix_command_runs_every_attack_at_every_fraction_as_its_record_holds():
-    """`python -m benchmarks.robustness --dataset breastmnist` (no options) runs the cells
+@pytest.mark.parametrize("dataset", ["breastmnist", "digits"])
+def test_the_matrix_command_runs_every_attack_at_every_fraction_as_its_record_holds(dataset):
+    """`python -m benchmarks.robustness --dataset <dataset>` (no options) runs the cells
     its committed per-seed record holds: every attack at every attacker fraction."""
     import csv
 
-    cells = regime_cells("breastmnist", "iid")
-    with (robustness.RESULTS / "robustness-breastmnist-seeds.csv").open(newline="") as handle:
+    cells = regime_cells(dataset, "iid")
+    with (robustness.RESULTS / f"robustness-{dataset}-seeds.csv").open(newline="") as handle:
         recorded = {
             (r["method"], r["attack"], float(r["fraction"])) for r in csv.DictReader(handle)
         }

@@ -51,6 +51,19 @@ def test_a_claim_that_no_longer_holds_fails_the_check(tmp_path):
     assert len(found) == 1 and found[0].startswith("claim C2 no longer holds: 0.933")
 
 
+def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
+    """FedLag ends lower than FedAvg at α = 0.1 in all ten seeds (C39): that holds, and
+    the same claim turned around (higher) fails on the same records."""
+    from benchmarks import claims
+
+    lower = next(c for c in claims.load_ledger() if c["id"] == "C39")
+    higher = {k: v for k, v in lower.items() if k != "lower"} | {"higher": True}
+
+    assert claims.stability(lower).holds
+    assert not claims.stability(higher).holds
+    assert claims.stability(lower).statistic.endswith("over 10 seeds")
+
+
 def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
     from benchmarks import claims
 
@@ -63,6 +76,25 @@ def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
         "C99 is cited but not in the ledger",
         "C1 is in the ledger but no sentence cites it",
     ]
+
+
+def test_regimes_against_a_reference_are_adjusted_within_each_regime_when_asked():
+    """Ten seeds all one way give p = 2/1024. Holm over one regime's two tests doubles it
+    (supported); over three regimes' six tests it is six times (not supported)."""
+    import numpy as np
+
+    one_way = (np.full(10, 0.1), 2 / 1024)
+    tests = [(m, alpha, one_way) for alpha in ("0.1", "0.5", "1") for m in ("median", "krum")]
+
+    def holm_column(table: str) -> list[str]:
+        return [line.split(" | ")[4] for line in table.splitlines()[2:]]
+
+    per_regime = report.against_block(tests, "fedavg", "α", family_per_value=True)
+    pooled = report.against_block(tests, "fedavg", "α")
+
+    assert holm_column(per_regime) == ["0.00391"] * 6
+    assert holm_column(pooled) == ["0.0117"] * 6
+    assert "| median | 0.1 | 0.100 ± 0.000 [10] | 0.00195 | 0.00391 | – |" in per_regime
 
 
 def test_the_fault_table_of_the_operations_guide_is_its_record():
