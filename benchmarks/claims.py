@@ -175,13 +175,9 @@ def stability(claim: dict[str, Any]) -> Verdict:
     from tasks.statistics import seed_difference, smallest_p
 
     key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
-    cells = {
-        r["method"]: r
-        for r in report.results_json("fedlag-stability")["rows"]
-        if r["alpha"] == claim["alpha"]
-    }
+    rows = report.results_json("fedlag-stability")["rows"]
     first, second = (
-        {(key, seed): value for seed, value in zip(cells[m]["seed"], cells[m][key], strict=True)}
+        report.fedlag_by_seed(rows, claim["alpha"], m, key)
         for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)

@@ -788,6 +788,15 @@ def grid_regime_paired_block(name: str, dataset: str) -> str:
     return regime_paired_block([name], dataset, "fraction")
 
 
+def fedlag_by_seed(
+    rows: list[Row], alpha: float, method: str, key: str
+) -> dict[tuple[str, int], float]:
+    """One method's ``key`` values at ``alpha`` from FedLag's stability record, keyed as
+    :func:`tasks.statistics.seed_difference` pairs them: ``(key, seed)``."""
+    cell = next(r for r in rows if r["alpha"] == alpha and r["method"] == method)
+    return {(key, seed): v for seed, v in zip(cell["seed"], cell[key], strict=True)}
+
+
 def fedlag_paired_block() -> str:
     """FedLag and FedProx against FedAvg per α, seed by seed (:func:`against_block`; a
     seed fixes the partition and initial model of all three): final test accuracy and
@@ -795,17 +804,13 @@ def fedlag_paired_block() -> str:
     from tasks.statistics import seed_difference
 
     rows = results_json("fedlag-stability")["rows"]
-    cells = {(r["alpha"], r["method"]): r for r in rows}
-
-    def values(alpha: float, method: str, key: str) -> dict[tuple[str, int], float]:
-        cell = cells[(alpha, method)]
-        return {(key, seed): v for seed, v in zip(cell["seed"], cell[key], strict=True)}
-
     tests = [
         (
             method,
             f"{alpha:g}, {measure}",
-            seed_difference(values(alpha, method, key), values(alpha, "fedavg", key)),
+            seed_difference(
+                fedlag_by_seed(rows, alpha, method, key), fedlag_by_seed(rows, alpha, "fedavg", key)
+            ),
         )
         for measure, key in (("ACC", "acc"), ("wobble", "last_rounds_acc_std"))
         for alpha in sorted({r["alpha"] for r in rows})
