@@ -56,6 +56,7 @@ from federated.server import (
     ThreatModel,
 )
 from federated.vectors import model_to_vector
+from fedsieve.arguments import positive_int
 from models import build_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -189,7 +190,7 @@ def backdoor_table(root: Path, seeds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=positive_int, default=10)
     parser.add_argument("--parts", nargs="+", default=["damage", "backdoor"])
     parser.add_argument("--out", type=Path, default=RESULTS / "attacks-cpu.json")
     args = parser.parse_args()

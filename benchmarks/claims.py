@@ -117,18 +117,16 @@ def better(claim: dict[str, Any]) -> Verdict:
 
     rows, metric = _matrix(claim)
     if claim["statistic"] == "worst":
-        first, second = (
-            {("worst", seed): value for seed, value in
-             report.worst_by_seed(rows, m, claim["fraction"], metric)[0].items()}
-            for m in (claim["first"], claim["second"])
-        )  # fmt: skip
+        differences, p = report.worst_differences(
+            rows, claim["first"], claim["second"], claim["fraction"], metric
+        )
     else:
         first, second = (
             {(r["attack"], int(r["seed"])): r[metric] for r in rows
              if r["method"] == m and r["fraction"] == claim["fraction"] and r["attack"] != "none"}
             for m in (claim["first"], claim["second"])
         )  # fmt: skip
-    differences, p = seed_difference(first, second)
+        differences, p = seed_difference(first, second)
     mean = float(differences.mean()) if len(differences) else math.nan
     return Verdict(
         claim["id"], claim["text"],

@@ -31,6 +31,7 @@ import yaml
 
 from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
+from fedsieve.arguments import positive_int
 
 CLIENTS = 50
 RULES = ["median", "trimmed_mean", "krum", "zeno", "ema", "fedavg"]
@@ -144,10 +145,10 @@ def summarise(pretest_rows: list[dict[str, Any]] | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=positive_int, default=5)
     parser.add_argument("--experiments", nargs="+", default=["table2", "figures", "pretest"],
                         choices=["table2", "figures", "pretest"])  # fmt: skip
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     cells = [c for e in args.experiments if e != "pretest" for c in cells_for(e, args.seeds)]
     if cells:

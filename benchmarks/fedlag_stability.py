@@ -26,6 +26,7 @@ import yaml
 
 from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
+from fedsieve.arguments import positive_int
 
 ALPHAS = (0.1, 0.5, 1.0)
 METHODS: dict[str, tuple[str, float]] = {  # name -> (aggregate, FedProx mu)
@@ -90,8 +91,8 @@ def summarise() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--seeds", type=positive_int, default=10)
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     run_matrix(cells_for(args.seeds), RESULTS / "fedlag-stability-cells.jsonl", args.workers)
     summarise()

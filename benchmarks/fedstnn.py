@@ -45,6 +45,7 @@ from benchmarks.common import cpu_environment
 from federated.fedstnn.experiments import EXPERIMENTS, TRAINERS, Function1DConfig, run_experiment
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import smp_gradients
+from fedsieve.arguments import positive_int
 from models.snn import SNN
 from tasks.plots_fedstnn import save_fedstnn_figures
 
@@ -239,8 +240,8 @@ def main() -> None:
         help="override a setting (JSON value), e.g. --set federation.local.epochs=50",
     )
     parser.add_argument("--trainers", nargs="+", choices=list(TRAINERS), default=list(TRAINERS))
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seeds", type=positive_int, default=5)
+    parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--check", action="store_true", help="rerun seeds and compare with the committed records"

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fedsieve.arguments import positive_int
+
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "benchmarks" / "params" / "fidelity-breastmnist.yaml"
 OUT = REPO / "benchmarks" / "results" / "grid-throughput-cpu.json"
@@ -284,8 +286,8 @@ def grid_run(seeds: int, max_parallel: int) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--max-parallel", type=int, default=2)
+    parser.add_argument("--seeds", type=positive_int, default=2)
+    parser.add_argument("--max-parallel", type=positive_int, default=2)
     parser.add_argument("--skip-grid", action="store_true", help="leave out fedsieve compare")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the backend sweep")
     parser.add_argument("--without", nargs="*", default=["fedlag"], help="methods left out")

@@ -24,6 +24,7 @@ from config.params import load_params
 from federated.data import ensure_medmnist, load_medmnist
 from federated.loop import train
 from federated.partition import PartitionError, build_partitioner
+from fedsieve.arguments import positive_int
 from tasks.comparison import interval
 from tasks.data import data_root
 from tasks.training import build_federation
@@ -114,7 +115,7 @@ def markdown(summary: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=positive_int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -54,6 +54,7 @@ from typing import Any
 import yaml
 
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix, trained
+from fedsieve.arguments import positive_int
 
 _PID = {"name": "pid_made", "kp": 1.0, "ki": 0.5, "kd": 0.05, "alpha": 0.05,
         "centroid": "mean", "exclusion": "permanent"}  # fmt: skip
@@ -194,13 +195,13 @@ def write_seed_rows(records: list[dict[str, Any]], path: Any) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["digits", "breastmnist"])
-    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--seeds", type=positive_int, default=20)
     parser.add_argument(
         "--search",
         action="store_true",
         help="the drift/h search of the distance CUSUM, seeds 0-9 only",
     )
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     stem, variants, seeds = STEM, VARIANTS, range(args.seeds)
     if args.search:

@@ -42,6 +42,7 @@ import yaml
 
 from benchmarks.common import write_summary
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix
+from fedsieve.arguments import positive_int
 
 FEDAVG: dict[str, Any] = {"aggregate": {"name": "fedavg"}}
 
@@ -169,10 +170,10 @@ def summarise(cells_file: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=positive_int, default=5)
     parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS),
                         choices=list(EXPERIMENTS))  # fmt: skip
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     cells_file = RESULTS / "pid-made-paper-cells.jsonl"
     cells = [cell for e in args.experiments for cell in cells_for(e, args.seeds)]

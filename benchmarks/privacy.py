@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import cpu_environment, write_summary
+from fedsieve.arguments import positive_int
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -98,10 +99,10 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=positive_int, default=5)
     parser.add_argument("--models", nargs="+", default=["small_cnn", "logreg"])
     parser.add_argument("--noise", nargs="+", type=float, default=[0.1, 0.3, 1.0, 3.0])
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=positive_int, default=2)
     args = parser.parse_args(argv)
     settings = [(m, z) for m in args.models for z in [None, *args.noise]]
     jobs = [(m, z, seed) for m, z in settings for seed in range(args.seeds)]

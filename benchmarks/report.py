@@ -1261,7 +1261,7 @@ def filters_paired_block(dataset: str) -> str:
             (
                 method,
                 f"{fraction:g}",
-                worst_differences(rows, method, PAPER_FILTER, fraction, dataset),
+                worst_differences(rows, method, PAPER_FILTER, fraction, HEADLINE[dataset]),
             )
             for method in methods
             for fraction in fractions
@@ -1272,14 +1272,14 @@ def filters_paired_block(dataset: str) -> str:
 
 
 def worst_differences(
-    rows: list[Row], method: str, reference: str, fraction: float, dataset: str
+    rows: list[Row], method: str, reference: str, fraction: float, metric: str
 ) -> tuple[Any, float]:
     """``method``'s per-seed worst case at ``fraction`` minus ``reference``'s, and the
     exact sign-flip p-value over seeds (:func:`tasks.statistics.seed_difference`)."""
     from tasks.statistics import seed_difference
 
     mine, theirs = (
-        {("worst", s): v for s, v in worst_by_seed(rows, m, fraction, HEADLINE[dataset])[0].items()}
+        {("worst", s): v for s, v in worst_by_seed(rows, m, fraction, metric)[0].items()}
         for m in (method, reference)
     )
     return seed_difference(mine, theirs)
@@ -1341,7 +1341,7 @@ def regime_paired_block(names: list[str], dataset: str, label: str) -> str:
         fraction = next(r["fraction"] for r in rows if r["attack"] != "none")
         value = name.rsplit("-", 1)[-1] if len(names) > 1 else f"{fraction:g}"
         tests += [
-            (method, value, worst_differences(rows, method, "fedavg", fraction, dataset))
+            (method, value, worst_differences(rows, method, "fedavg", fraction, HEADLINE[dataset]))
             for method in distinct(rows)
             if method != "fedavg"
         ]

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsieve.arguments import positive_int
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PARAMS = REPO / "benchmarks" / "params"
@@ -525,11 +527,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="breastmnist")
-    parser.add_argument("--seeds", type=int, help="default: the regime's (5 for the matrix)")
+    parser.add_argument(
+        "--seeds", type=positive_int, help="default: the regime's (5 for the matrix)"
+    )
     parser.add_argument("--attacks", nargs="+", choices=list(ATTACKS))
     parser.add_argument("--fractions", nargs="+", type=float)
     parser.add_argument("--methods", nargs="+", choices=METHODS)
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--regime", default="iid", choices=list(REGIMES))
     parser.add_argument("--summarise-only", action="store_true")
     args = parser.parse_args()
@@ -537,7 +541,7 @@ def main() -> None:
     args.attacks = args.attacks or regime.attacks
     args.fractions = args.fractions or regime.fractions
     args.methods = args.methods or regime.methods
-    args.seeds = args.seeds or regime.seeds
+    args.seeds = regime.seeds if args.seeds is None else args.seeds
 
     base = yaml.safe_load((PARAMS / f"robustness-{args.dataset}.yaml").read_text())
     for section, changes in regime.changes.items():

@@ -11,7 +11,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from config.params import Params
 
-__all__ = ["add_params_arguments", "add_resume_argument", "checked_params"]
+__all__ = ["add_params_arguments", "add_resume_argument", "checked_params", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts (seeds, workers, runs): argparse's one-line error on 0,
+    a negative or a non-integer, instead of a silent default or an empty run."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
 
 
 def add_params_arguments(parser: argparse.ArgumentParser) -> None:

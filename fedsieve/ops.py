@@ -24,7 +24,7 @@ from typing import Any
 
 from config.environment import tracking_uri
 from config.errors import OpsError, ServiceError
-from fedsieve.arguments import add_params_arguments, checked_params
+from fedsieve.arguments import add_params_arguments, checked_params, positive_int
 
 __all__ = [
     "Champion",
@@ -45,16 +45,6 @@ CHAMPION = "champion"
 DEFAULT_EXPERIMENT = "fedsieve"
 KEY_METRICS = ("final_test_acc", "final_test_auc", "final_test_loss")
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9_./-]+$")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -216,9 +206,7 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
         help="order by this final metric (test_auc, test_acc, test_loss, ...); best first "
         "(lowest for losses). Default: most recent first",
     )
-    parser.add_argument(
-        "--limit", type=_positive_int, default=20, help="how many runs (default 20)"
-    )
+    parser.add_argument("--limit", type=positive_int, default=20, help="how many runs (default 20)")
     parser.add_argument(
         "--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment (default fedsieve)"
     )

@@ -97,6 +97,23 @@ def test_the_matrix_command_runs_every_attack_at_every_fraction_as_its_record_ho
     assert attacked == {(a, f) for a in robustness.EVERY_ATTACK for f in robustness.FRACTIONS}
 
 
+@pytest.mark.parametrize("count", ["0", "-3", "two"])
+@pytest.mark.parametrize("option", ["--seeds", "--workers"])
+def test_a_count_that_is_not_positive_is_refused_before_anything_runs(
+    option, count, monkeypatch, capsys
+):
+    """`--seeds 0` once fell back to the regime's default in silence; every evidence
+    command now refuses it in one line naming the option."""
+    for benchmark in (robustness, pid_made_ablation):
+        monkeypatch.setattr("sys.argv", ["benchmark", option, count])
+        with pytest.raises(SystemExit) as exit_:
+            benchmark.main()
+
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"argument {option}: " in error and count in error
+
+
 def test_a_matrix_whose_attacks_did_not_all_run_everywhere_says_which_ran_where():
     def records(attacks, fractions):
         return [{"attack": a, "fraction": f} for a in attacks for f in fractions]
