@@ -27,6 +27,11 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``lower`` (true): in benchmarks/fedlag_stability.py's record at that Dirichlet α,
   ``first``'s measure is higher (lower) than ``second``'s, an exact sign-flip test over
   seeds, two-sided p < 0.05.
+
+A ``better`` or ``stability`` claim read off a paired table of docs/results.md names it:
+``table`` (a block of ``report.PAIRED_TABLES``) and ``row`` (the table's value column,
+e.g. ``"0.1"`` or ``"0.1, ACC"``). Its p is then the table's Holm-adjusted one, within the
+family the table adjusts over, so a claim is never surer than the table it is read from.
 """
 
 from __future__ import annotations
@@ -64,11 +69,18 @@ def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
         raise ValueError(
             f"{path.name}: claim ids must be unique, got {', '.join(duplicated)} twice"
         )
+    from benchmarks.report import PAIRED_TABLES
+
     for claim in claims:
         if claim["kind"] not in KINDS:
             raise ValueError(
                 f"{path.name}: claim {claim['id']} has kind {claim['kind']!r}; "
                 f"allowed: {', '.join(KINDS)}"
+            )
+        if "table" in claim and (claim["table"] not in PAIRED_TABLES or "row" not in claim):
+            raise ValueError(
+                f"{path.name}: claim {claim['id']} names table {claim['table']!r} "
+                f"(with its row); allowed: {', '.join(PAIRED_TABLES)}"
             )
     return claims
 
@@ -111,9 +123,52 @@ def worst_case(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
+def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
+    """The claim's test as its paired table adjusts it: the Holm p within its family and
+    the family's size. The table must test the same records (its raw p equals ``p``)."""
+    from benchmarks import report
+
+    paired = report.PAIRED_TABLES[claim["table"]]()
+    pair = {claim["first"], claim["second"]}
+    adjusted = paired.holm()
+    for family in paired.families():
+        for index in family:
+            method, value, (_, raw) = paired.tests[index]
+            if {method, paired.reference} == pair and value == claim["row"]:
+                if not math.isclose(raw, p):
+                    raise ValueError(
+                        f"claim {claim['id']}: its p is {p:.3g} but row {value!r} of "
+                        f"{claim['table']} has {raw:.3g}; they must test the same records"
+                    )
+                return adjusted[index], len(family)
+    raise ValueError(
+        f"claim {claim['id']}: {claim['table']} has no row {claim['row']!r} comparing "
+        f"{' with '.join(sorted(pair))}"
+    )
+
+
+def _seed_verdict(
+    claim: dict[str, Any], measure: str, differences: Any, p: float, higher: bool
+) -> Verdict:
+    """A paired claim's verdict: the mean per-seed difference in the claimed direction
+    and the exact sign-flip p below 0.05, Holm-adjusted where a table is named."""
+    from tasks.statistics import smallest_p
+
+    mean = float(differences.mean()) if len(differences) else math.nan
+    test = f"sign-flip p = {p:.3g}"
+    if "table" in claim:
+        p, family = _holm_in_table(claim, p)
+        test += f", Holm over {family} tests of {claim['table']} = {p:.3g}"
+    return Verdict(
+        claim["id"], claim["text"], f"Δ {measure} = {mean:+.3f} over {len(differences)} seeds",
+        f"{test} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
+        bool((mean > 0 if higher else mean < 0) and p < ALPHA),
+    )  # fmt: skip
+
+
 def better(claim: dict[str, Any]) -> Verdict:
     from benchmarks import report
-    from tasks.statistics import seed_difference, smallest_p
+    from tasks.statistics import seed_difference
 
     rows, metric = _matrix(claim)
     if claim["statistic"] == "worst":
@@ -127,13 +182,7 @@ def better(claim: dict[str, Any]) -> Verdict:
             for m in (claim["first"], claim["second"])
         )  # fmt: skip
         differences, p = seed_difference(first, second)
-    mean = float(differences.mean()) if len(differences) else math.nan
-    return Verdict(
-        claim["id"], claim["text"],
-        f"Δ {claim['statistic']} = {mean:+.3f} over {len(differences)} seeds",
-        f"sign-flip p = {p:.3g} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
-        bool(mean > 0 and p < ALPHA),
-    )  # fmt: skip
+    return _seed_verdict(claim, claim["statistic"], differences, p, higher=True)
 
 
 def ablation(claim: dict[str, Any]) -> Verdict:
@@ -170,7 +219,7 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
 
 def stability(claim: dict[str, Any]) -> Verdict:
     from benchmarks import report
-    from tasks.statistics import seed_difference, smallest_p
+    from tasks.statistics import seed_difference
 
     key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
     rows = report.results_json("fedlag-stability")["rows"]
@@ -179,14 +228,7 @@ def stability(claim: dict[str, Any]) -> Verdict:
         for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)
-    mean = float(differences.mean()) if len(differences) else math.nan
-    direction = mean > 0 if claim.get("higher") else mean < 0
-    return Verdict(
-        claim["id"], claim["text"],
-        f"Δ {claim['measure']} = {mean:+.3f} over {len(differences)} seeds",
-        f"sign-flip p = {p:.3g} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
-        bool(direction and p < ALPHA),
-    )  # fmt: skip
+    return _seed_verdict(claim, claim["measure"], differences, p, bool(claim.get("higher")))
 
 
 KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {

@@ -22,6 +22,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -783,11 +784,6 @@ def fedlag_block() -> str:
     return "\n".join(lines) + "\n"
 
 
-def grid_regime_paired_block(name: str, dataset: str) -> str:
-    """A one-fraction regime's methods against FedAvg (:func:`regime_paired_block`)."""
-    return regime_paired_block([name], dataset, "fraction")
-
-
 def fedlag_by_seed(
     rows: list[Row], alpha: float, method: str, key: str
 ) -> dict[tuple[str, int], float]:
@@ -797,10 +793,10 @@ def fedlag_by_seed(
     return {(key, seed): v for seed, v in zip(cell["seed"], cell[key], strict=True)}
 
 
-def fedlag_paired_block() -> str:
-    """FedLag and FedProx against FedAvg per α, seed by seed (:func:`against_block`; a
-    seed fixes the partition and initial model of all three): final test accuracy and
-    the wobble (lower is steadier), Holm over the whole table."""
+def fedlag_paired() -> Paired:
+    """FedLag and FedProx against FedAvg per α, seed by seed (a seed fixes the partition
+    and initial model of all three): final test accuracy and the wobble (lower is
+    steadier), Holm over the whole table."""
     from tasks.statistics import seed_difference
 
     rows = results_json("fedlag-stability")["rows"]
@@ -816,7 +812,7 @@ def fedlag_paired_block() -> str:
         for alpha in sorted({r["alpha"] for r in rows})
         for method in ("fedlag", "fedprox")
     ]
-    return against_block(tests, "fedavg", "Dirichlet α, measure", "value")
+    return Paired(tests, "fedavg", "Dirichlet α, measure", "value")
 
 
 def privacy_block() -> str:
@@ -1250,13 +1246,13 @@ def resnet18_block() -> str:
 PAPER_FILTER = "pid_made_fedavg"  # PID-MADE as the paper writes it, in front of FedAvg
 
 
-def filters_paired_block(dataset: str) -> str:
+def filters_paired(dataset: str) -> Paired:
     """Each filter that no choice was made on with these seeds (no round cut) against the
-    paper's PID-MADE, seed by seed over all ten (:func:`against_block`)."""
+    paper's PID-MADE, seed by seed over all ten, Holm over the table."""
     rows = with_halts(load(f"{dataset}-filters"))
     methods = [m for m in distinct(rows) if m != PAPER_FILTER and not m.endswith("_cut_fedavg")]
     fractions = sorted({r["fraction"] for r in rows if r["attack"] != "none"})
-    return against_block(
+    return Paired(
         [
             (
                 method,
@@ -1285,36 +1281,51 @@ def worst_differences(
     return seed_difference(mine, theirs)
 
 
-def against_block(
-    tests: list[tuple[str, str, tuple[Any, float]]],
-    reference: str,
-    label: str,
-    statistic: str = "worst case",
-    family_per_value: bool = False,
-) -> str:
+@dataclass(frozen=True)
+class Paired:
     """Methods against one reference, seed by seed: per test (method, ``label``'s value,
-    (per-seed differences, sign-flip p)) the mean difference ± t-interval, the exact p,
-    Holm's adjustment over the table (over each value's tests where ``family_per_value``:
-    separate regimes, separate questions), and, where the adjusted p is not below 0.05,
-    the smallest difference the test had an 80 % chance to detect (statsmodels'
-    one-sample t power, from the differences' spread)."""
-    from statsmodels.stats.multitest import multipletests
+    (per-seed differences, sign-flip p)). Holm adjusts over the table, or over each
+    value's tests where ``family_per_value`` (separate regimes, separate questions); the
+    claims ledger reads its verdicts from the same adjustment the table shows."""
+
+    tests: list[tuple[str, str, tuple[Any, float]]]
+    reference: str
+    label: str
+    statistic: str = "worst case"
+    family_per_value: bool = False
+
+    def families(self) -> list[list[int]]:
+        """The tests' indices, one list per family Holm adjusts over."""
+        families: dict[str, list[int]] = {}
+        for index, (_, value, _) in enumerate(self.tests):
+            families.setdefault(value if self.family_per_value else "", []).append(index)
+        return list(families.values())
+
+    def holm(self) -> list[float]:
+        """Each test's p, Holm-adjusted within its family (statsmodels)."""
+        from statsmodels.stats.multitest import multipletests
+
+        adjusted = [1.0] * len(self.tests)
+        for members in self.families():
+            holm = multipletests([self.tests[i][2][1] for i in members], method="holm")[1]
+            for i, p_holm in zip(members, holm, strict=True):
+                adjusted[i] = float(p_holm)
+        return adjusted
+
+
+def against_block(paired: Paired) -> str:
+    """A paired table: per test the mean difference ± t-interval, the exact p, Holm's
+    adjustment (:meth:`Paired.holm`), and, where the adjusted p is not below 0.05, the
+    smallest difference the test had an 80 % chance to detect (statsmodels' one-sample
+    t power, from the differences' spread)."""
     from statsmodels.stats.power import TTestPower
 
-    families: dict[str, list[int]] = {}
-    for index, (_, value, _) in enumerate(tests):
-        families.setdefault(value if family_per_value else "", []).append(index)
-    adjusted = [1.0] * len(tests)
-    for members in families.values():
-        holm = multipletests([tests[i][2][1] for i in members], method="holm")[1]
-        for i, p_holm in zip(members, holm, strict=True):
-            adjusted[i] = float(p_holm)
     lines = [
-        f"| method | {label} | {statistic} minus {reference}'s | p (sign-flip over seeds) "
-        "| p, Holm | smallest detectable difference (80 % power) |",
+        f"| method | {paired.label} | {paired.statistic} minus {paired.reference}'s "
+        "| p (sign-flip over seeds) | p, Holm | smallest detectable difference (80 % power) |",
         "|---|---|---|---|---|---|",
     ]
-    for (method, value, (differences, p)), p_holm in zip(tests, adjusted, strict=True):
+    for (method, value, (differences, p)), p_holm in zip(paired.tests, paired.holm(), strict=True):
         _, std, _ = interval(list(differences))
         if p_holm < 0.05:
             detectable = "–"
@@ -1330,11 +1341,10 @@ def against_block(
     return "\n".join(lines) + "\n"
 
 
-def regime_paired_block(names: list[str], dataset: str, label: str) -> str:
+def regime_paired(names: list[str], dataset: str, label: str) -> Paired:
     """Each method of a regime against FedAvg at the regime's fraction, seed by seed: the
-    per-seed worst case over the regime's attacks (:func:`against_block`), one test per
-    method and record (``label`` names what tells the records apart; Holm within each
-    record)."""
+    per-seed worst case over the regime's attacks, one test per method and record
+    (``label`` names what tells the records apart; Holm within each record)."""
     tests = []
     for name in names:
         rows = with_halts(load(name))
@@ -1345,7 +1355,7 @@ def regime_paired_block(names: list[str], dataset: str, label: str) -> str:
             for method in distinct(rows)
             if method != "fedavg"
         ]
-    return against_block(tests, "fedavg", label, family_per_value=len(names) > 1)
+    return Paired(tests, "fedavg", label, family_per_value=len(names) > 1)
 
 
 def faults_block() -> str:
@@ -1440,6 +1450,39 @@ def recorded(name: str) -> bool:
     return (RESULTS / f"robustness-{name}-seeds.csv").exists()
 
 
+# The paired tables of docs/results.md by block name; the claims ledger names them too
+PAIRED_TABLES: dict[str, Callable[[], Paired]] = (
+    {"fedlag-stability-paired": fedlag_paired}
+    | {
+        f"robustness-{dataset}-{regime}-paired": partial(
+            regime_paired, [f"{dataset}-{regime}"], dataset, "fraction"
+        )
+        for dataset in HEADLINE
+        for regime in GRID_REGIMES
+        if recorded(f"{dataset}-{regime}")
+    }
+    | {
+        f"robustness-{dataset}-filters-paired": partial(filters_paired, dataset)
+        for dataset in HEADLINE
+        if recorded(f"{dataset}-filters")
+    }
+    | {
+        f"robustness-{dataset}-noniid-paired": partial(
+            regime_paired,
+            [f"{dataset}-dirichlet-{a}" for a in DIRICHLET if recorded(f"{dataset}-dirichlet-{a}")],
+            dataset,
+            "α",
+        )
+        for dataset in HEADLINE
+        if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
+    }
+)
+
+
+def paired_block_of(build: Callable[[], Paired]) -> str:
+    return against_block(build())
+
+
 # Every matrix with per-seed records has its tables in docs/results.md (a test checks it)
 BLOCKS: dict[str, Callable[[], str]] = (
     {
@@ -1456,7 +1499,6 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-monte-carlo": ema_monte_carlo.table}
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
-    | {"fedlag-stability-paired": fedlag_paired_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
     | {"federation-loopback-own-data": loopback_own_data_block}
@@ -1484,14 +1526,10 @@ BLOCKS: dict[str, Callable[[], str]] = (
         else {}
     )
     | {
-        f"robustness-{dataset}-{regime}{kind}": partial(builder, f"{dataset}-{regime}", dataset)
+        f"robustness-{dataset}-{regime}": partial(regime_grid_block, f"{dataset}-{regime}", dataset)
         for dataset in HEADLINE
         for regime in GRID_REGIMES
         if recorded(f"{dataset}-{regime}")
-        for kind, builder in (
-            ("", regime_grid_block),
-            ("-paired", grid_regime_paired_block),
-        )
     }
     | (
         {"fedstnn": fedstnn_block}
@@ -1519,26 +1557,16 @@ BLOCKS: dict[str, Callable[[], str]] = (
     )
     | {"claims": claims_block}
     | {
-        f"robustness-{dataset}-filters{kind}": partial(builder, dataset)
+        f"robustness-{dataset}-filters": partial(filters_block, dataset)
         for dataset in HEADLINE
         if recorded(f"{dataset}-filters")
-        for kind, builder in (("", filters_block), ("-paired", filters_paired_block))
     }
     | {
         f"robustness-{dataset}-noniid": partial(regimes_block, dataset)
         for dataset in HEADLINE
         if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
     }
-    | {
-        f"robustness-{dataset}-noniid-paired": partial(
-            regime_paired_block,
-            [f"{dataset}-dirichlet-{a}" for a in DIRICHLET if recorded(f"{dataset}-dirichlet-{a}")],
-            dataset,
-            "α",
-        )
-        for dataset in HEADLINE
-        if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
-    }
+    | {name: partial(paired_block_of, build) for name, build in PAIRED_TABLES.items()}
 )
 
 

@@ -51,6 +51,34 @@ def test_a_claim_that_no_longer_holds_fails_the_check(tmp_path):
     assert len(found) == 1 and found[0].startswith("claim C2 no longer holds: 0.933")
 
 
+def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(tmp_path):
+    """FedAvg's worst case beats the median's at α = 0.1 in a sign-flip test alone
+    (p = 0.0156), but not after Holm over the 11 tests of the table it is read from
+    (0.0957): named with its table, the claim fails. A table row it does not have, or a
+    table the report does not make, is refused naming what is allowed."""
+    import yaml
+
+    from benchmarks import claims
+
+    claim = {
+        "id": "C99", "text": "FedAvg beats the median", "kind": "better",
+        "record": "digits-dirichlet-0.1", "first": "fedavg", "second": "median",
+        "fraction": 0.2, "statistic": "worst",
+    }  # fmt: skip
+    alone = claims.better(claim)
+    in_table = claims.better(claim | {"table": "robustness-digits-noniid-paired", "row": "0.1"})
+
+    assert alone.holds and "p = 0.0156 <" in alone.test
+    assert not in_table.holds and "Holm over 11 tests" in in_table.test
+    assert "= 0.0957 <" in in_table.test
+    with pytest.raises(ValueError, match=r"has no row '0\.3' comparing fedavg with median"):
+        claims.better(claim | {"table": "robustness-digits-noniid-paired", "row": "0.3"})
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump([claim | {"table": "nope", "row": "0.1"}]))
+    with pytest.raises(ValueError, match=r"names table 'nope'.*allowed: fedlag-stability-paired"):
+        claims.load_ledger(path)
+
+
 def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
     """FedLag ends lower than FedAvg at α = 0.1 in all ten seeds (C39): that holds, and
     the same claim turned around (higher) fails on the same records."""
@@ -89,8 +117,8 @@ def test_regimes_against_a_reference_are_adjusted_within_each_regime_when_asked(
     def holm_column(table: str) -> list[str]:
         return [line.split(" | ")[4] for line in table.splitlines()[2:]]
 
-    per_regime = report.against_block(tests, "fedavg", "α", family_per_value=True)
-    pooled = report.against_block(tests, "fedavg", "α")
+    per_regime = report.against_block(report.Paired(tests, "fedavg", "α", family_per_value=True))
+    pooled = report.against_block(report.Paired(tests, "fedavg", "α"))
 
     assert holm_column(per_regime) == ["0.00391"] * 6
     assert holm_column(pooled) == ["0.0117"] * 6
