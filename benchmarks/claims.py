@@ -16,6 +16,9 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   the per-seed worst cases; ``mean``: the per-seed means over the attacks both ran),
   optional ``seeds``: ``first`` higher than ``second``, an exact sign-flip test over
   seeds, two-sided p < 0.05 (:func:`tasks.statistics.seed_difference`).
+- ``drop``: ``record``, ``method``, ``attack``, ``fraction``: the attack lowers the
+  method's headline metric, its run without attack minus its run under ``attack`` at
+  ``fraction`` seed by seed, an exact sign-flip test over seeds, two-sided p < 0.05.
 - ``ablation``: ``dataset``, ``first``, ``second``, ``outcome`` (``banning``: clean runs
   banning an honest client; ``caught``: attacked runs with every attacker out by round
   5), ``fewer`` or ``more``: on the held-out seeds of benchmarks/pid_made_ablation.py,
@@ -185,6 +188,20 @@ def better(claim: dict[str, Any]) -> Verdict:
     return _seed_verdict(claim, claim["statistic"], differences, p, higher=True)
 
 
+def drop(claim: dict[str, Any]) -> Verdict:
+    from tasks.statistics import seed_difference
+
+    rows, metric = _matrix(claim)
+    clean, attacked = (
+        {(claim["method"], int(r["seed"])): r[metric] for r in rows
+         if r["method"] == claim["method"] and r["attack"] == attack
+         and (attack == "none" or r["fraction"] == claim["fraction"])}
+        for attack in ("none", claim["attack"])
+    )  # fmt: skip
+    differences, p = seed_difference(clean, attacked)
+    return _seed_verdict(claim, f"drop under {claim['attack']}", differences, p, higher=True)
+
+
 def ablation(claim: dict[str, Any]) -> Verdict:
     from benchmarks import pid_made_ablation, report
     from tasks.statistics import exact_mcnemar
@@ -234,6 +251,7 @@ def stability(claim: dict[str, Any]) -> Verdict:
 KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
     "worst_case": worst_case,
     "better": better,
+    "drop": drop,
     "ablation": ablation,
     "at_most_seeds": at_most_seeds,
     "stability": stability,

@@ -79,6 +79,23 @@ def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(t
         claims.load_ledger(path)
 
 
+def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
+    """Under mild label skew (α = 1, 10 seeds) label flipping lowers FedAvg's accuracy in
+    every seed (holds); ALIE's 0.002 does not hold; three seeds can never support a drop."""
+    from benchmarks import claims
+
+    claim = {
+        "id": "C99", "text": "label flipping costs FedAvg", "kind": "drop",
+        "record": "digits-dirichlet-1", "method": "fedavg", "attack": "label_flip",
+        "fraction": 0.2,
+    }  # fmt: skip
+
+    flipped = claims.drop(claim)
+    assert flipped.holds and flipped.statistic == "Δ drop under label_flip = +0.123 over 10 seeds"
+    assert not claims.drop(claim | {"attack": "alie"}).holds
+    assert not claims.drop(claim | {"record": "breastmnist-cnn"}).holds  # p >= 0.25
+
+
 def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
     """FedLag ends lower than FedAvg at α = 0.1 in all ten seeds (C39): that holds, and
     the same claim turned around (higher) fails on the same records."""
