@@ -53,6 +53,10 @@ ALPHA = 0.05
 CITATION = re.compile(r"\[(C\d+(?:, C\d+)*)\]")  # [C3] or [C3, C4]
 
 
+class LedgerError(ValueError):
+    """A claims ledger that cannot be checked: its message is one line naming the claim."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A claim recomputed: the statistic as shown, and whether its test passed."""
@@ -65,23 +69,30 @@ class Verdict:
 
 
 def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
-    claims = yaml.safe_load(path.read_text())
+    try:
+        claims = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise LedgerError(f"{path.name}: not valid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(claims, list) or not all(
+        isinstance(c, dict) and {"id", "kind", "text"} <= c.keys() for c in claims
+    ):
+        raise LedgerError(f"{path.name}: must be a list of claims, each with id, text and kind")
     ids = [c["id"] for c in claims]
     duplicated = sorted({i for i in ids if ids.count(i) > 1})
     if duplicated:
-        raise ValueError(
+        raise LedgerError(
             f"{path.name}: claim ids must be unique, got {', '.join(duplicated)} twice"
         )
     from benchmarks.report import PAIRED_TABLES
 
     for claim in claims:
         if claim["kind"] not in KINDS:
-            raise ValueError(
+            raise LedgerError(
                 f"{path.name}: claim {claim['id']} has kind {claim['kind']!r}; "
                 f"allowed: {', '.join(KINDS)}"
             )
         if "table" in claim and (claim["table"] not in PAIRED_TABLES or "row" not in claim):
-            raise ValueError(
+            raise LedgerError(
                 f"{path.name}: claim {claim['id']} names table {claim['table']!r} "
                 f"(with its row); allowed: {', '.join(PAIRED_TABLES)}"
             )
@@ -259,7 +270,19 @@ KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
 
 
 def verdicts(path: Path = LEDGER) -> list[Verdict]:
-    return [KINDS[claim["kind"]](claim) for claim in load_ledger(path)]
+    """Every claim recomputed; a claim missing a field its kind needs, or naming a row
+    its table lacks, raises a one-line ValueError naming the ledger and the claim."""
+    found = []
+    for claim in load_ledger(path):
+        try:
+            found.append(KINDS[claim["kind"]](claim))
+        except KeyError as missing:
+            raise LedgerError(
+                f"{path.name}: claim {claim['id']} ({claim['kind']}) lacks the field {missing}"
+            ) from None
+        except ValueError as error:
+            raise LedgerError(f"{path.name}: {error}") from None
+    return found
 
 
 def citation_problems(text: str, claims: list[dict[str, Any]]) -> list[str]:

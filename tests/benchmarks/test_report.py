@@ -79,6 +79,29 @@ def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(t
         claims.load_ledger(path)
 
 
+@pytest.mark.parametrize(
+    ("broken", "said"),
+    [
+        ("- id: C1\n  text: x\n  kind: worst_case\n", "claim C1 (worst_case) lacks the field"),
+        ("- id: C1\n  kind: [\n", "not valid YAML"),
+        ("C1: at a fifth\n", "must be a list of claims, each with id, text and kind"),
+    ],
+)
+def test_a_broken_ledger_stops_the_check_in_one_line(broken, said, tmp_path, monkeypatch):
+    from benchmarks import claims
+
+    ledger = tmp_path / "claims.yaml"
+    ledger.write_text(broken)
+    monkeypatch.setattr(claims, "LEDGER", ledger)
+    monkeypatch.setattr("sys.argv", ["report", "--check"])
+
+    with pytest.raises(SystemExit) as exit_:
+        report.main()
+
+    message = str(exit_.value.code)
+    assert message.startswith("claims.yaml: ") and said in message and "\n" not in message
+
+
 def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
     """Under mild label skew (α = 1, 10 seeds) label flipping lowers FedAvg's accuracy in
     every seed (holds); ALIE's 0.002 does not hold; three seeds can never support a drop."""
