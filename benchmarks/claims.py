@@ -39,6 +39,7 @@ family the table adjusts over, so a claim is never surer than the table it is re
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -137,12 +138,18 @@ def worst_case(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
+@functools.cache
+def _paired_table(name: str) -> Any:
+    """A paired table built once per check, however many claims are read off it."""
+    from benchmarks import report
+
+    return report.PAIRED_TABLES[name]()
+
+
 def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
     """The claim's test as its paired table adjusts it: the Holm p within its family and
     the family's size. The table must test the same records (its raw p equals ``p``)."""
-    from benchmarks import report
-
-    paired = report.PAIRED_TABLES[claim["table"]]()
+    paired = _paired_table(claim["table"])
     pair = {claim["first"], claim["second"]}
     adjusted = paired.holm()
     for family in paired.families():
