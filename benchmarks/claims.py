@@ -151,21 +151,20 @@ def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
     the family's size. The table must test the same records (its raw p equals ``p``)."""
     paired = _paired_table(claim["table"])
     pair = {claim["first"], claim["second"]}
-    adjusted = paired.holm()
-    for family in paired.families():
-        for index in family:
-            method, value, (_, raw) = paired.tests[index]
-            if {method, paired.reference} == pair and value == claim["row"]:
-                if not math.isclose(raw, p):
-                    raise ValueError(
-                        f"claim {claim['id']}: its p is {p:.3g} but row {value!r} of "
-                        f"{claim['table']} has {raw:.3g}; they must test the same records"
-                    )
-                return adjusted[index], len(family)
-    raise ValueError(
-        f"claim {claim['id']}: {claim['table']} has no row {claim['row']!r} comparing "
-        f"{' with '.join(sorted(pair))}"
-    )
+    tested = (pair - {paired.reference}) if paired.reference in pair else set()
+    index = paired.index_of(tested.pop(), claim["row"]) if len(tested) == 1 else None
+    if index is None:
+        raise ValueError(
+            f"claim {claim['id']}: {claim['table']} has no row {claim['row']!r} comparing "
+            f"{' with '.join(sorted(pair))}"
+        )
+    raw = paired.tests[index][2][1]
+    if not math.isclose(raw, p):
+        raise ValueError(
+            f"claim {claim['id']}: its p is {p:.3g} but row {claim['row']!r} of "
+            f"{claim['table']} has {raw:.3g}; they must test the same records"
+        )
+    return paired.holm()[index], paired.family_size(index)
 
 
 def _seed_verdict(

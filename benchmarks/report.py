@@ -1301,6 +1301,17 @@ class Paired:
             families.setdefault(value if self.family_per_value else "", []).append(index)
         return list(families.values())
 
+    def index_of(self, method: str, value: str) -> int | None:
+        """The index of ``method``'s test at ``value``, or None where the table has none."""
+        for index, (tested, tested_value, _) in enumerate(self.tests):
+            if (tested, tested_value) == (method, value):
+                return index
+        return None
+
+    def family_size(self, index: int) -> int:
+        """How many tests Holm adjusts test ``index`` with."""
+        return next(len(family) for family in self.families() if index in family)
+
     def holm(self) -> list[float]:
         """Each test's p, Holm-adjusted within its family (statsmodels)."""
         from statsmodels.stats.multitest import multipletests
