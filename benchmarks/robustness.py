@@ -339,11 +339,30 @@ def one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
+def data_ready(cells: list[Any]) -> None:
+    """Every dataset the cells train on is on disk (or downloads), checked once before any
+    cell runs: a missing file stops the command in one line, instead of failing every cell
+    and leaving their errors in the cells file (where a rerun would skip them)."""
+    from federated.data import DataError, ensure_medmnist
+    from tasks.data import data_root
+
+    sources = {
+        cell.params.data.dataset: cell.params.data for cell in cells if hasattr(cell, "params")
+    }
+    for data in sources.values():
+        try:
+            root = data_root(data.root, REPO)
+            ensure_medmnist(data.dataset, root, download=data.download, progress=False)
+        except DataError as error:
+            raise SystemExit(f"no cell was run: {error}") from None
+
+
 def run_matrix(cells: list[Any], cells_file: Path, workers: int, runner: Any = run_cell) -> None:
     """Every cell not yet in ``cells_file`` through ``runner`` in ``workers`` processes,
     each record appended as it finishes."""
     done = finished(cells_file)
     todo = [cell for cell in cells if cell.name not in done]
+    data_ready(todo)
     print(f"robustness: {len(cells)} cells, {len(done)} already done, {len(todo)} to run")
     with (
         ProcessPoolExecutor(max_workers=workers, initializer=one_torch_thread) as pool,
@@ -466,6 +485,12 @@ def summarise(
 
     records = list(finished(cells_file).values())
     ok = [r for r in records if "error" not in r]
+    if not ok:
+        first = records[0]["error"] if records else f"{cells_file.name} has no cells"
+        raise SystemExit(
+            f"robustness-{name}: no cell finished ({len(records)} failed; first: {first}); "
+            "the summary is left as it was"
+        )
     for key in ("method", "attack", "fraction"):
         settings[f"{key}s"] = list(dict.fromkeys(r[key] for r in records))
     settings["seeds"] = len({r["seed"] for r in records})

@@ -208,3 +208,30 @@ def test_the_matrix_rows_once_shown_as_pid_made_are_the_distance_cusum_with_the_
     assert {k: str(rerun[k]) for k in ("test_acc", "fp", "fn", "acc_curve")} == {
         k: row[k] for k in ("test_acc", "fp", "fn", "acc_curve")
     }
+
+
+def test_a_missing_dataset_stops_the_matrix_before_any_cell_runs(tmp_path, monkeypatch):
+    """Without its data file the command once ran all 640 cells into the same error,
+    left them in the cells file (a rerun would skip them) and overwrote the committed
+    summary with an empty one. Now it stops in one line, and a cells file of failures
+    alone leaves the summary as it was."""
+    monkeypatch.delenv("MEDMNIST_ROOT", raising=False)
+    base = yaml.safe_load((robustness.PARAMS / "robustness-breastmnist.yaml").read_text())
+    base["data"] = {**base["data"], "root": str(tmp_path / "empty"), "download": False}
+    cells = robustness.cells_for(base, ["fedavg"], ["none"], [0.2], 1)
+    cells_file = tmp_path / "cells.jsonl"
+
+    with pytest.raises(SystemExit) as stopped:
+        robustness.run_matrix(cells, cells_file, workers=1)
+
+    message = str(stopped.value.code)
+    assert message.startswith("no cell was run: ") and "breastmnist.npz not found" in message
+    assert "\n" not in message and not cells_file.exists()
+
+    monkeypatch.setattr(robustness, "RESULTS", tmp_path)
+    failed = {"name": "fedavg-none-f0-s0", "method": "fedavg", "attack": "none",
+              "fraction": 0.0, "seed": 0, "error": "DataError: not found", "seconds": 0.0}  # fmt: skip
+    cells_file.write_text(robustness.json.dumps(failed) + "\n")
+    with pytest.raises(SystemExit, match=r"no cell finished \(1 failed; first: DataError"):
+        robustness.summarise("failed", "breastmnist", "command", cells_file, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.jsonl"]
