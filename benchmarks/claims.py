@@ -51,7 +51,7 @@ import yaml
 
 LEDGER = Path(__file__).resolve().parent / "claims.yaml"
 ALPHA = 0.05
-CITATION = re.compile(r"\[(C\d+(?:, C\d+)*)\]")  # [C3] or [C3, C4]
+CITATION = re.compile(r"\[(C\d+(?:,\s+C\d+)*)\]")  # [C3] or [C3, C4], wrapped or not
 
 
 class LedgerError(ValueError):
@@ -293,7 +293,7 @@ def verdicts(path: Path = LEDGER) -> list[Verdict]:
 
 def citation_problems(text: str, claims: list[dict[str, Any]]) -> list[str]:
     """Ids cited in ``text`` that the ledger lacks, and claims ``text`` never cites."""
-    cited = {i for group in CITATION.findall(text) for i in group.split(", ")}
+    cited = {i for group in CITATION.findall(text) for i in re.split(r",\s+", group)}
     known = {c["id"] for c in claims}
     problems = [f"{i} is cited but not in the ledger" for i in sorted(cited - known)]
     problems += [f"{i} is in the ledger but no sentence cites it" for i in sorted(known - cited)]

@@ -146,6 +146,17 @@ def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
     ]
 
 
+def test_a_citation_wrapped_across_lines_cites_every_id_in_it():
+    from benchmarks import claims
+
+    ledger = [{"id": "C1"}, {"id": "C2"}, {"id": "C3"}]
+
+    assert claims.citation_problems("holds [C1,\nC2, C3].", ledger) == []
+    assert claims.citation_problems("holds [C1, C3].", ledger) == [
+        "C2 is in the ledger but no sentence cites it"
+    ]
+
+
 def test_regimes_against_a_reference_are_adjusted_within_each_regime_when_asked():
     """Ten seeds all one way give p = 2/1024. Holm over one regime's two tests doubles it
     (supported); over three regimes' six tests it is six times (not supported)."""
