@@ -151,7 +151,7 @@ def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
     the family's size. The table must test the same records (its raw p equals ``p``)."""
     paired = _paired_table(claim["table"])
     pair = {claim["first"], claim["second"]}
-    tested = (pair - {paired.reference}) if paired.reference in pair else set()
+    tested = pair - {paired.reference}  # one method left only when the other is the reference
     index = paired.index_of(tested.pop(), claim["row"]) if len(tested) == 1 else None
     if index is None:
         raise ValueError(
