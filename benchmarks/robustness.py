@@ -226,22 +226,31 @@ def cells_for(
 _DATA: dict[str, Any] = {}
 
 
+def dataset_root(data: Any) -> Path:
+    """The folder holding the verified file of ``data`` (a params' data section), fetched
+    where it is missing and downloads are allowed: what a cell loads and what
+    :func:`data_ready` checks before any cell runs."""
+    from federated.data import ensure_medmnist
+    from tasks.data import data_root
+
+    root = data_root(data.root, REPO)
+    ensure_medmnist(data.dataset, root, download=data.download, progress=False)
+    return root
+
+
 def trained(cell: Any) -> tuple[Any, Any, Any]:
     """``cell`` trained through the engine (in a worker process; the dataset loaded once
     per worker): its federation, final state and dataset."""
 
-    from federated.data import ensure_medmnist, load_medmnist
+    from federated.data import load_medmnist
     from federated.loop import train
-    from tasks.data import data_root
     from tasks.grid import partition_key, partitions_for
     from tasks.training import federation_from_params
 
     params = cell.params
     key = params.data.dataset
     if key not in _DATA:
-        root = data_root(params.data.root, REPO)
-        ensure_medmnist(key, root, download=params.data.download, progress=False)
-        _DATA[key] = load_medmnist(key, root)
+        _DATA[key] = load_medmnist(key, dataset_root(params.data))
     data = _DATA[key]
     clients, root, _ = partitions_for.fn([cell], data)[partition_key(params)]
     federation = federation_from_params(params, data, clients, root, validation_every_round=False)
@@ -343,16 +352,12 @@ def data_ready(cells: list[Any]) -> None:
     """Every dataset the cells train on is on disk (or downloads), checked once before any
     cell runs: a missing file stops the command in one line, instead of failing every cell
     and leaving their errors in the cells file (where a rerun would skip them)."""
-    from federated.data import DataError, ensure_medmnist
-    from tasks.data import data_root
+    from federated.data import DataError
 
-    sources = {
-        cell.params.data.dataset: cell.params.data for cell in cells if hasattr(cell, "params")
-    }
+    sources = {cell.params.data.dataset: cell.params.data for cell in cells}
     for data in sources.values():
         try:
-            root = data_root(data.root, REPO)
-            ensure_medmnist(data.dataset, root, download=data.download, progress=False)
+            dataset_root(data)
         except DataError as error:
             raise SystemExit(f"no cell was run: {error}") from None
 
