@@ -124,13 +124,15 @@ def shown_seed_rates(hits: Iterable[float], trials: Iterable[float]) -> str:
 
 def with_halts(rows: list[Row]) -> list[Row]:
     """Every run, a halted one (its rule raised, e.g. told more attackers than it can take
-    once the non-finite rows are dropped) scored at chance and marked ``halted``: a
-    deployment that halts gets no model from the run, so it counts as a loss."""
+    once the non-finite rows are dropped, or its model diverged: ``ModelDiverged``) scored
+    at chance and marked ``halted`` (and ``diverged``): a deployment that halts gets no
+    model from the run, so it counts as a loss."""
     majority = next(r["majority_share"] for r in rows if r["majority_share"] is not None)
     out = []
     for row in rows:
         if row["error"]:
-            row = {**row, "majority_share": majority, "halted": True}
+            diverged = row["error"].startswith("ModelDiverged")
+            row = {**row, "majority_share": majority, "halted": True, "diverged": diverged}
             row |= {metric: chance(row, metric) for metric in ("test_acc", "test_auc")}
         else:
             row = {**row, "halted": False}
@@ -235,9 +237,24 @@ def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> st
     chance), ‡ where the rule was told fewer attackers than there were."""
     worst, named, at = worst_by_seed(rows, method, fraction, metric)
     capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in at)
-    if any(r.get("halted") and r["attack"] == named for r in at):
-        named += " halts"
+    named += stopped(r for r in at if r["attack"] == named)
     return f"{shown(worst.values())} {named}{' ‡' if capped else ''}".strip()
+
+
+def stopped(rows: Iterable[Row]) -> str:
+    """ " diverges" or " halts" when some of ``rows`` (:func:`with_halts`'s) stopped so: the
+    note beside a worst case that was scored at chance."""
+    halted = [r for r in rows if r.get("halted")]
+    return " diverges" if any(r["diverged"] for r in halted) else " halts" if halted else ""
+
+
+def stopped_count(rows: Iterable[Row]) -> str:
+    """How many of ``rows`` diverged or halted, as a table cell's note (" (3 diverged)")."""
+    halted = [r for r in rows if r.get("halted")]
+    diverged = sum(r["diverged"] for r in halted)
+    counts = {"diverged": diverged, "halted": len(halted) - diverged}
+    notes = [f"{count} {how}" for how, count in counts.items() if count]
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def regimes_block(dataset: str) -> str:
@@ -273,10 +290,11 @@ def at_majority(row: Row) -> bool:
 def regime_grid_block(name: str, dataset: str) -> str:
     """A regime's subset (``robustness-<dataset>-<regime>``): per method, no attack, each
     attack at the regime's fraction, the drop to the worst of them, paired by seed, and
-    how many of its runs ended at the majority class (:func:`at_majority`)."""
-    rows = finished(load(name))
+    how many of its runs ended at the majority class (:func:`at_majority`). A run that
+    halted or diverged is scored at chance, as in the paired tests, and counted beside."""
+    rows = with_halts(load(name))
     metric = HEADLINE[dataset]
-    margins = baselines(rows, metric)
+    margins = baselines(finished(rows), metric)
     attacks = [a for a in distinct(rows, "attack") if a != "none"]
     fraction = next(r["fraction"] for r in rows if r["attack"] != "none")
     header = " | ".join(f"{a} at {fraction:g}" for a in attacks)
@@ -292,9 +310,12 @@ def regime_grid_block(name: str, dataset: str) -> str:
         worst, _ = worst_per_seed(per_attack)
         drops = [clean[seed] - worst[seed] for seed in clean if seed in worst]
         capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in mine)
-        cells = [shown(per_attack[a].values()) for a in attacks]
+        cells = [
+            shown(per_attack[a].values()) + stopped_count(r for r in mine if r["attack"] == a)
+            for a in attacks
+        ]
         flag = ("" if margins[method][1] else " †") + (" ‡" if capped else "")
-        stuck = sum(at_majority(r) for r in mine)
+        stuck = sum(at_majority(r) for r in mine if not r["halted"])
         lines.append(
             f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} "
             f"| {stuck} of {len(mine)} |"

@@ -57,6 +57,7 @@ __all__ = [
     "AUC_BINS",
     "AUC_LOG_ODDS",
     "CALIBRATION_BINS",
+    "ModelDiverged",
     "SplitSummary",
     "accuracy_auc",
     "auc_bin_bound",
@@ -147,6 +148,13 @@ def calibration_gaps(
     return np.bincount(which, weights=correct - confidence, minlength=bins)
 
 
+class ModelDiverged(ValueError):
+    """The model's outputs are NaN or infinite: its training diverged (weights so large
+    that the logits overflow). No score of such a model means anything, and no later
+    round can bring it back, so scoring stops the run with this reason instead of
+    scikit-learn's "Input contains NaN"."""
+
+
 @torch.no_grad()
 def logits_of(model: nn.Module, images: Tensor, batch_size: int = 512) -> Tensor:
     """The model's outputs on ``images`` in batches (model put in eval mode)."""
@@ -165,7 +173,14 @@ def scores_of(
 ) -> dict[str, float]:
     """Mean loss, ACC and AUC of ``logits`` against ``targets``, and for single-label
     tasks the ECE and Brier score; with ``full=False`` the loss and ACC only (the AUC's
-    per-class ROC curves cost tens of milliseconds a call, most of a cross-device round)."""
+    per-class ROC curves cost tens of milliseconds a call, most of a cross-device round).
+    Raises :class:`ModelDiverged` when an output is NaN or infinite."""
+    if not bool(torch.isfinite(logits).all()):
+        bad = int((~torch.isfinite(logits)).any(dim=1).sum())
+        raise ModelDiverged(
+            f"the model's outputs are NaN or infinite for {bad} of {len(logits)} images: its "
+            "training diverged (a smaller learning rate or a robust aggregation rule may help)"
+        )
     if multi_label:
         loss = functional.binary_cross_entropy_with_logits(logits, targets).item()
     else:

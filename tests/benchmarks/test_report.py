@@ -188,3 +188,23 @@ def test_the_fault_table_of_the_operations_guide_is_its_record():
     faults = [name for name, fault in record.items() if isinstance(fault, dict)]
     assert len(faults) == 8 and "failed" not in record  # every fault ran, and none failed
     assert all(f"| {name} |" in text for name in faults)
+
+
+def test_a_diverged_or_halted_run_is_scored_at_chance_and_named_beside_its_cell():
+    """A run that raised is a loss, never dropped; the tables say which way it stopped."""
+
+    def run(seed: int, error: str = "", auc: float = 0.8) -> dict:
+        return {"method": "fedavg", "attack": "opt_ipm", "fraction": 0.2, "seed": seed,
+                "test_acc": 0.7, "test_auc": auc, "majority_share": 0.73, "error": error}  # fmt: skip
+
+    diverged = "ModelDiverged: round 2: the model's outputs are NaN or infinite for 156 of 156"
+    halted = "ValueError: krum with f=8 needs n_clients > 2f + 2 = 18, got 12"
+    rows = report.with_halts(
+        [run(0), run(1, diverged, auc=None), run(2, halted, auc=None), run(3, diverged, None)]
+    )
+
+    assert [r["test_auc"] for r in rows] == [0.8, 0.5, 0.5, 0.5]
+    assert [r["halted"] for r in rows] == [False, True, True, True]
+    assert report.stopped_count(rows) == " (2 diverged, 1 halted)"
+    assert report.stopped(rows) == " diverges" and report.stopped([rows[2]]) == " halts"
+    assert report.stopped_count(rows[:1]) == report.stopped(rows[:1]) == ""

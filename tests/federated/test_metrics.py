@@ -9,6 +9,7 @@ from federated.data import load_digits, load_medmnist, to_tensors
 from federated.metrics import (
     AUC_BINS,
     CALIBRATION_BINS,
+    ModelDiverged,
     SplitSummary,
     accuracy_auc,
     auc_bin_bound,
@@ -30,6 +31,20 @@ def test_binary_auc_extremes_and_a_single_class():
     assert binary_auc(np.array([0, 0, 1, 1]), np.array([0.9, 0.8, 0.2, 0.1])) == 0.0
     assert binary_auc(np.array([0, 1]), np.array([0.5, 0.5])) == 0.5
     assert math.isnan(binary_auc(np.array([1, 1, 1]), np.array([0.1, 0.2, 0.3])))
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("multi_label", [False, True])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_outputs_that_are_not_finite_are_named_as_divergence(bad, multi_label, full):
+    logits = torch.zeros(6, 3)
+    logits[[1, 4], 2] = bad
+    targets = torch.zeros(6, 3) if multi_label else torch.zeros(6, dtype=torch.long)
+
+    with pytest.raises(
+        ModelDiverged, match=r"^the model's outputs are NaN or infinite for 2 of 6 "
+    ):
+        scores_of(logits, targets, multi_label=multi_label, full=full)
 
 
 def test_multi_class_and_multi_label_auc_match_medmnists_scikit_learn_definition():

@@ -9,7 +9,7 @@ from aggregation import build_aggregator
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
-from federated.metrics import scores_of
+from federated.metrics import ModelDiverged, scores_of
 from federated.partition import build_partitioner
 from federated.privacy import ClientPrivacy
 from federated.seeding import CLIENT_STREAM, seeded_init
@@ -402,6 +402,18 @@ def test_a_backdoor_is_scored_every_round_beside_clean_accuracy(medmnist_root):
 
     assert 0.0 <= report.metrics["backdoor_asr"] <= 1.0
     assert federation.backdoor_asr(state) == report.metrics["backdoor_asr"]
+
+
+def test_a_model_whose_outputs_overflow_stops_the_run_naming_the_round(medmnist_root):
+    """FedAvg under an update scaled 1e30 keeps finite weights whose outputs overflow, as
+    FedAvg under opt-IPM did with the small CNN on BreastMNIST; the run once ended in
+    scikit-learn's "Input contains NaN"."""
+    federation = make_federation(
+        medmnist_root, malicious=frozenset({0}), model_attack=build_attack("scaling", factor=1e30)
+    )
+
+    with pytest.raises(ModelDiverged, match=r"^round 1: the model's outputs are NaN or infin"):
+        federation.run_round(federation.initial_state())
 
 
 @pytest.mark.parametrize("bound", [1, 0.3])
