@@ -300,7 +300,7 @@ def regime_grid_block(name: str, dataset: str) -> str:
     header = " | ".join(f"{a} at {fraction:g}" for a in attacks)
     lines = [
         f"| method | no attack | {header} | drop to the worst, paired by seed "
-        "| runs at the majority class |",
+        "| runs at the majority class (no attack; attacked) |",
         "|---" * (len(attacks) + 4) + "|",
     ]
     for method in distinct(rows):
@@ -315,10 +315,14 @@ def regime_grid_block(name: str, dataset: str) -> str:
             for a in attacks
         ]
         flag = ("" if margins[method][1] else " †") + (" ‡" if capped else "")
-        stuck = sum(at_majority(r) for r in mine if not r["halted"])
+        stuck = [
+            f"{sum(at_majority(r) for r in runs if not r['halted'])} of {len(runs)}"
+            for runs in ([r for r in mine if r["attack"] == "none"],
+                         [r for r in mine if r["attack"] != "none"])
+        ]  # fmt: skip
         lines.append(
             f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} "
-            f"| {stuck} of {len(mine)} |"
+            f"| {'; '.join(stuck)} |"
         )
     return "\n".join(lines) + "\n"
 
