@@ -104,7 +104,7 @@ def test_a_broken_ledger_stops_the_check_in_one_line(broken, said, tmp_path, mon
 
 def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
     """Under mild label skew (α = 1, 10 seeds) label flipping lowers FedAvg's accuracy in
-    every seed (holds); ALIE's 0.002 does not hold; three seeds can never support a drop."""
+    every seed (holds); ALIE's 0.002 does not hold; five seeds can never support a drop."""
     from benchmarks import claims
 
     claim = {
@@ -116,7 +116,7 @@ def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
     flipped = claims.drop(claim)
     assert flipped.holds and flipped.statistic == "Δ drop under label_flip = +0.123 over 10 seeds"
     assert not claims.drop(claim | {"attack": "alie"}).holds
-    assert not claims.drop(claim | {"record": "breastmnist-cnn"}).holds  # p >= 0.25
+    assert not claims.drop(claim | {"record": "digits"}).holds  # the matrix: p >= 0.0625
 
 
 def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
