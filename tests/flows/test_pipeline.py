@@ -408,13 +408,16 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
 
 def assert_a_fresh_clone_reproduces_the_committed_baseline(repo: Path, env: dict) -> None:
     """`make run` in a fresh clone (no artifacts, no DVC cache, its own MLflow store) writes
-    the committed dvc.lock and reports bit for bit: `git status` stays clean."""
+    the committed dvc.lock and reports bit for bit: `git status` stays clean. Its MLflow
+    run is closed with its model registered, though training gave the committed bits (DVC
+    once skipped the evaluate stage then, and left the run RUNNING without a model)."""
     clone = repo.parent / "clone"
     _git(repo.parent, "clone", "-q", str(repo), str(clone))
+    store = f"sqlite:///{clone / 'mlflow.db'}"
     repro = subprocess.run(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
         cwd=clone,
-        env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}"},
+        env={**env, "MLFLOW_TRACKING_URI": store},
         capture_output=True,
         text=True,
         timeout=600,
@@ -422,6 +425,11 @@ def assert_a_fresh_clone_reproduces_the_committed_baseline(repo: Path, env: dict
     assert repro.returncode == 0, (repro.stdout + repro.stderr)[-6000:]
     status = _git_output(clone, "status", "--porcelain", "--untracked-files=no")
     assert status == "", status
+    client = MlflowClient(store)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and "final_test_auc" in run.data.metrics
+    [version] = client.search_model_versions("name='fedsieve-breastmnist'")
+    assert version.run_id == run.info.run_id
 
 
 def test_the_baseline_dvc_compares_against_is_committed():
