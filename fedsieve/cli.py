@@ -121,6 +121,7 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
     would otherwise start its own); ``make run`` is ``fedsieve dvc repro``."""
     if not args.dvc_args:
         raise UsageError("fedsieve dvc: name a dvc command, e.g. `fedsieve dvc repro`")
+    _check_pipeline_params(args.dvc_args, workdir)
     with prefect_server() as url:
         print(f"fedsieve: Prefect server for every stage: {url}", file=sys.stderr)
         # In a process group of its own, so that the stage dvc is running can be stopped
@@ -138,6 +139,39 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
             interrupt = isinstance(stopping, KeyboardInterrupt)
             _stop_process_group(dvc, signal.SIGINT if interrupt else signal.SIGTERM)
             raise
+
+
+PIPELINE_TARGETS = {"dvc.yaml", "partition", "pretest", "train", "evaluate"}
+
+
+def _check_pipeline_params(dvc_args: list[str], workdir: Path) -> None:
+    """Before ``dvc repro`` or ``dvc exp run`` of the pipeline: params.yaml, with ``exp
+    run``'s ``-S key=value`` changes, checked as every stage checks it. DVC deletes a
+    stage's outputs before its command runs, so a bad value found by the stage would
+    cost the committed reports; found here, it costs nothing."""
+    if dvc_args[:1] == ["repro"]:
+        rest = dvc_args[1:]
+    elif dvc_args[:2] == ["exp", "run"]:
+        rest = dvc_args[2:]
+    else:
+        return
+    overrides, targets, taking = [], [], False
+    for arg in rest:
+        if taking:
+            overrides.append(arg.removeprefix("params.yaml:"))
+            taking = False
+        elif arg in ("-S", "--set-param"):
+            taking = True
+        elif not arg.startswith("-"):
+            targets.append(arg)
+    if targets and not PIPELINE_TARGETS & set(targets):
+        return  # another pipeline's stages (experiments/): not this params file
+    from config.params import load_params
+    from tasks.preflight import check_params
+
+    ours = [o for o in overrides if ":" not in o.partition("=")[0]]  # not other.yaml:key=…
+    params = load_params("params.yaml", ours)  # named as the stages name it (cwd: workdir)
+    check_params(params, workdir, source="params.yaml")
 
 
 STAGE_STOP_SECONDS = 30  # a stopping stage's exit hooks: closing its MLflow run, Prefect's

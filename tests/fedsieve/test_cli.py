@@ -77,6 +77,10 @@ def servers_for(home: Path) -> list[int]:
         (["run", "--set", "train.min_clients=11"], "every round would be skipped"),
         (["partition", "--set", "compare.seeds=[0, -1]"], "compare.seeds.1"),
         (["train", "--params", "nope.yaml"], "nope.yaml: file not found"),
+        # through DVC too, before the Prefect server and before DVC deletes any output
+        (["dvc", "exp", "run", "-S", "train.rounds=-1"], "train.rounds = -1"),
+        (["dvc", "exp", "run", "-S", "params.yaml:aggregate.name=nope"], "unknown aggregator"),
+        (["dvc", "repro", "train", "--set-param", "seed=-3"], "seed = -3"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_before_anything_runs(
@@ -96,6 +100,29 @@ def test_bad_input_exits_2_with_one_line_before_anything_runs(
     assert expected in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no store, no reports
+
+
+def test_a_bad_params_file_stops_make_run_before_dvc_deletes_a_report(medmnist_root, tmp_path):
+    """`make run` (`fedsieve dvc repro`) with a bad value once left DVC to delete the
+    partition stage's committed reports before the stage found the value."""
+    project = tmp_path / "project"
+    project.mkdir()
+    environment = project_environment(project, medmnist_root, tmp_path / "prefect-home")
+    text = (project / "params.yaml").read_text().replace("num_clients: 10", "num_clients: -3")
+    (project / "params.yaml").write_text(text)
+    (project / "reports").mkdir()
+    (project / "reports" / "partition.json").write_text("{}")
+
+    result = subprocess.run(
+        [FEDSIEVE, "dvc", "repro"], cwd=project, env=environment, capture_output=True, text=True
+    )
+
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(
+        "fedsieve: error: params.yaml: partition.num_clients = -3"
+    )
+    assert (project / "reports" / "partition.json").read_text() == "{}"
+    assert not (tmp_path / "prefect-home" / "prefect.db").exists()  # no server was started
 
 
 def test_a_command_with_bad_input_starts_no_server_and_writes_nothing(medmnist_root, tmp_path):
