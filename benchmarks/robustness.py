@@ -13,8 +13,8 @@ by its own name (PID-MADE as the paper writes it, our thresholds of its score, t
 distance CUSUM, each alone and with the round cut), under every attack at 0.2 and 0.4,
 10 seeds; ``cnn`` the small CNN on the same clients (eight rules, the four core attacks
 and opt-IPM, min-max, min-sum, 10 seeds); ``alie-paper`` ALIE where its authors ran it
-(51 clients, 12 attacking, a CNN, z = 1.5). ``--seeds`` defaults to the regime's count
-(5 for the matrix).
+(51 clients, 12 attacking, a CNN, z = 1.5, 10 seeds). ``--seeds`` defaults to the
+regime's count (5 for the matrix).
 
 Each cell is a comparison-grid cell (:func:`tasks.grid.grid_cells` builds and validates
 its params; the same engine calls as ``fedsieve compare``, whose cells are tested to give
@@ -171,6 +171,7 @@ REGIMES: dict[str, Regime] = {
         ["none", "alie"],
         [0.24],
         attack_options={"alie": {"z": 1.5}},
+        seeds=10,
     ),
 }
 
