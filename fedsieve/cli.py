@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -141,9 +142,6 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
             raise
 
 
-PIPELINE_TARGETS = {"dvc.yaml", "partition", "pretest", "train", "evaluate"}
-
-
 def _check_pipeline_params(dvc_args: list[str], workdir: Path) -> None:
     """Before ``dvc repro`` or ``dvc exp run`` of the pipeline: params.yaml, with ``exp
     run``'s ``-S key=value`` changes, checked as every stage checks it. DVC deletes a
@@ -155,17 +153,13 @@ def _check_pipeline_params(dvc_args: list[str], workdir: Path) -> None:
         rest = dvc_args[2:]
     else:
         return
-    overrides, targets, taking = [], [], False
-    for arg in rest:
-        if taking:
-            overrides.append(arg.removeprefix("params.yaml:"))
-            taking = False
-        elif arg in ("-S", "--set-param"):
-            taking = True
-        elif not arg.startswith("-"):
-            targets.append(arg)
-    if targets and not PIPELINE_TARGETS & set(targets):
-        return  # another pipeline's stages (experiments/): not this params file
+    if any(arg.startswith("experiments/") or "/dvc.yaml" in arg for arg in rest):
+        return  # another pipeline's stages, with params files of their own
+    overrides = [
+        value.removeprefix("params.yaml:")
+        for option, value in itertools.pairwise(rest)
+        if option in ("-S", "--set-param")
+    ]
     from config.params import load_params
     from tasks.preflight import check_params
 

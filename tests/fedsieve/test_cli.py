@@ -81,6 +81,7 @@ def servers_for(home: Path) -> list[int]:
         (["dvc", "exp", "run", "-S", "train.rounds=-1"], "train.rounds = -1"),
         (["dvc", "exp", "run", "-S", "params.yaml:aggregate.name=nope"], "unknown aggregator"),
         (["dvc", "repro", "train", "--set-param", "seed=-3"], "seed = -3"),
+        (["dvc", "exp", "run", "-n", "try", "-S", "train.lr=0"], "train.lr = 0"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_before_anything_runs(
