@@ -25,7 +25,7 @@ from federated.execution import (
     SiteEvaluation,
     SiteScorer,
 )
-from federated.metrics import evaluate, pooled_scores, site_scores
+from federated.metrics import ModelDiverged, evaluate, pooled_scores, site_scores
 from federated.parts import EvaluationSets, FederationConfig
 from federated.stats.noniid import client_losses
 from federated.vectors import vector_to_model_
@@ -158,10 +158,14 @@ class RoundScorer:
         evaluations: Sequence[SiteEvaluation] | None = None,
     ) -> dict[str, float]:  # fmt: skip
         """The round's test (and validation) scores of ``vector`` under the hub's names:
-        on the server's splits, or pooled from the sites' ``evaluations``."""
-        if evaluations is None:
+        on the server's splits, or pooled from the sites' ``evaluations``. A model whose
+        outputs are not finite stops the run with the round that broke it."""
+        if evaluations is not None:
+            return self.pooled_scores(evaluations, round_number)
+        try:
             return self.hub_scores(vector, round_number)
-        return self.pooled_scores(evaluations, round_number)
+        except ModelDiverged as error:
+            raise ModelDiverged(f"round {round_number}: {error}") from None
 
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:
         """``vector`` on the server's test (and validation) split, the backdoor's success

@@ -51,7 +51,7 @@ from federated.execution import (
     local_executor,
 )
 from federated.layout import use_fast_layout_
-from federated.metrics import ModelDiverged, loss_function, site_summary
+from federated.metrics import loss_function, site_summary
 from federated.noniid_screen import NonIIDScreen, Screen
 from federated.parts import (
     Backend,
@@ -262,12 +262,9 @@ class Federation:
         if self.evaluation.where == "sites":
             vector = new_state.global_vector
             evaluations = self.scorer.at_sites(vector, round_number, next_round, ahead)
-        try:
-            metrics = self._round_metrics(
-                new_state, round_number, rows, updates, screen, outcome, evaluations
-            )
-        except ModelDiverged as error:  # the round that broke the model, said with it
-            raise ModelDiverged(f"round {round_number}: {error}") from None
+        metrics = self._round_metrics(
+            new_state, round_number, rows, updates, screen, outcome, evaluations
+        )
         sites = self._site_rows(new_state, round_number, evaluations, next_round, ahead)
         if sites:  # remote sites that all failed to answer leave none
             metrics |= site_summary(sites, self.config.target_acc)
