@@ -175,8 +175,9 @@ def scores_of(
     tasks the ECE and Brier score; with ``full=False`` the loss and ACC only (the AUC's
     per-class ROC curves cost tens of milliseconds a call, most of a cross-device round).
     Raises :class:`ModelDiverged` when an output is NaN or infinite."""
-    if not bool(torch.isfinite(logits).all()):
-        bad = int((~torch.isfinite(logits)).any(dim=1).sum())
+    finite = torch.isfinite(logits)
+    if not bool(finite.all()):
+        bad = int((~finite).any(dim=1).sum())
         raise ModelDiverged(
             f"the model's outputs are NaN or infinite for {bad} of {len(logits)} images: its "
             "training diverged (a smaller learning rate or a robust aggregation rule may help)"

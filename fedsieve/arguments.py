@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from config.params import Params
 
-__all__ = ["add_params_arguments", "add_resume_argument", "checked_params", "positive_int"]
+__all__ = [
+    "add_params_arguments",
+    "add_resume_argument",
+    "checked_params",
+    "checked_params_file",
+    "positive_int",
+]
 
 
 def positive_int(text: str) -> int:
@@ -48,14 +54,23 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def checked_params(args: argparse.Namespace, workdir: Path) -> Params:
-    """The params file with its overrides, validated and preflight-checked (data, partition,
-    rules against the clients per round); warnings printed once. (Imported here: commands
-    that take no params, ``fedsieve dvc`` and ``list``, need neither torch nor Prefect.)"""
-    from config.params import load_params, params_warnings
-    from tasks.preflight import check_params
+    """The params file with its overrides, checked (:func:`checked_params_file`); warnings
+    printed once."""
+    from config.params import params_warnings
 
-    params = load_params(Path(args.params), args.overrides)
-    check_params(params, workdir, source=args.params)
+    params = checked_params_file(args.params, args.overrides, workdir)
     for warning in params_warnings(params):
         print(f"fedsieve: warning: {warning}", file=sys.stderr)
+    return params
+
+
+def checked_params_file(path: str, overrides: list[str] | None, workdir: Path) -> Params:
+    """``path`` with ``key=value`` overrides, validated and preflight-checked (data,
+    partition, rules against the clients per round). (Imported here: commands that take no
+    params, ``fedsieve dvc`` and ``list``, need neither torch nor Prefect.)"""
+    from config.params import load_params
+    from tasks.preflight import check_params
+
+    params = load_params(Path(path), overrides)
+    check_params(params, workdir, source=path)
     return params

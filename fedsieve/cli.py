@@ -27,7 +27,12 @@ from pathlib import Path
 from config.environment import configure_environment
 from config.errors import RunHalted, ServiceError, UsageError
 from fedsieve import explain, ops
-from fedsieve.arguments import add_params_arguments, add_resume_argument, checked_params
+from fedsieve.arguments import (
+    add_params_arguments,
+    add_resume_argument,
+    checked_params,
+    checked_params_file,
+)
 from fedsieve.local_server import prefect_server
 
 __all__ = ["COMMANDS", "console", "main"]
@@ -117,12 +122,21 @@ def _add_dvc(parser: argparse.ArgumentParser) -> None:
     )
 
 
+REPRODUCING = (["repro"], ["exp", "run"])  # the dvc commands that run the stages
+
+
 def _dvc(args: argparse.Namespace, workdir: Path) -> int:
     """``dvc ARGS`` with one Prefect server for every stage it runs (each stage command
-    would otherwise start its own); ``make run`` is ``fedsieve dvc repro``."""
+    would otherwise start its own); ``make run`` is ``fedsieve dvc repro``. ``repro`` and
+    ``exp run`` check params.yaml first and force the stages after one that ran."""
     if not args.dvc_args:
         raise UsageError("fedsieve dvc: name a dvc command, e.g. `fedsieve dvc repro`")
-    _check_pipeline_params(args.dvc_args, workdir)
+    dvc_args = args.dvc_args
+    for command in REPRODUCING:
+        if dvc_args[: len(command)] == command:
+            rest = dvc_args[len(command) :]
+            _check_pipeline_params(rest, workdir)
+            dvc_args = [*command, *_downstream_forced(rest)]
     with prefect_server() as url:
         print(f"fedsieve: Prefect server for every stage: {url}", file=sys.stderr)
         # In a process group of its own, so that the stage dvc is running can be stopped
@@ -130,7 +144,7 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
         # the stages run `fedsieve <stage>`: this environment's, activated or not
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         dvc = subprocess.Popen(
-            [sys.executable, "-m", "dvc", *args.dvc_args],
+            [sys.executable, "-m", "dvc", *dvc_args],
             env=os.environ | {"PREFECT_API_URL": url, "PATH": path},
             process_group=0,
         )
@@ -142,30 +156,28 @@ def _dvc(args: argparse.Namespace, workdir: Path) -> int:
             raise
 
 
-def _check_pipeline_params(dvc_args: list[str], workdir: Path) -> None:
-    """Before ``dvc repro`` or ``dvc exp run`` of the pipeline: params.yaml, with ``exp
-    run``'s ``-S key=value`` changes, checked as every stage checks it. DVC deletes a
-    stage's outputs before its command runs, so a bad value found by the stage would
-    cost the committed reports; found here, it costs nothing."""
-    if dvc_args[:1] == ["repro"]:
-        rest = dvc_args[1:]
-    elif dvc_args[:2] == ["exp", "run"]:
-        rest = dvc_args[2:]
-    else:
-        return
-    if any(arg.startswith("experiments/") or "/dvc.yaml" in arg for arg in rest):
+def _downstream_forced(options: list[str]) -> list[str]:
+    """``--force-downstream`` before ``options``: a stage that ran is followed by every
+    stage after it. Training the same params gives the same bits, so DVC would otherwise
+    skip the evaluate stage after train ran (in every fresh clone, after a resumed run)
+    and leave the MLflow run that train opened RUNNING, with no model."""
+    return options if "--force-downstream" in options else ["--force-downstream", *options]
+
+
+def _check_pipeline_params(options: list[str], workdir: Path) -> None:
+    """Before ``dvc repro`` or ``dvc exp run`` (``options``: what follows) of the
+    pipeline: params.yaml, with ``exp run``'s ``-S key=value`` changes, checked as every
+    stage checks it. DVC deletes a stage's outputs before its command runs, so a bad value
+    found by the stage would cost the committed reports; found here, it costs nothing."""
+    if any(arg.startswith("experiments/") or "/dvc.yaml" in arg for arg in options):
         return  # another pipeline's stages, with params files of their own
     overrides = [
         value.removeprefix("params.yaml:")
-        for option, value in itertools.pairwise(rest)
+        for option, value in itertools.pairwise(options)
         if option in ("-S", "--set-param")
     ]
-    from config.params import load_params
-    from tasks.preflight import check_params
-
     ours = [o for o in overrides if ":" not in o.partition("=")[0]]  # not other.yaml:key=…
-    params = load_params("params.yaml", ours)  # named as the stages name it (cwd: workdir)
-    check_params(params, workdir, source="params.yaml")
+    checked_params_file("params.yaml", ours, workdir)  # named as the stages name it
 
 
 STAGE_STOP_SECONDS = 30  # a stopping stage's exit hooks: closing its MLflow run, Prefect's
