@@ -467,7 +467,8 @@ class Loopback:
             if proc.poll() is not None:
                 raise RuntimeError(f"site {name} exited with {proc.returncode}; see {log}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"site {name}: no {pattern!r} in {timeout} s; see {log}")
+                tail = log.read_text(errors="replace")[-2000:]  # read where CI keeps no files
+                raise TimeoutError(f"site {name}: no {pattern!r} in {timeout} s; {log}:\n{tail}")
             time.sleep(0.1)
 
     def stop_site(self, name: str, grace: float = STOP_GRACE) -> int | None:
