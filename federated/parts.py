@@ -300,8 +300,8 @@ def _check_evaluation(
     config: FederationConfig, evaluation: EvaluationSets, defence: Defence, threat: ThreatModel
 ) -> None:
     """What the evaluation sets cannot serve: a best-validation choice without a
-    validation split; scoring at the sites with a rule, screen or attack metric that needs
-    data at the server."""
+    validation split; scoring at the sites with a rule or attack metric that needs data at
+    the server (the non-IID check does not: its losses are the clients' own)."""
     if evaluation.where == "hub":
         if config.select == "best_val" and evaluation.val is None:
             raise ValueError("select='best_val' needs a validation split (val=)")
@@ -309,7 +309,6 @@ def _check_evaluation(
     if config.select == "best_val" and not evaluation.site_vals and evaluation.site_scorer is None:
         raise ValueError("select='best_val' needs the sites' validation splits (site_vals=)")
     needs = {
-        "the non-IID check": defence.noniid is not None,
         "a server batch (Zeno)": defence.server_batch is not None or defence.rule.requires_oracle,
         "root data (FLTrust)": defence.root is not None,
         "a backdoor's triggered test images": threat.backdoor_test is not None,

@@ -558,15 +558,29 @@ def test_scored_at_the_sites_what_needs_data_at_the_server_is_refused(medmnist_r
         EvaluationSets(where="sites", sites=tuple(tests), test=to_tensors(data.test, data.info))
     with pytest.raises(ValueError, match="needs the sites"):
         EvaluationSets(where="sites")
-    with pytest.raises(ValueError, match="the non-IID check needs it"):
-        make_federation(
-            medmnist_root, clients=kept, sites=tests, where="sites", noniid=NonIIDCheck()
-        )
     with pytest.raises(ValueError, match="needs the sites' validation splits"):
         make_federation(
             medmnist_root, clients=kept, sites=tests, where="sites",
             config=FederationConfig(rounds=1, select="best_val"),
         )  # fmt: skip
+
+
+def test_scored_at_the_sites_the_non_iid_check_judges_the_clients_own_losses(medmnist_root):
+    # EMA's check needs no data at the server: where the model is scored changes nothing
+    kept, (tests,) = _held_out(make_federation(medmnist_root), 0.25)
+    check = NonIIDCheck(every=1, exclude=True, z=1.0)
+    at_sites, at_hub = (
+        run(make_federation(medmnist_root, clients=kept, sites=tests, noniid=check, **where), 2)
+        for where in ({"where": "sites"}, {})
+    )
+
+    assert [row["noniid_cv"] for row in at_sites.history] == [
+        row["noniid_cv"] for row in at_hub.history
+    ]
+    assert [(r["round"], r["client"], r["reason"]) for r in at_sites.trail] == [
+        (r["round"], r["client"], r["reason"]) for r in at_hub.trail
+    ]
+    assert torch.equal(at_sites.global_vector, at_hub.global_vector)
 
 
 def test_sites_must_match_the_clients(medmnist_root):

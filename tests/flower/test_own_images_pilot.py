@@ -51,8 +51,10 @@ def hospital_folders(out: Path) -> dict[str, Path]:
 
 def pilot_params(hub: Hub, names: list[str]) -> dict:
     """The hub's params: the images' schema without a path (the hub holds none), scored at
-    the sites."""
+    the sites, with EMA's non-IID check as params.yaml sets it (every round, and on the
+    trained model), as in docs/federation.md's pilot.yaml."""
     raw = hub.flower_params(names, eval={"every": 1, "where": "sites"})
+    raw.pop("noniid")
     raw["data"] = {"dataset": "digits-folders", "own": {
         "task": "multi-class", "classes": [str(d) for d in range(10)], "channels": 1}}  # fmt: skip
     return raw
@@ -100,6 +102,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
         for key in scores:  # pooled from the sites' held-out rows, as simulated
             assert abs(at_sites[key] - simulated_row[key]) <= TOLERANCE, key
         assert at_sites["sites_scored"] == simulated_row["sites_scored"] == len(names)
+        assert abs(at_sites["noniid_cv"] - simulated_row["noniid_cv"]) <= TOLERANCE
     rounds = params.train.rounds
     assert {(r["round"], r["site"]) for r in remote.sites} == {
         (t, s) for t in range(1, rounds + 1) for s in range(len(names))
@@ -117,3 +120,6 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
         assert metrics[key] == pytest.approx(float(last[key])), key
         assert run.data.metrics[f"final_{key}"] == pytest.approx(metrics[key])
     assert not (project / "reports" / "calibration.png").exists()  # needs per-example values
+    verdict = json.loads((project / "reports" / "noniid.json").read_text())
+    assert verdict["verdict"] in {"iid", "non_iid"} and len(verdict["client_losses"]) == len(names)
+    assert len(verdict["trained_model"]["client_losses"]) == len(names)  # noniid.final
