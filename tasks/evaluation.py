@@ -117,13 +117,12 @@ def score_final_model(
         results = final_results(
             model, params, data, paths, read_local_tests(paths.partition), rounds, run_info
         )
-    get_run_logger().info(
-        "final model: test acc %.4f auc %.4f loss %.4f (val acc %.4f auc %.4f)",
-        *(
-            results.get(k, math.nan)
-            for k in ("test_acc", "test_auc", "test_loss", "val_acc", "val_auc")
-        ),
+    line = "final model: test acc {:.4f} auc {:.4f} loss {:.4f}".format(
+        *(results.get(k, math.nan) for k in ("test_acc", "test_auc", "test_loss"))
     )
+    if not math.isnan(results.get("val_acc", math.nan)):  # a validation split was scored
+        line += f" (val acc {results['val_acc']:.4f} auc {results.get('val_auc', math.nan):.4f})"
+    get_run_logger().info(line)
     return results, model.cpu().to(memory_format=torch.contiguous_format).eval()
 
 

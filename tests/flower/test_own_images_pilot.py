@@ -88,6 +88,8 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-4000:]
+    [final] = [line for line in (done.stdout + done.stderr).splitlines() if "final model:" in line]
+    assert "test acc" in final and "nan" not in final, final  # the sites hold no validation split
     assert not (tmp_path / "no-data-here").exists()
     params = Params.model_validate(raw)
     saved = read_checkpoint(project / "artifacts" / "checkpoints" / "train.pt", params_hash(params))
