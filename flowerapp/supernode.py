@@ -111,7 +111,14 @@ class _Attempt:
     passing: bool = False
     node: int | None = None
     revoked: bool = False
+    refused_at: float | None = None  # when the hub's refusal was read (the child should end)
     returncode: int = 0
+
+
+def _refused(line: str) -> bool:
+    """Whether ``line`` is the hub's refusal of the node: an unknown key, a node still
+    online, a failed TLS handshake."""
+    return _UNKNOWN_KEY in line or bool(_STILL_ONLINE.search(line) or _HANDSHAKE.search(line))
 
 
 def _plain(line: str) -> str:
@@ -203,6 +210,8 @@ class _Supervisor:
             joined = _JOINED.search(line)
             if joined is None:
                 attempt.held.append(line)  # start-up lines, or the report of a refusal
+                if attempt.refused_at is None and _refused(line):
+                    attempt.refused_at = time.monotonic()
                 if attempt.passing:
                     self.say(line)
                 return
@@ -222,11 +231,14 @@ class _Supervisor:
             self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
         self.say(line)
 
-    def _escalate(self, child: subprocess.Popen[str]) -> None:
-        """A child asked to stop (Ctrl-C, a revoked key) gets SIGTERM, then SIGKILL."""
-        if self.stop_at is None or child.poll() is not None:
+    def _escalate(self, child: subprocess.Popen[str], attempt: _Attempt) -> None:
+        """A child asked to stop (Ctrl-C, a revoked key), or refused by the hub and still
+        there STOP_GRACE later, gets SIGTERM, then SIGKILL: flower-supernode 1.32.1 has
+        been seen to hang on its way out after a refusal (once on a loaded CI machine)."""
+        since = self.stop_at if self.stop_at is not None else attempt.refused_at
+        if since is None or child.poll() is not None:
             return
-        late = time.monotonic() - self.stop_at
+        late = time.monotonic() - since
         if late >= 2 * STOP_GRACE:
             child.kill()
         elif late >= STOP_GRACE:
@@ -248,7 +260,7 @@ class _Supervisor:
             except queue.Empty:
                 if child.poll() is not None:
                     break  # exited, and its output (a grandchild may hold the pipe) quiet
-                self._escalate(child)
+                self._escalate(child, attempt)
             else:
                 if line is None:
                     break

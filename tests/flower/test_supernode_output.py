@@ -7,12 +7,19 @@ from __future__ import annotations
 import io
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from flowerapp import supernode
-from flowerapp.supernode import EXIT_KEY_IN_USE, EXIT_SUPERNODE, Site, run_supernode
+from flowerapp.supernode import (
+    EXIT_KEY_IN_USE,
+    EXIT_KEY_REFUSED,
+    EXIT_SUPERNODE,
+    Site,
+    run_supernode,
+)
 
 STILL_ONLINE = textwrap.dedent(
     """
@@ -78,3 +85,30 @@ def test_a_supernode_waiting_on_an_absent_hub_is_shown_and_its_last_error_quoted
         "fedsieve-site: error: flower-supernode exited with 1 before joining: "
         "ERROR :     the hub never answered"
     )
+
+
+REFUSED_THEN_STUCK = textwrap.dedent(
+    """
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stuck on its way out: only SIGKILL ends it
+    print("INFO :      Starting Flower SuperNode", flush=True)
+    print("ERROR :     <_InactiveRpcError of RPC that terminated with:", flush=True)
+    print('\\tdetails = "No SuperNode found with the given public key."', flush=True)
+    print("RuntimeError: generator didn't yield", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_refused_supernode_that_does_not_exit_is_stopped_and_the_refusal_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supernode, "STOP_GRACE", 0.5)
+    started = time.monotonic()
+
+    code, out = supervise(REFUSED_THEN_STUCK, tmp_path)
+
+    assert code == EXIT_KEY_REFUSED, out
+    assert time.monotonic() - started < 30  # SIGTERM, then SIGKILL, not the child's 600 s
+    [line] = out.splitlines()
+    assert line.startswith("fedsieve-site: error: ") and "does not know this site's key" in line
