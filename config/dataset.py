@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from config.environment import image_cache_dir
 from config.params import DataParams
 from federated.data import (
     DataError,
@@ -17,7 +18,7 @@ from federated.data import (
     ensure_medmnist,
     load_medmnist,
 )
-from federated.own_data import load_own_dataset
+from federated.own_data import Reading, load_own_dataset
 
 __all__ = ["dataset_info_of", "read_dataset"]
 
@@ -42,6 +43,8 @@ def dataset_info_of(data: DataParams) -> DatasetInfo:
         mean=own.mean,
         std=own.std,
         resample=own.resample,
+        intensity=own.intensity,
+        percentiles=own.percentiles,
     )
 
 
@@ -55,8 +58,9 @@ def read_dataset(
         if data.own.path is None:
             raise DataError("data.own.path is not set: this machine holds none of the images")
         path = Path(data.own.path).expanduser()
+        reading = Reading(cache=image_cache_dir(), progress=progress)
         return load_own_dataset(
-            path if path.is_absolute() else workdir / path, dataset_info_of(data)
+            path if path.is_absolute() else workdir / path, dataset_info_of(data), reading=reading
         )
     ensure_medmnist(
         data.dataset, medmnist_root, size=data.size, download=data.download, progress=progress

@@ -21,6 +21,7 @@ __all__ = [
     "configure_environment",
     "configure_numerics",
     "has_avx2_and_fma",
+    "image_cache_dir",
     "portable_numerics_enabled",
     "tracking_uri",
 ]
@@ -119,3 +120,20 @@ def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` when set (a team server works unchanged), else the project's
     SQLite file."""
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+IMAGE_CACHE = "FEDSIEVE_CACHE"
+
+
+def image_cache_dir(environ: dict[str, str] | None = None) -> Path | None:
+    """Where own images are kept decoded (:mod:`federated.image_cache`): ``FEDSIEVE_CACHE``
+    (``off``: nowhere), else ``$XDG_CACHE_HOME/fedsieve/images``, else
+    ``~/.cache/fedsieve/images``, on the machine that reads them."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(IMAGE_CACHE, "").strip()
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedsieve" / "images"

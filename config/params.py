@@ -99,9 +99,18 @@ class OwnDataParams(_Section):
     resample: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear"
     mean: float = 0.5  # a tensor's pixels are (x / 255 - mean) / std
     std: float = Field(0.5, gt=0)
+    # how grey values become 0-255 (docs/data.md): auto (the file's window, else 8-bit as
+    # stored, else the image's own range) | window | range | percentiles
+    intensity: Literal["auto", "window", "range", "percentiles"] = "auto"
+    percentiles: tuple[float, float] = (0.5, 99.5)  # lower, upper: intensity percentiles
 
     @model_validator(mode="after")
     def _classes_fit_task(self) -> OwnDataParams:
+        low, high = self.percentiles
+        if not 0 <= low < high <= 100:
+            raise ValueError(
+                "data.own.percentiles is [lower, upper] with 0 <= lower < upper <= 100"
+            )
         if len(set(self.classes)) != len(self.classes):
             raise ValueError("data.own.classes must be distinct names")
         if self.task == "binary-class" and len(self.classes) != 2:

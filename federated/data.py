@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from federated.image_files import ImageSchema
+
 __all__ = [
     "SIZES",
     "DataError",
@@ -77,10 +79,20 @@ class DatasetInfo:
     mean: float = 0.5
     std: float = 0.5
     resample: str = "bilinear"  # Pillow's filter bringing an own image to ``size`` pixels
+    # how an own image's grey values become 0-255 (federated/image_files.py)
+    intensity: str = "auto"  # auto | window | range | percentiles
+    percentiles: tuple[float, float] = (0.5, 99.5)  # lower, upper (intensity percentiles)
 
     @property
     def multi_label(self) -> bool:
         return self.task.startswith("multi-label")
+
+    def image_schema(self) -> ImageSchema:
+        """What an own image file becomes (:mod:`federated.image_files`)."""
+        return ImageSchema(
+            channels=self.n_channels, size=self.size, resample=self.resample,
+            intensity=self.intensity, percentiles=self.percentiles,
+        )  # fmt: skip
 
     @property
     def file_name(self) -> str:
@@ -276,6 +288,7 @@ class MedMNISTData:
     val: Split
     test: Split
     sha256: str = ""  # own images: the SHA-256 of the table and files read (MedMNIST: its md5)
+    notes: tuple[str, ...] = ()  # what a reader should hear of the data (resized images)
 
 
 def load_medmnist(flag: str, root: Path, size: int = 28) -> MedMNISTData:

@@ -2,37 +2,54 @@
 
 A folder holds ``labels.csv`` with the columns ``file`` (a path relative to the folder) and
 ``label``, and optionally ``split`` (``train``, ``val`` or ``test``). Images are PNG, JPEG,
-BMP or TIFF (read with Pillow) or DICOM (``.dcm``, read with pydicom). Every image is
-brought to the dataset's declared schema (:class:`~federated.data.DatasetInfo`): its
-channels (Pillow's ``L`` or ``RGB``), a square of ``size`` pixels (Pillow's ``resample``
-filter; an image already at that size is not resampled), stored as uint8 like MedMNIST,
-and normalised when it becomes a tensor (``(x / 255 - mean) / std``). A DICOM image gets
-its modality LUT (rescale slope and intercept) and VOI LUT (window) applied by pydicom,
-MONOCHROME1 is inverted, and its values are scaled to 0-255 by the image's own range.
+BMP or TIFF (Pillow) or DICOM in any encoding pydicom's plugins decode, each brought to the
+dataset's declared schema by :mod:`federated.image_files` (channels, size, the intensity
+policy), stored as uint8 like MedMNIST and normalised when it becomes a tensor
+(``(x / 255 - mean) / std``).
 
 A label is a class name of the schema or its index; a multi-label row lists them joined
 by ``;`` (an empty cell: no label). Anything that cannot be read is named in one line
 (:class:`~federated.data.DataError`): the table row, the file and why.
 
-A folder is fingerprinted (SHA-256 of the table and of every image file, in table order),
-so a run can record which data it saw and notice a folder changed since its partition.
+A large folder is decoded in parallel, one file at a time per process, and kept in an
+:class:`~federated.image_cache.ImageCache` when the caller names one (:class:`Reading`).
+A folder is fingerprinted: the SHA-256 of the table and of every file's SHA-256, in table
+order, so a run can record which data it saw and notice a folder changed since its
+partition.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
+import multiprocessing
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split
+from federated.image_cache import CachedImages, ImageCache
+from federated.image_files import (
+    IMAGE_SUFFIXES,
+    ImageFileError,
+    ImageSchema,
+    decode_file,
+    decode_or_refuse,
+)
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "TABLE",
+    "DecodedFiles",
     "LabelledImages",
+    "Reading",
+    "decode_files",
     "load_own_dataset",
     "load_own_images",
     "read_image",
@@ -40,10 +57,26 @@ __all__ = [
 ]
 
 TABLE = "labels.csv"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
-DICOM_SUFFIXES = (".dcm", ".dicom")
 SPLIT_NAMES = ("train", "val", "test")
 HOLDOUT = {"val": 0.1, "test": 0.2}  # a table without a split column, split seeded
+PARALLEL_FROM = 256  # files: a smaller folder decodes faster than processes start
+CHUNK = 32  # files a worker decodes per message
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a folder is read: ``cache`` (a folder for decoded images; None: no cache),
+    ``workers`` (processes decoding; None: every core the process may use, for a folder
+    of ``PARALLEL_FROM`` files or more) and ``progress`` (a bar on stderr)."""
+
+    cache: Path | None = None
+    workers: int | None = None
+    progress: bool = False
+
+    def workers_for(self, count: int) -> int:
+        if self.workers is not None:
+            return max(1, min(self.workers, count))
+        return len(os.sched_getaffinity(0)) if count >= PARALLEL_FROM else 1
 
 
 @dataclass(frozen=True)
@@ -55,6 +88,34 @@ class LabelledImages:
     labels: np.ndarray
     splits: np.ndarray | None
     sha256: str
+    source_sizes: np.ndarray | None = None  # (N, 2): each image's height, width as read
+
+    def resized(self, size: int) -> dict[str, int]:
+        """How many images were resized to ``size``, by their size as read (``"32x32"``),
+        most frequent first; empty when every image was read at ``size``."""
+        if self.source_sizes is None:
+            return {}
+        found: dict[str, int] = {}
+        for height, width in self.source_sizes.tolist():
+            if (height, width) != (size, size):
+                found[f"{height}x{width}"] = found.get(f"{height}x{width}", 0) + 1
+        return dict(sorted(found.items(), key=lambda item: -item[1]))
+
+    def mixed_sizes(self) -> bool:
+        """Whether the images were read at more than one size (often a wrong export)."""
+        return self.source_sizes is not None and len(np.unique(self.source_sizes, axis=0)) > 1
+
+    def size_note(self, size: int) -> str | None:
+        """One line on the images resized to ``size`` (by their size as read), a warning
+        when the folder mixes sizes; None when every image was read at ``size``."""
+        resized = self.resized(size)
+        if not resized:
+            return None
+        counts = ", ".join(f"{count} from {read}" for read, count in resized.items())
+        note = f"{sum(resized.values())} images resized to {size}x{size} ({counts})"
+        if self.mixed_sizes():
+            note += "; warning: the images have mixed sizes, often the sign of a wrong export"
+        return note
 
     def split(self, name: str) -> Split:
         """The rows of one split; every row is ``train`` when the table names none."""
@@ -65,9 +126,11 @@ class LabelledImages:
         return Split(images=self.images[rows], labels=self.labels[rows])
 
 
-def load_own_images(path: Path | str, info: DatasetInfo) -> LabelledImages:
+def load_own_images(
+    path: Path | str, info: DatasetInfo, reading: Reading = Reading()
+) -> LabelledImages:
     """Read a folder (its ``labels.csv``), a label table's path, or an ``.npz`` in
-    MedMNIST's layout, checked against ``info``'s schema."""
+    MedMNIST's layout, checked against ``info``'s schema; a folder as ``reading`` says."""
     path = Path(path)
     if path.suffix == ".npz":
         return _load_npz(path, info)
@@ -77,19 +140,22 @@ def load_own_images(path: Path | str, info: DatasetInfo) -> LabelledImages:
             f"{path}: no {TABLE} here; own data is a folder with {TABLE} (columns file, "
             "label[, split]) or an .npz in MedMNIST's layout"
         )
-    return _load_folder(table, info)
+    return _load_folder(table, info, reading)
 
 
-def load_own_dataset(path: Path | str, info: DatasetInfo, *, seed: int = 0) -> MedMNISTData:
+def load_own_dataset(
+    path: Path | str, info: DatasetInfo, *, seed: int = 0, reading: Reading = Reading()
+) -> MedMNISTData:
     """A simulation's dataset: the table's ``split`` column, or (without one) a seeded
     split of 70 % train, 10 % validation and 20 % test, stratified for single-label tasks."""
-    data = load_own_images(path, info)
+    data = load_own_images(path, info, reading)
     if data.splits is None:
         data = _seeded_splits(data, info.multi_label, seed)
     splits = {name: data.split(name) for name in SPLIT_NAMES}
     if not len(splits["train"]):
         raise DataError(f"{path}: no train rows; a dataset needs images to train on")
-    return MedMNISTData(info=info, **splits, sha256=data.sha256)
+    note = data.size_note(info.size)
+    return MedMNISTData(info=info, **splits, sha256=data.sha256, notes=(note,) if note else ())
 
 
 def _seeded_splits(data: LabelledImages, multi_label: bool, seed: int) -> LabelledImages:
@@ -113,35 +179,60 @@ def _seeded_splits(data: LabelledImages, multi_label: bool, seed: int) -> Labell
         ) from None
     splits = np.full(len(rows), "train", dtype=object)
     splits[test], splits[val] = "test", "val"
-    return LabelledImages(data.images, data.labels, splits, data.sha256)
+    return LabelledImages(data.images, data.labels, splits, data.sha256, data.source_sizes)
 
 
-def _load_folder(table: Path, info: DatasetInfo) -> LabelledImages:
-    folder = table.parent
+def _load_folder(table: Path, info: DatasetInfo, reading: Reading) -> LabelledImages:
+    """The table's rows: labels and splits checked first, then every image decoded (in
+    parallel over ``reading.workers`` processes for a large folder) or taken from the
+    cache when the data and the schema are those it was decoded from."""
+    table = table.resolve()
     rows = _read_table(table)
-    digest = hashlib.sha256(table.read_bytes())
-    images, labels, splits = [], [], []
-    for number, row in rows:
-        where = f"{table}, row {number}"
-        file = folder / row["file"]
-        try:
-            raw = file.read_bytes()
-        except OSError as error:
-            raise DataError(f"{where}: {row['file']}: {error.strerror or error}") from None
-        digest.update(raw)
-        try:
-            images.append(read_image(file, info))
-        except DataError as error:  # the file named with its row, as every other problem
-            raise DataError(f"{where}: {row['file']}: {error}") from None
-        labels.append(_parse_label(row["label"], info, where))
-        if "split" in row:
-            splits.append(_parse_split(row["split"], where))
-    return LabelledImages(
-        images=np.stack(images),
-        labels=np.stack(labels),
-        splits=np.array(splits, dtype=object) if splits else None,
-        sha256=digest.hexdigest(),
+    at_row = [f"{table}, row {number}" for number, _ in rows]
+    labels = np.stack(
+        [_parse_label(row["label"], info, at) for (_, row), at in zip(rows, at_row, strict=True)]
     )
+    splits = None
+    if "split" in rows[0][1]:
+        splits = np.array(
+            [_parse_split(row["split"], at) for (_, row), at in zip(rows, at_row, strict=True)],
+            dtype=object,
+        )
+    where = [f"{at}: {row['file']}" for (_, row), at in zip(rows, at_row, strict=True)]
+    files = [table.parent / row["file"] for _, row in rows]
+    table_bytes = table.read_bytes()
+    schema = info.image_schema()
+    cache = ImageCache(reading.cache) if reading.cache is not None else None
+    if cache is not None and (digests := cache.known_digests(table, files)) is not None:
+        sha256 = _data_digest(table_bytes, digests)
+        hit = cache.load(cache.entry_key(sha256, schema.key()))
+        if hit is not None and len(hit.images) == len(files):
+            return LabelledImages(hit.images, labels, splits, sha256, hit.source_sizes)
+    stats = [_stat(file, place) for file, place in zip(files, where, strict=True)]
+    decoded = decode_files(files, where, schema, reading)
+    sha256 = _data_digest(table_bytes, decoded.digests)
+    if cache is not None:
+        entry = CachedImages(decoded.images, decoded.source_sizes)
+        cache.store(cache.entry_key(sha256, schema.key()), entry)
+        cache.remember_digests(table, files, stats, decoded.digests)
+    return LabelledImages(decoded.images, labels, splits, sha256, decoded.source_sizes)
+
+
+def _stat(file: Path, where: str) -> os.stat_result:
+    """A file's size and modification time, taken before it is read (a file changed
+    while it is read is hashed again next time)."""
+    try:
+        return file.stat()
+    except OSError as error:
+        raise DataError(f"{where}: {error.strerror or error}") from None
+
+
+def _data_digest(table_bytes: bytes, file_digests: list[str]) -> str:
+    """The data's SHA-256: of the table and of every file's SHA-256, in table order."""
+    digest = hashlib.sha256(table_bytes)
+    for file_digest in file_digests:
+        digest.update(bytes.fromhex(file_digest))
+    return digest.hexdigest()
 
 
 def _read_table(table: Path) -> list[tuple[int, dict[str, str]]]:
@@ -176,89 +267,69 @@ def _read_table(table: Path) -> list[tuple[int, dict[str, str]]]:
 def read_image(file: Path, info: DatasetInfo) -> np.ndarray:
     """One image file as uint8 ``(size, size)`` or ``(size, size, 3)`` in ``info``'s schema
     (a file it cannot read: a DataError saying why; the caller names the file)."""
-    from PIL import Image
-
-    suffix = file.suffix.lower()
     try:
-        if suffix in DICOM_SUFFIXES:
-            image = Image.fromarray(_dicom_pixels(file))
-        elif suffix in IMAGE_SUFFIXES:
-            with Image.open(file) as opened:
-                opened.load()
-                image = _eight_bit(opened)
-        else:
-            raise DataError(
-                f"unknown image type {suffix or '(no suffix)'}; allowed: "
-                f"{', '.join(IMAGE_SUFFIXES + DICOM_SUFFIXES)}"
-            )
-    except DataError:
-        raise
-    except Exception as error:  # Pillow's and pydicom's own errors: truncated, not an image
-        raise DataError(f"not a readable image ({type(error).__name__}: {error})") from None
-    image = image.convert("L" if info.n_channels == 1 else "RGB")
-    if image.size != (info.size, info.size):
-        image = image.resize((info.size, info.size), _resample(info.resample))
-    return np.asarray(image, dtype=np.uint8)
+        return decode_file(file, info.image_schema()).pixels
+    except ImageFileError as error:
+        raise DataError(str(error)) from None
 
 
-def _eight_bit(image):
-    """A 16-bit or float image scaled to 0-255 by its own range; 8-bit images as they are."""
-    from PIL import Image
+@dataclass(frozen=True)
+class DecodedFiles:
+    """A folder's images in table order (uint8), their sizes before resizing
+    ``(N, 2)``, and each file's SHA-256."""
 
-    if image.mode not in ("I", "I;16", "I;16B", "I;16L", "F"):
-        return image
-    return Image.fromarray(_scaled(np.asarray(image, dtype=np.float64)))  # its own range
-
-
-def _dicom_pixels(file: Path) -> np.ndarray:
-    """A single-frame DICOM image as uint8 (grey ``(H, W)`` or RGB): its modality and VOI
-    LUTs applied by pydicom, values scaled by the range their bit depth allows (an 8-bit
-    image stays as stored), or by the image's own range when a rescale (CT's Hounsfield
-    units) has no window; MONOCHROME1 inverted."""
-    from pydicom import dcmread
-    from pydicom.pixels import apply_modality_lut, apply_voi_lut
-
-    dataset = dcmread(file)
-    frames = int(getattr(dataset, "NumberOfFrames", 1) or 1)
-    if frames > 1:
-        raise DataError(f"{file}: a multi-frame DICOM ({frames} frames); one image a file")
-    pixels = np.asarray(dataset.pixel_array, dtype=np.float64)
-    bits = int(getattr(dataset, "BitsStored", 8))
-    low = -(2.0 ** (bits - 1)) if getattr(dataset, "PixelRepresentation", 0) else 0.0
-    bit_range = (low, low + 2.0**bits - 1)
-    if getattr(dataset, "SamplesPerPixel", 1) != 1:
-        return _scaled(pixels, bit_range)
-    windowed = "WindowCenter" in dataset or "VOILUTSequence" in dataset
-    rescaled = "RescaleSlope" in dataset or "ModalityLUTSequence" in dataset
-    if windowed:  # the window's output spans the bit range after the modality LUT
-        pixels = np.asarray(apply_voi_lut(apply_modality_lut(pixels, dataset), dataset))
-        low, high = np.asarray(apply_modality_lut(np.array(bit_range), dataset), dtype=np.float64)
-        bit_range = (float(low), float(high))
-    elif rescaled:
-        pixels = np.asarray(apply_modality_lut(pixels, dataset), dtype=np.float64)
-    grey = _scaled(pixels, None if rescaled and not windowed else bit_range)
-    if getattr(dataset, "PhotometricInterpretation", "") == "MONOCHROME1":
-        grey = 255 - grey  # MONOCHROME1: low values are bright
-    return grey
+    images: np.ndarray
+    source_sizes: np.ndarray
+    digests: list[str]
 
 
-def _scaled(values: np.ndarray, bounds: tuple[float, float] | None = None) -> np.ndarray:
-    """``values`` mapped linearly from ``bounds`` (default: their own range) to 0-255."""
-    low, high = bounds if bounds is not None else (float(values.min()), float(values.max()))
-    if high <= low:
-        return np.zeros(values.shape, dtype=np.uint8)
-    return np.clip(np.round((values - low) * (255.0 / (high - low))), 0, 255).astype(np.uint8)
+def decode_files(
+    files: list[Path], where: list[str], schema: ImageSchema, reading: Reading
+) -> DecodedFiles:
+    """Decode ``files`` into one uint8 array, one file at a time per process (never the
+    whole folder as float), in parallel when the folder is large. Every file that cannot
+    be read is found before the error names the first of them (``where``) and counts the rest."""
+    count = len(files)
+    workers = reading.workers_for(count)
+    shape = (count, schema.size, schema.size) + ((3,) if schema.channels == 3 else ())
+    images = np.empty(shape, dtype=np.uint8)
+    source_sizes = np.empty((count, 2), dtype=np.int64)
+    digests: list[str] = []
+    refused: list[str] = []
+    pool = None
+    if workers > 1:
+        context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        jobs = itertools.repeat(schema)
+        results = (
+            pool.map(decode_or_refuse, files, jobs, chunksize=CHUNK)
+            if pool is not None
+            else map(decode_or_refuse, files, jobs)
+        )
+        for index, result in enumerate(_progress(results, count, reading.progress)):
+            if isinstance(result, str):
+                refused.append(f"{where[index]}: {result}")
+                digests.append("")
+                continue
+            images[index], source_sizes[index] = result.pixels, result.source_size
+            digests.append(result.sha256)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    if refused:
+        more = f" (and {len(refused) - 1} more unreadable files)" if len(refused) > 1 else ""
+        raise DataError(refused[0] + more)
+    return DecodedFiles(images, source_sizes, digests)
 
 
-def _resample(name: str) -> int:
-    from PIL import Image
+def _progress(results: Iterable[Any], count: int, shown: bool) -> Iterable[Any]:
+    """``results``, with a progress bar (rate and time left) on stderr when ``shown``."""
+    if not shown:
+        return results
+    from tqdm import tqdm
 
-    return {
-        "nearest": Image.Resampling.NEAREST,
-        "bilinear": Image.Resampling.BILINEAR,
-        "bicubic": Image.Resampling.BICUBIC,
-        "lanczos": Image.Resampling.LANCZOS,
-    }[name]
+    return tqdm(results, total=count, desc="reading images", unit="image")
 
 
 def _parse_label(cell: str, info: DatasetInfo, where: str) -> np.ndarray:

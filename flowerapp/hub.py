@@ -62,8 +62,8 @@ def site_task(params: Params, info: DatasetInfo) -> SiteTask:
     return SiteTask(
         model=params.model.name, dataset=info.flag, task=info.task,
         class_names=tuple(info.labels), channels=info.n_channels, classes=info.n_classes,
-        size=info.size, multi_label=info.multi_label, resample=info.resample, mean=info.mean,
-        std=info.std, epochs=local.epochs, lr=local.lr, momentum=local.momentum,
+        size=info.size, multi_label=info.multi_label, resample=info.resample,
+        intensity=info.intensity, percentiles=info.percentiles, mean=info.mean, std=info.std, epochs=local.epochs, lr=local.lr, momentum=local.momentum,
         weight_decay=local.weight_decay, batch_size=local.batch_size, prox_mu=local.prox_mu,
         eval_batch_size=eval_batch_size(params), **privacy_task(params),
     )  # fmt: skip

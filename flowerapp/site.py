@@ -40,6 +40,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+from config.environment import image_cache_dir
+from federated.own_data import Reading
 from flowerapp.flwr_config import config_pairs, flower_env
 from flowerapp.plan import PlanError, plan_digest, read_plan
 from flowerapp.site_data import SiteDataError, load_site_data
@@ -171,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = read_plan(args.plan)
         task = SiteTask.from_config(plan)
-        data = load_site_data(args.data, task.dataset_info())
+        reading = Reading(cache=image_cache_dir(), progress=sys.stderr.isatty())
+        data = load_site_data(args.data, task.dataset_info(), reading)
         data.check_fits(
             channels=task.channels, size=task.size, classes=task.classes,
             multi_label=task.multi_label,
@@ -196,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"fedsieve-site: {data.path.name}: {len(data.train)} training, {len(data.test)} test and "
         f"{len(data.val)} validation images fit the approved plan {plan_digest(plan)[:12]}"
     )
+    if data.size_note:
+        counts += f"; {data.size_note}"
     if args.check:  # what the hub registers as this site's samples
         print(f"{counts}; register samples: {len(data.train)}")
         return 0

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, to_tensors
-from federated.own_data import load_own_images, write_image_folder
+from federated.own_data import Reading, load_own_images, write_image_folder
 
 __all__ = ["SiteData", "SiteDataError", "load_site_data", "write_site_files"]
 
@@ -37,6 +37,7 @@ class SiteData:
     train: Split
     test: Split
     val: Split
+    size_note: str | None = None  # images resized to the schema's size, and mixed sizes
 
     @property
     def channels(self) -> int:
@@ -73,12 +74,15 @@ class SiteData:
         )
 
 
-def load_site_data(path: Path | str, schema: DatasetInfo | None = None) -> SiteData:
+def load_site_data(
+    path: Path | str, schema: DatasetInfo | None = None, reading: Reading = Reading()
+) -> SiteData:
     """Read and check a site's data: a folder of images (with ``labels.csv``) read in
-    ``schema``, or an ``.npz`` file; :class:`SiteDataError` names what is wrong."""
+    ``schema`` as ``reading`` says, or an ``.npz`` file; :class:`SiteDataError` names
+    what is wrong."""
     path = Path(path)
     if path.suffix != ".npz":
-        return _load_site_folder(path, schema)
+        return _load_site_folder(path, schema, reading)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL}
@@ -119,7 +123,7 @@ def load_site_data(path: Path | str, schema: DatasetInfo | None = None) -> SiteD
     return SiteData(path=path, **splits)
 
 
-def _load_site_folder(path: Path, schema: DatasetInfo | None) -> SiteData:
+def _load_site_folder(path: Path, schema: DatasetInfo | None, reading: Reading) -> SiteData:
     """A folder's ``train``, ``val`` and ``test`` rows (every row trains when its table has
     no split column)."""
     if schema is None:
@@ -127,13 +131,13 @@ def _load_site_folder(path: Path, schema: DatasetInfo | None) -> SiteData:
             f"{path}: a folder of images is read in the schema of the approved plan; give --plan"
         )
     try:
-        images = load_own_images(path, schema)
+        images = load_own_images(path, schema, reading)
     except DataError as error:
         raise SiteDataError(str(error)) from None
     splits = {name: images.split(name) for name in ("train", "val", "test")}
     if not len(splits["train"]):
         raise SiteDataError(f"{path}: no train rows; a site needs images to train on")
-    return SiteData(path=path, **splits)
+    return SiteData(path=path, **splits, size_note=images.size_note(schema.size))
 
 
 def write_site_files(

@@ -21,11 +21,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from config.environment import image_cache_dir
 from federated.client import ClientData, client_gradient, train_client
 from federated.data import to_tensors
 from federated.execution import ScoreRequest, evaluate_site
 from federated.layout import use_fast_layout_
 from federated.metrics import loss_function, summary_values
+from federated.own_data import Reading
 from federated.privacy import ClientPrivacy, site_privacy
 from federated.stats.noniid import client_losses
 from federated.vectors import model_to_vector, vector_to_model_
@@ -47,7 +49,7 @@ class TaskRefused(ValueError):
 
 @cache
 def _site_data(path: str, task: SiteTask, version: tuple[int, ...]) -> SiteData:
-    return load_site_data(path, task.dataset_info())
+    return load_site_data(path, task.dataset_info(), Reading(cache=image_cache_dir()))
 
 
 def _version(path: str) -> tuple[int, ...]:

@@ -53,6 +53,8 @@ class SiteTask:
     size: int  # image height and width in pixels
     multi_label: bool
     resample: str  # Pillow's filter bringing an image to ``size``
+    intensity: str  # how grey values become 0-255 (federated/image_files.py)
+    percentiles: tuple[float, ...]  # lower, upper (the percentiles intensity policy)
     mean: float  # a tensor's pixels are (x / 255 - mean) / std
     std: float
     epochs: int  # local epochs a round
@@ -119,7 +121,8 @@ class SiteTask:
         return DatasetInfo(
             flag=self.dataset, task=self.task, n_channels=self.channels, n_classes=self.classes,
             labels=self.class_names, url="", md5="", n_samples={}, size=self.size,
-            mean=self.mean, std=self.std, resample=self.resample,
+            mean=self.mean, std=self.std, resample=self.resample, intensity=self.intensity,
+            percentiles=(self.percentiles[0], self.percentiles[1]),
         )  # fmt: skip
 
 

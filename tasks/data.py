@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from config.dataset import read_dataset as read_dataset_of
@@ -42,8 +42,12 @@ def load_dataset(flag: str, root: Path, size: int = 28) -> MedMNISTData:
 
 @task(name="load-own-images", cache_policy=NO_CACHE)
 def load_own_images(data: DataParams, workdir: Path) -> MedMNISTData:
-    """The user's own images, read and checked against their declared schema."""
-    return read_dataset(data, workdir)
+    """The user's own images, read and checked against their declared schema; what the
+    reader noticed (images resized, mixed sizes) goes to the run's log as a warning."""
+    dataset = read_dataset(data, workdir)
+    for note in dataset.notes:
+        get_run_logger().warning("%s: %s", data.own.path if data.own else data.dataset, note)
+    return dataset
 
 
 def read_dataset(data: DataParams, workdir: Path) -> MedMNISTData:

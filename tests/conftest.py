@@ -72,6 +72,16 @@ def medmnist_root() -> Path:
     return root
 
 
+@pytest.fixture(scope="session", autouse=True)
+def image_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Own images decoded by the tests, and the commands they start, are cached in the
+    session's temporary folder, not in the user's ~/.cache (federated/image_cache.py)."""
+    path = tmp_path_factory.mktemp("image-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDSIEVE_CACHE", str(path))
+        yield path
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One Prefect test server for the session; its API URL is handed to subprocesses too."""

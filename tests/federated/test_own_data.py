@@ -12,7 +12,13 @@ import pytest
 from config.dataset import dataset_info_of
 from config.params import ConfigError, validate_params
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, load_medmnist, to_tensors
-from federated.own_data import load_own_dataset, load_own_images, read_image, write_image_folder
+from federated.own_data import (
+    Reading,
+    load_own_dataset,
+    load_own_images,
+    read_image,
+    write_image_folder,
+)
 
 
 def schema(**data: object) -> DatasetInfo:
@@ -213,6 +219,10 @@ def test_an_npz_in_medmnist_layout_is_checked_against_the_schema(tmp_path: Path,
         ({"dataset": "mine", "size": 4, "own": {"path": "x", "task": "multi-label", "classes": ["a"]}},
          "data.size = 4: own images are resized to 8..1024 pixels"),
         ({"dataset": "breastmnist", "size": 32}, "data.size = 32: not a MedMNIST size"),
+        ({"dataset": "mine", "own": {"task": "multi-label", "classes": ["a"], "intensity": "bright"}},
+         """data.own.intensity = "bright": Input should be 'auto', 'window', 'range' or 'percentiles'"""),
+        ({"dataset": "mine", "own": {"task": "multi-label", "classes": ["a"], "percentiles": [99, 1]}},
+         "percentiles is [lower, upper] with 0 <= lower < upper <= 100"),
         ({"dataset": "mine", "own": {"task": "multi-label", "classes": ["a"]}},
          "data.own.path is not set: a simulation reads the images here"),
     ],
@@ -221,3 +231,100 @@ def test_a_schema_that_cannot_hold_is_refused_in_one_line(data: dict, message: s
     with pytest.raises(ConfigError) as error:
         validate_params({"data": data}, "params.yaml")
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_folder_decoded_in_parallel_equals_one_read_in_this_process(
+    tmp_path: Path, breast
+) -> None:
+    write_image_folder(tmp_path / "png", {"train": first(breast.train, 30)}, breast.info.labels)
+    write_image_folder(
+        tmp_path / "dcm", {"train": first(breast.test, 30)}, breast.info.labels, image_format="dcm"
+    )
+    for folder in ("png", "dcm"):
+        alone = load_own_images(tmp_path / folder, schema(), Reading(workers=1))
+        parallel = load_own_images(tmp_path / folder, schema(), Reading(workers=2))
+        assert np.array_equal(alone.images, parallel.images)
+        assert alone.sha256 == parallel.sha256
+
+
+def test_the_cache_serves_a_folder_until_a_file_or_a_setting_changes(
+    tmp_path: Path, breast
+) -> None:
+    folder, cache = tmp_path / "images", tmp_path / "cache"
+    write_image_folder(folder, {"train": first(breast.train, 12)}, breast.info.labels)
+    reading = Reading(cache=cache)
+    first_read = load_own_images(folder, schema(), reading)
+    (entry,) = cache.glob("*.npz")
+    with np.load(entry) as stored:  # mark the entry: a read it serves gives the mark back
+        np.savez(entry, images=255 - stored["images"], source_sizes=stored["source_sizes"])
+
+    assert np.array_equal(
+        load_own_images(folder, schema(), reading).images, 255 - first_read.images
+    )
+    assert load_own_images(folder, schema(), reading).sha256 == first_read.sha256
+
+    other = schema(own={"intensity": "range"})
+    assert not np.array_equal(
+        load_own_images(folder, other, reading).images, 255 - first_read.images
+    )
+    changed = breast.train.images[5].copy()
+    changed[0, 0] ^= 1
+    write_image_folder(tmp_path / "one", {"train": Split(changed[None], breast.train.labels[:1])},
+                       breast.info.labels)  # fmt: skip
+    (folder / "train" / "00000.png").write_bytes((tmp_path / "one/train/00000.png").read_bytes())
+    again = load_own_images(folder, schema(), reading)
+    assert again.sha256 != first_read.sha256
+    assert np.array_equal(again.images[0], changed)
+    assert np.array_equal(again.images[1:], first_read.images[1:])
+
+
+def test_resized_images_are_counted_by_size_and_mixed_sizes_are_warned_of(
+    tmp_path: Path, breast
+) -> None:
+    from PIL import Image
+
+    write_image_folder(tmp_path, {"train": first(breast.train, 6)}, breast.info.labels)
+    for index in range(4):  # four exported at 32 px
+        path = tmp_path / "train" / f"{index:05d}.png"
+        Image.open(path).resize((32, 32)).save(path)
+
+    data = load_own_dataset(tmp_path, schema())
+    every = load_own_images(tmp_path, schema(size=32))
+
+    assert data.notes == (
+        "4 images resized to 28x28 (4 from 32x32); warning: the images have mixed sizes, often "
+        "the sign of a wrong export",
+    )
+    assert every.resized(32) == {"28x28": 2}
+
+
+def test_a_progress_bar_shows_the_rate_and_the_time_left(tmp_path: Path, breast, capsys) -> None:
+    write_image_folder(tmp_path, {"train": first(breast.train, 5)}, breast.info.labels)
+
+    load_own_images(tmp_path, schema(), Reading(progress=True))
+
+    bar = capsys.readouterr().err
+    assert "reading images" in bar and "5/5" in bar and "image/s" in bar
+
+
+def test_an_unreadable_file_among_many_is_named_with_the_count_of_the_others(
+    tmp_path: Path, breast
+) -> None:
+    write_image_folder(tmp_path, {"train": first(breast.train, 8)}, breast.info.labels)
+    for index in (2, 5, 7):
+        (tmp_path / "train" / f"{index:05d}.png").write_bytes(b"not a png")
+
+    with pytest.raises(DataError) as error:
+        load_own_images(tmp_path, schema(), Reading(workers=2))
+
+    assert "row 4: train/00002.png: not a readable image" in str(error.value)
+    assert str(error.value).endswith("(and 2 more unreadable files)")
+
+
+def test_the_cache_lives_where_the_environment_says_or_nowhere() -> None:
+    from config.environment import image_cache_dir
+
+    assert image_cache_dir({"FEDSIEVE_CACHE": "/data/cache"}) == Path("/data/cache")
+    assert image_cache_dir({"FEDSIEVE_CACHE": "off"}) is None
+    assert image_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/fedsieve/images")
+    assert image_cache_dir({}) == Path.home() / ".cache" / "fedsieve" / "images"

@@ -214,6 +214,28 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     assert "images: 3 training, 1 test and 0 validation images fit" in out
     assert out.rstrip().endswith("register samples: 3")
 
+    wider = Split(np.zeros((2, 12, 12), np.uint8), labels[:2])  # two exported at 12 px
+    write_image_folder(tmp_path / "mixed", splits | {"val": wider}, ("benign", "malignant"))
+    code = site_main(["--data", str(tmp_path / "mixed"), "--plan", str(plan), "--superlink",
+                      "hub:9092", "--ca", str(tmp_path / "ca.crt"), "--key",
+                      str(tmp_path / "site.key"), "--check"])  # fmt: skip
+    assert code == 0
+    assert (
+        "2 validation images fit the approved plan " in (out := capsys.readouterr().out)
+        and "; 2 images resized to 8x8 (2 from 12x12); warning: the images have mixed sizes" in out
+    )
+
+
+def test_the_intensity_policy_is_pinned_in_the_plan_every_site_approves() -> None:
+    params = own_params(8, intensity="percentiles", percentiles=[1, 99])
+    task = site_task(params, dataset_info_of(params.data))
+
+    assert (task.plan()["intensity"], task.plan()["percentiles"]) == ("percentiles", [1.0, 99.0])
+    assert task.dataset_info().image_schema().percentiles == (1.0, 99.0)
+    assert plan_differences(task.plan(), replace(task, intensity="range")) == [
+        "intensity=range (approved percentiles)"
+    ]
+
 
 def test_a_hub_certificate_not_issued_for_the_address_the_site_dials_is_named(
     tmp_path: Path,
