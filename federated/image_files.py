@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,14 +175,13 @@ def _pillow_eight_bit(image: Any, schema: ImageSchema) -> Any:
     if not scaled_by_policy:
         return image
     grey = np.asarray(image, dtype=np.float64)
-    policy = "range" if schema.intensity == "auto" else schema.intensity
-    return Image.fromarray(_scaled(grey, _bounds(grey, policy, schema)))
+    return Image.fromarray(_scaled(grey, _bounds(grey, schema)))
 
 
 def _dicom_pixels(raw: bytes, schema: ImageSchema) -> np.ndarray:
     """A single-frame DICOM image as uint8, grey ``(H, W)`` or RGB ``(H, W, 3)``."""
     from pydicom import dcmread
-    from pydicom.pixels import apply_color_lut, apply_modality_lut
+    from pydicom.pixels import apply_color_lut
 
     dataset = dcmread(io.BytesIO(raw))
     _check_is_one_image(dataset)
@@ -193,15 +193,44 @@ def _dicom_pixels(raw: bytes, schema: ImageSchema) -> np.ndarray:
         return _scaled(colours.astype(np.float64), (0.0, 2.0**depth - 1))
     if int(dataset.get("SamplesPerPixel", 1)) != 1:  # RGB (YBR decoded to RGB by pydicom)
         return _scaled(pixels.astype(np.float64), _bit_range(dataset))
-    values = np.asarray(apply_modality_lut(pixels, dataset), dtype=np.float64)
-    grey = _scaled(*_grey_policy(values, dataset, schema))
+    grey = _grey(pixels, dataset, schema)
     return 255 - grey if interpretation == "MONOCHROME1" else grey  # low values are bright
 
 
+def _grey(pixels: np.ndarray, dataset: Any, schema: ImageSchema) -> np.ndarray:
+    """A grey image as uint8 by the schema's policy. An integer image goes through a table
+    of every stored value from its lowest to its highest: the modality LUT, the window and
+    the scaling are computed once a value, not once a pixel, for the same uint8 image."""
+    from pydicom.pixels import apply_modality_lut
+
+    def modality(stored: np.ndarray) -> np.ndarray:
+        return np.asarray(apply_modality_lut(stored, dataset), dtype=np.float64)
+
+    low, high = (int(pixels.min()), int(pixels.max())) if pixels.size else (0, 0)
+    if pixels.dtype.kind not in "iu" or high - low >= pixels.size:  # float, or a vast range
+        values = modality(pixels)
+        return _scaled(*_grey_policy(values, dataset, schema, lambda: _bounds(values, schema)))
+    table = modality(np.arange(low, high + 1))
+
+    def own_bounds() -> tuple[float, float]:  # the image's, after the modality LUT
+        if schema.intensity == "percentiles":
+            lower, upper = np.sort(modality(np.percentile(pixels, schema.percentiles)))
+            return float(lower), float(upper)
+        return float(table.min()), float(table.max())
+
+    index = pixels.astype(np.intp)  # numpy's own index type: indexing converts to it
+    index -= low
+    return _scaled(*_grey_policy(table, dataset, schema, own_bounds))[index]
+
+
 def _grey_policy(
-    values: np.ndarray, dataset: Any, schema: ImageSchema
+    values: np.ndarray,
+    dataset: Any,
+    schema: ImageSchema,
+    own_bounds: Callable[[], tuple[float, float]],
 ) -> tuple[np.ndarray, tuple[float, float]]:
-    """The values to scale and the bounds mapped to 0 and 255, by the schema's policy."""
+    """The values to scale and the bounds mapped to 0 and 255, by the schema's policy
+    (``own_bounds``: the image's own range or percentiles, after the modality LUT)."""
     from pydicom.pixels import apply_voi_lut
 
     windowed = "WindowCenter" in dataset or "VOILUTSequence" in dataset
@@ -222,12 +251,12 @@ def _grey_policy(
         return windowed_values, (float(extremes.min()), float(extremes.max()))
     if policy == "bits":
         return values, _bit_range(dataset)
-    return values, _bounds(values, policy, schema)
+    return values, own_bounds()
 
 
-def _bounds(values: np.ndarray, policy: str, schema: ImageSchema) -> tuple[float, float]:
-    """``range``: the values' own minimum and maximum; ``percentiles``: their own."""
-    if policy == "percentiles":
+def _bounds(values: np.ndarray, schema: ImageSchema) -> tuple[float, float]:
+    """The values' own percentiles under ``percentiles``; else their minimum and maximum."""
+    if schema.intensity == "percentiles":
         low, high = np.percentile(values, schema.percentiles)
         return float(low), float(high)
     return float(values.min()), float(values.max())

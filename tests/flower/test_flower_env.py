@@ -66,3 +66,20 @@ def test_no_medmnist_install_hint_in_the_flower_environment(tmp_path: Path) -> N
         text=True, timeout=120, check=True,
     )  # fmt: skip
     assert done.stdout == "binary-class\n" and done.stderr == "", done
+
+
+def test_a_site_decodes_the_compressed_dicom_an_archive_exports(tmp_path: Path) -> None:
+    """A site reads its images in Flower's environment: the decoder plugins are there too."""
+    code = (
+        "from pydicom.data import get_testdata_file\n"
+        "from federated.image_files import ImageSchema, decode_file\n"
+        "for name in ('SC_rgb_jpeg_gdcm.dcm', 'JPGExtended.dcm', 'MR_small_jpeg_ls_lossless.dcm',"
+        " 'MR_small_jp2klossless.dcm', 'MR_small_RLE.dcm'):\n"
+        "    print(decode_file(get_testdata_file(name), ImageSchema(size=32)).pixels.shape)\n"
+    )
+    done = subprocess.run(
+        [str(FLOWER_BIN / "python"), "-c", code], env=bare_env(tmp_path), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "(32, 32)\n" * 5

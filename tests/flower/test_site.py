@@ -189,7 +189,7 @@ def test_the_privacy_a_site_is_promised_is_in_its_plan_and_local_dp_can_be_insis
 
 
 def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_register(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from federated.data import Split
     from federated.own_data import write_image_folder
@@ -204,6 +204,7 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     write_plan(plan, site_task(own_params(size=8), dataset_info_of(own_params(size=8).data)))
     make_tls(tmp_path)
     make_site_key(tmp_path, "site")
+    monkeypatch.setenv("FEDSIEVE_CACHE", str(tmp_path / "site-cache"))
 
     code = site_main(["--data", str(tmp_path / "images"), "--plan", str(plan), "--superlink",
                       "hub:9092", "--ca", str(tmp_path / "ca.crt"), "--key",
@@ -213,6 +214,7 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     out = capsys.readouterr().out
     assert "images: 3 training, 1 test and 0 validation images fit" in out
     assert out.rstrip().endswith("register samples: 3")
+    assert len(list((tmp_path / "site-cache").glob("*.npz"))) == 1  # the trainer reads that
 
     wider = Split(np.zeros((2, 12, 12), np.uint8), labels[:2])  # two exported at 12 px
     write_image_folder(tmp_path / "mixed", splits | {"val": wider}, ("benign", "malignant"))
