@@ -60,7 +60,7 @@ GOAL_RATIO = 0.8
 GOAL_CACHED_S = 5.0
 
 
-def _smooth_hu(rng: np.random.Generator) -> np.ndarray:
+def ct_slice(rng: np.random.Generator) -> np.ndarray:
     """A CT-like slice in Hounsfield units: air, an elliptic body of soft tissue, a few
     Gaussian blobs (fat, organs, bone) and noise; float32 ``(512, 512)``."""
     axis = np.linspace(-1.0, 1.0, SOURCE_SIZE, dtype=np.float32)
@@ -76,7 +76,7 @@ def _smooth_hu(rng: np.random.Generator) -> np.ndarray:
     return hu + rng.normal(0.0, 15.0, hu.shape).astype(np.float32)
 
 
-def _write_ct(path: Path, hu: np.ndarray, bits_stored: int) -> None:
+def write_ct(path: Path, hu: np.ndarray, bits_stored: int) -> None:
     """A CT slice as DICOM: stored = HU + 1024 (int16, within ``bits_stored`` signed
     bits), Rescale Slope 1 and Intercept -1024, no window, explicit VR little endian."""
     from pydicom.dataset import Dataset, FileMetaDataset
@@ -113,9 +113,9 @@ def _write_one(job: tuple[str, str, int, int]) -> int:
     rng = np.random.default_rng([seed, index])
     path = Path(folder) / f"{index:05d}.{kind}"
     if kind == "dcm":
-        _write_ct(path, _smooth_hu(rng), bits_stored=16 if index % 2 else 12)
+        write_ct(path, ct_slice(rng), bits_stored=16 if index % 2 else 12)
     else:
-        _write_png(path, _smooth_hu(rng))
+        _write_png(path, ct_slice(rng))
     return path.stat().st_size
 
 
