@@ -22,7 +22,7 @@ export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
 .PHONY: setup setup-flower deps deps-flower project project-flower flower-cli run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
-	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 compose-env container-smoke container-faults federation-smoke clean
+	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 bench-own-images bench-serving compose-env container-smoke container-faults federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
@@ -111,6 +111,12 @@ bench-federation:  # real sites on loopback (TLS, authentication) beside Flower'
 
 bench-overhead:
 	$(BIN)/python -m benchmarks.overhead
+
+bench-own-images:  # 20,000 DICOMs and PNGs written to a temporary folder (12 GB); minutes
+	$(BIN)/python -m benchmarks.own_images
+
+bench-serving:  # the champion behind `mlflow models serve`, and a diverged run through the gate
+	$(BIN)/python -m benchmarks.serving
 
 bench-numerics:  # what portable numerics cost (docs/configuration.md)
 	$(BIN)/python -m benchmarks.portable_numerics

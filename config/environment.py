@@ -76,6 +76,8 @@ def configure_environment(project: Path | None = None) -> None:
     for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST).items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
+    # MLflow's bar for each model download (fedsieve predict, the gate): a log full of bars
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # A flow's temporary server may take a while on a cold, busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     configure_numerics()

@@ -2,13 +2,13 @@
 
 Each carries a one-line message for the user. The CLI ends a command with exit code 2 on
 a :class:`UsageError` (the input is the user's to fix) and 1 on a :class:`ServiceError`
-(a tracking store or Prefect server that cannot be used) or a :class:`RunHalted` (a run
-that failed closed).
+(a tracking store or Prefect server that cannot be used), a :class:`RunHalted` (a run
+that failed closed) or a :class:`ModelRefused` (a trained model the gate did not register).
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "OpsError", "RunHalted", "ServiceError", "UsageError"]
+__all__ = ["ConfigError", "ModelRefused", "OpsError", "RunHalted", "ServiceError", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -30,3 +30,8 @@ class ServiceError(RuntimeError):
 class RunHalted(RuntimeError):
     """A run stopped on purpose: a round left out more clients than ``train.max_excluded``
     allows (fail closed, not aggregated from a minority)."""
+
+
+class ModelRefused(RuntimeError):
+    """A trained model that did not pass the registration gate (federated/gate.py): it is
+    logged on its run, not registered."""

@@ -412,6 +412,9 @@ class PrivacyParams(_Section):
 class TrackingParams(_Section):
     experiment: str = "fedsieve"
     register_model: bool = True
+    # the registered model's card (tasks/model_card.py): what it is for, and what not
+    intended_use: str = "not stated"
+    limitations: str = "not stated"
 
 
 class SiteParams(_Section):

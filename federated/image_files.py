@@ -132,7 +132,7 @@ def decode_image(
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """An image file's bytes (of the type ``suffix`` names) in ``schema``, and its size
     (height, width) before resizing."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     suffix = suffix.lower()
     try:
@@ -149,6 +149,11 @@ def decode_image(
             )
     except ImageFileError:
         raise
+    except UnidentifiedImageError:
+        raise ImageFileError(
+            f"not a readable image (no {suffix or 'image'} content Pillow recognises); check "
+            "the file, or export it again"
+        ) from None
     except Exception as error:  # Pillow's and pydicom's own errors: truncated, not an image
         raise ImageFileError(
             f"not a readable image ({_one_line(error)}); check the file, or export it again"

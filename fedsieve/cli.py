@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from config.environment import configure_environment
-from config.errors import RunHalted, ServiceError, UsageError
-from fedsieve import explain, ops
+from config.errors import ModelRefused, RunHalted, ServiceError, UsageError
+from fedsieve import explain, ops, predict
 from fedsieve.arguments import (
     add_params_arguments,
     add_resume_argument,
@@ -350,6 +350,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         ops.add_promote_arguments,
         ops.promote,
     ),
+    "predict": (
+        "apply the registered model (or a model folder) to image files: classes, probabilities",
+        predict.add_predict_arguments,
+        predict.predict,
+    ),
 }
 
 
@@ -380,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except usage_errors() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 2
-    except (ServiceError, RunHalted) as error:  # a server that is not there; a run failed closed
+    except (ServiceError, RunHalted, ModelRefused) as error:  # no server; failed closed; refused
         print(f"fedsieve: error: {error}", file=sys.stderr)
         return 1
 

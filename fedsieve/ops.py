@@ -351,7 +351,10 @@ def promote(args: argparse.Namespace, workdir: Path) -> int:
         f"{champion.model} version {champion.version} is now @{CHAMPION}{was}: run "
         f"{champion.run_id} ({champion.run_name}), {champion.metric} = {champion.value:.4f}"
     )
-    print(f"load it with: mlflow.pytorch.load_model('models:/{champion.model}@{CHAMPION}')")
+    print(
+        f"apply it: fedsieve predict FILES... --model models:/{champion.model}@{CHAMPION}, or "
+        f"mlflow.pyfunc.load_model('models:/{champion.model}@{CHAMPION}')"
+    )
     return 0
 
 

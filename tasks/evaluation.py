@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,9 @@ from config.errors import ServiceError
 from config.params import Params, eval_batch_size
 from federated.attacks import Backdoor
 from federated.backdoor_eval import attack_success_rate, triggered_test_set
-from federated.data import DatasetInfo, MedMNISTData, to_tensors
+from federated.data import MedMNISTData, to_tensors
+from federated.gate import GateDecision
+from federated.inference import save_classifier
 from federated.layout import use_fast_layout_
 from federated.metrics import (
     CALIBRATION_BINS,
@@ -40,6 +43,7 @@ from federated.metrics import (
 )
 from federated.server import Federation, ServerState
 from tasks.plots import plot_reliability
+from tasks.registration import record_decision
 from tasks.reports import ProjectPaths, read_local_tests, write_json
 from tasks.tracking import Tracker
 from tasks.training import run_attack
@@ -313,16 +317,19 @@ def log_final_results(
     paths: ProjectPaths,
     results: dict[str, Any],
     model: torch.nn.Module,
-    info: DatasetInfo,
-) -> None:
-    """Final metrics (``final_*``), the pre-test rates and reports, and the model, logged
-    and registered as ``fedsieve-<dataset>`` (comparison cells skip the model). A run is
-    green only with all of it: should tracking fail here (the store away while the model
-    is logged), the whole record is tried once more, and if the store still does not
-    answer the stage fails in one line saying what to run (its outputs are kept)."""
+    gate: GateDecision,
+) -> str | None:
+    """Final metrics (``final_*``), the pre-test rates and reports, the registration
+    gate's decision, and the model (image files in, probabilities out), logged, and
+    registered as ``fedsieve-<dataset>`` when the gate passed it (comparison cells skip
+    the model): the registered version, or None. A run is green only with all of it:
+    should tracking fail here (the store away while the model is logged), the whole
+    record is tried once more, and if the store still does not answer the stage fails in
+    one line saying what to run (its outputs are kept)."""
+    version: list[str | None] = [None]
 
     def record() -> None:
-        _record_final_results(tracker, params, paths, results, model, info)
+        version[0] = _record_final_results(tracker, params, paths, results, model, gate)
 
     record()
     if not tracker.retried("the final results and the model", record):
@@ -332,6 +339,7 @@ def log_final_results(
             "evaluate` (or `fedsieve run --resume`) once the tracking server answers, and "
             "they are logged, and the model registered, in the same MLflow run"
         )
+    return version[0]
 
 
 def _record_final_results(
@@ -340,8 +348,8 @@ def _record_final_results(
     paths: ProjectPaths,
     results: dict[str, Any],
     model: torch.nn.Module,
-    info: DatasetInfo,
-) -> None:
+    gate: GateDecision,
+) -> str | None:
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
     if paths.calibration.exists():
@@ -358,10 +366,11 @@ def _record_final_results(
         )
         for path in (paths.pretest, paths.pretest_plot):
             tracker.log_artifact(path, "pretest")
-    if params.tracking.register_model:
-        # two images: torch.export fixes a batch dimension of size 1, and the registered
-        # model would then take one image at a time; their shape from the dataset's
-        # description (a hub may hold no images)
-        example = np.zeros((2, info.n_channels, info.size, info.size), dtype=np.float32)
-        registered = f"fedsieve-{params.data.dataset}"
-        tracker.log_model(model, input_example=example, registered_name=registered)
+    if not params.tracking.register_model:
+        return None
+    record_decision(tracker, "registration", gate)
+    info = dataset_info_of(params.data)
+    registered = f"fedsieve-{params.data.dataset}" if gate.passed else None
+    with tempfile.TemporaryDirectory(prefix="fedsieve-classifier-") as folder:
+        classifier = save_classifier(Path(folder), model.cpu(), params.model.name, info)
+        return tracker.log_model(classifier, info, registered_name=registered)

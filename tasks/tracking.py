@@ -31,6 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from config.dataset import dataset_info_of
 from config.environment import DEFAULT_TRACKING_URI, tracking_uri
 from config.params import Params, params_hash, privacy_unaccounted
+from federated.data import DatasetInfo
 from tasks.reports import ProjectPaths
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "flatten_params",
     "fluent_tracking_at",
     "git_commit",
+    "model_requirements",
     "open_training_run",
     "run_tags",
     "tracking_uri",
@@ -394,31 +396,43 @@ class Tracker:
                 lambda: self._client.log_table(self.run_id, _frame(rows), artifact_file),
             )
 
-    def log_model(self, model: Any, *, input_example: Any, registered_name: str | None) -> None:
-        """Log the torch model as ``model`` and register it (when a name is given)."""
-        self._guarded(
-            "logging the model", lambda: self._log_model(model, input_example, registered_name)
+    def log_model(
+        self, classifier: Path, info: DatasetInfo, *, registered_name: str | None
+    ) -> str | None:
+        """Log the classifier folder as the run's pyfunc ``model`` (image files in, class
+        probabilities out: :mod:`tasks.served_model`) and register it when a name is
+        given; the registered version (None: not registered)."""
+        return self._guarded(
+            "logging the model", lambda: self._log_model(classifier, info, registered_name)
         )
 
-    def _log_model(self, model: Any, input_example: Any, registered_name: str | None) -> None:
+    def _log_model(
+        self, classifier: Path, info: DatasetInfo, registered_name: str | None
+    ) -> str | None:
         import mlflow
-        import mlflow.pytorch
-        import torch
+        import mlflow.pyfunc
 
-        if registered_name is not None and self._client.search_model_versions(
-            f"name='{registered_name}' and run_id='{self.run_id}'"
+        from tasks.served_model import CLASSIFIER_ARTIFACT, ImageModel, input_example, signature
+
+        if registered_name is not None and (
+            earlier := self._client.search_model_versions(
+                f"name='{registered_name}' and run_id='{self.run_id}'"
+            )
         ):
-            return  # registered by an earlier try of this run: once is enough
+            return str(earlier[0].version)  # registered by an earlier try of this run
         with fluent_tracking_at(self.uri), mlflow.start_run(run_id=self.run_id):
-            mlflow.pytorch.log_model(
-                model,
+            logged = mlflow.pyfunc.log_model(
                 name="model",
-                input_example=input_example,
+                python_model=ImageModel(),
+                artifacts={CLASSIFIER_ARTIFACT: str(classifier)},
+                signature=signature(info),
+                input_example=input_example(info),
                 registered_model_name=registered_name,
-                # the one requirement; inferring them runs a subprocess
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                pip_requirements=model_requirements(),  # inferring them runs a subprocess
                 await_registration_for=0,
             )
+        version = logged.registered_model_version
+        return None if version is None else str(version)
 
     @contextlib.contextmanager
     def ended_on_failure(self) -> Iterator[None]:
@@ -561,3 +575,13 @@ def open_training_run(
             digest = hashlib.md5(paths.partition.read_bytes()).hexdigest()
             tracker.log_dataset("partition", digest, str(paths.partition), "partition")
     return tracker
+
+
+def model_requirements() -> list[str]:
+    """What the served model needs: fedsieve's engine (its reader and models, installed
+    where the model is loaded) with the versions in this environment, and MLflow."""
+    from importlib.metadata import version
+
+    names = ("torch", "numpy", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
+             "pylibjpeg-openjpeg", "pylibjpeg-rle", "Pillow", "pandas", "mlflow")  # fmt: skip
+    return [f"{name}=={version(name).split('+')[0]}" for name in names]

@@ -171,6 +171,18 @@ def test_compose_has_the_servers_the_deployments_and_a_worker(compose):
         assert services[name]["healthcheck"]["test"][0] == "CMD"
 
 
+def test_compose_serves_the_champion_with_mlflows_own_server(compose):
+    model = compose["services"]["model"]
+    command = model["command"]
+
+    assert model["entrypoint"] == ["mlflow"] and command[:2] == ["models", "serve"]
+    assert command[command.index("-m") + 1].endswith("@champion")
+    assert command[command.index("--env-manager") + 1] == "local"  # the image has fedsieve
+    assert model["ports"] == ["127.0.0.1:5002:5002"]
+    assert model["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert "/ping" in model["healthcheck"]["test"][-1]
+
+
 def test_compose_publishes_ports_on_loopback_only(compose):
     published = [
         (name, port) for name, s in compose["services"].items() for port in s.get("ports", [])
@@ -459,7 +471,9 @@ def test_both_servers_require_credentials_every_client_has_them_and_none_has_a_d
     }
     for value in secret_of.values():  # required from .env, never a default in the file
         assert value.startswith("${FEDSIEVE_") and ":?" in value and ":-" not in value
-    clients = [s for name, s in services.items() if name in ("deploy", "worker", "worker-gpu")]
+    clients = [
+        s for name, s in services.items() if name in ("deploy", "worker", "worker-gpu", "model")
+    ]
     for client in clients:
         env = client["environment"]
         assert env["PREFECT_API_AUTH_STRING"] == secret_of["prefect"]

@@ -22,9 +22,9 @@ from config.params import load_params
 from fedsieve import ops as fedsieve_ops
 from fedsieve.cli import main
 
-TINY = [
+TINY = [  # three rounds: the first model that passes the registration gate (federated/gate.py)
     "partition.num_clients=3",
-    "train.rounds=1",
+    "train.rounds=3",
     "train.local_epochs=1",
     "train.device=cpu",
     "eval.target_acc=0.5",
@@ -347,7 +347,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
     }, processes.log("worker")[-8000:]
 
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
-    assert metrics["rounds"] == 1
+    assert metrics["rounds"] == 3
     client = MlflowClient(tracking)
     [run] = client.search_runs([client.get_experiment_by_name("fedsieve").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist-fedavg"

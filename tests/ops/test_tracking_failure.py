@@ -19,7 +19,8 @@ from flows.pipeline import pipeline_flow
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["partition.num_clients=3", "train.rounds=1", "train.local_epochs=1", "train.device=cpu"]
+# three rounds: the first model that passes the registration gate (federated/gate.py)
+TINY = ["partition.num_clients=3", "train.rounds=3", "train.local_epochs=1", "train.device=cpu"]
 
 
 class Records(logging.Handler):
@@ -74,7 +75,7 @@ def test_mlflow_gives_up_within_seconds_not_minutes():
 def test_training_goes_on_and_everything_is_kept_locally(unreachable_run):
     project = unreachable_run["project"]
     metrics = json.loads((project / "reports" / "metrics.json").read_text())
-    assert metrics == unreachable_run["results"] and metrics["rounds"] == 1
+    assert metrics == unreachable_run["results"] and metrics["rounds"] == 3
     assert {"test_acc", "test_auc", "test_loss"} <= set(metrics)
     for name in ("rounds.csv", "exclusions.csv", "partition.json"):
         assert (project / "reports" / name).exists(), name
@@ -144,22 +145,27 @@ def mlflow_server(module_mlflow_server: MlflowServer) -> MlflowServer:
 
 
 def test_a_model_the_store_missed_is_logged_and_registered_once_when_it_answers(
-    mlflow_server: MlflowServer,
+    mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     """The server goes away as the model is logged (the run's metrics already in): the
     model and its version are owed to the run; when it answers, one more try logs and
     registers it, and a later try does not register it twice."""
     from mlflow import MlflowClient
 
+    from federated.data import dataset_info
+    from federated.inference import save_classifier
+    from models import build_model
     from tasks.tracking import Tracker
 
     tracker = Tracker("model-outage", mlflow_server.url)
     tracker.start(run_id=None, run_name="r", tags={})
     tracker.log_metrics({"final_test_acc": 0.8})
-    example = torch.ones(2, 3).numpy()
+    info = dataset_info("breastmnist")
+    model = build_model("logreg", in_channels=1, num_classes=2, image_size=28)
+    classifier = save_classifier(tmp_path / "classifier", model, "logreg", info)
 
     def log_model() -> None:
-        tracker.log_model(torch.nn.Linear(3, 2), input_example=example, registered_name="owed")
+        tracker.log_model(classifier, info, registered_name="owed")
 
     mlflow_server.stop()
     log_model()
@@ -239,7 +245,7 @@ def test_a_store_away_at_evaluation_fails_the_stage_and_evaluate_later_registers
 
     with pytest.raises(ServiceError, match=r"run `fedsieve evaluate` .* once the tracking"):
         evaluate_flow(params, project)
-    assert json.loads((project / "reports" / "metrics.json").read_text())["rounds"] == 1
+    assert json.loads((project / "reports" / "metrics.json").read_text())["rounds"] == 3
     mlflow_server.start()
     results = evaluate_flow(params, project)
 

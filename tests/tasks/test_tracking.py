@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
-import torch
 from mlflow import MlflowClient
 
 from config.errors import ServiceError
+from federated.data import dataset_info
 from tasks.tracking import Tracker, flatten_params, unsignalled
 from tasks.training import halt_if_tracking_lost
 
@@ -227,19 +227,12 @@ def test_params_metrics_tables_and_nan_are_logged_as_mlflow_shows_them(tmp_path)
 
 
 def test_a_model_that_cannot_be_logged_is_stated_once_and_tracking_goes_quiet(tmp_path, caplog):
-    class Unexportable(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if x.sum() > 0:  # data-dependent control flow: torch.export refuses it
-                return x
-            return -x
-
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = Tracker("unexportable", uri)
+    tracker = Tracker("unloggable", uri)
     tracker.start(run_id=None, run_name="r", tags={})
     with caplog.at_level("WARNING", logger="fedsieve.tracking"):
-        tracker.log_model(
-            Unexportable(), input_example=torch.ones(2, 3).numpy(), registered_name=None
-        )
+        gone = tmp_path / "classifier-deleted-meanwhile"
+        tracker.log_model(gone, dataset_info("breastmnist"), registered_name=None)
         tracker.log_metrics({"after": 1.0})
     tracker.end()
 
@@ -250,6 +243,15 @@ def test_a_model_that_cannot_be_logged_is_stated_once_and_tracking_goes_quiet(tm
     assert "after" not in MlflowClient(uri).get_run(tracker.run_id).data.metrics
 
 
+def classifier_folder(path):
+    """A small registered-model folder (logistic regression on BreastMNIST's schema)."""
+    from federated.inference import save_classifier
+    from models import build_model
+
+    model = build_model("logreg", in_channels=1, num_classes=2, image_size=28)
+    return save_classifier(path, model, "logreg", dataset_info("breastmnist"))
+
+
 def test_logging_a_model_leaves_the_process_environment_as_it_was(tmp_path, monkeypatch):
     """MLflow's fluent API writes MLFLOW_TRACKING_URI into os.environ; a run that logged its
     model must not hand its store to every child process started after it (a later run's
@@ -258,8 +260,8 @@ def test_logging_a_model_leaves_the_process_environment_as_it_was(tmp_path, monk
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker("environment", uri)
     tracker.start(run_id=None, run_name="r", tags={})
-    model = torch.nn.Linear(3, 2)
-    tracker.log_model(model, input_example=torch.ones(2, 3).numpy(), registered_name="env")
+    info = dataset_info("breastmnist")
+    tracker.log_model(classifier_folder(tmp_path / "classifier"), info, registered_name="env")
     tracker.end()
 
     assert tracker.failed is None

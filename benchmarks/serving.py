@@ -1,0 +1,264 @@
+"""Benchmark: the registered model served by ``mlflow models serve`` on CPU (not a test).
+
+    python -m benchmarks.serving [--requests 200] [--batch 32] [--batches 20]
+
+Registers the default model (params.yaml's ``small_cnn`` at 28 px, BreastMNIST's schema,
+trained briefly) as a run registers it, serves ``models:/fedsieve-breastmnist@champion``
+with ``--env-manager local`` on 127.0.0.1, and measures over real HTTP with CT-like DICOM
+files (512x512, signed 16-bit, no window):
+
+- ``p50_ms``, ``p95_ms``: one DICOM a request, ``requests`` requests one after another;
+- ``images_per_s``: ``batches`` requests of ``batch`` DICOMs each;
+- ``reader_images_per_s``: the training reader's own rate on the same files in one
+  process (the server runs one), and ``batch_to_reader``: the served rate over it;
+- ``same_as_in_process``: every REST answer equals the in-process model's within 1e-6;
+- ``diverged_run_registered``: whether a pipeline run made to diverge (central DP with a
+  noise multiplier of 50: finite weights, a test loss of about 1e13) registered a model
+  (it must not).
+
+Goals: p50 <= 50 ms, and batches at >= 0.8 of the reader's images per second. Writes
+``benchmarks/results/serving-cpu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NAME = "fedsieve-breastmnist"
+GOAL_P50_MS = 50.0
+GOAL_BATCH_RATIO = 0.8
+# central DP with far too much noise: finite weights, a test loss of about 1e13, AUC 0.5
+DIVERGE = ["train.rounds=2", "partition.num_clients=3", "privacy.mode=central",
+           "privacy.noise_multiplier=50", "privacy.clip=10"]  # fmt: skip
+
+
+def _register(root: Path, medmnist_root: Path) -> tuple[str, Path]:
+    """A tracking store whose champion is the default model trained a few steps; its
+    URI and the classifier folder."""
+    import torch
+    from mlflow import MlflowClient
+
+    from federated.data import load_medmnist
+    from federated.inference import save_classifier
+    from models import build_model
+    from tasks.tracking import Tracker
+
+    data = load_medmnist("breastmnist", medmnist_root)
+    torch.manual_seed(0)
+    model = build_model("small_cnn", in_channels=1, num_classes=2, image_size=28)
+    images = torch.from_numpy(data.train.images).float().unsqueeze(1) / 127.5 - 1
+    targets = torch.from_numpy(data.train.targets).long()
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(20):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        optimiser.step()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    tracker = Tracker("serving-benchmark", uri)
+    tracker.start(run_id=None, run_name="served", tags={})
+    classifier = save_classifier(root / "classifier", model, "small_cnn", data.info)
+    version = tracker.log_model(classifier, data.info, registered_name=NAME)
+    tracker.end()
+    if version is None:
+        raise SystemExit(f"the model was not registered: {tracker.failed}")
+    MlflowClient(uri).set_registered_model_alias(NAME, "champion", version)
+    return uri, classifier
+
+
+def _dicoms(folder: Path, count: int) -> list[Path]:
+    from benchmarks.own_images import ct_slice, write_ct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for index in range(count):
+        path = folder / f"{index:04d}.dcm"
+        write_ct(path, ct_slice(np.random.default_rng([7, index])), bits_stored=12)
+        files.append(path)
+    return files
+
+
+def _serve(uri: str, root: Path, port: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    env = os.environ | {"MLFLOW_TRACKING_URI": uri}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log = (root / "serve.log").open("wb")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m",
+         f"models:/{NAME}@champion", "--env-manager", "local", "--host", "127.0.0.1",
+         "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    _stop(server)
+    raise SystemExit(f"the model server did not answer: {(root / 'serve.log').read_text()[-2000:]}")
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """The server and its uvicorn worker: its whole session, by the leader's PID."""
+    import signal
+
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _post(client: Any, port: int, files: list[bytes]) -> list[dict[str, Any]]:
+    rows = [[base64.b64encode(raw).decode()] for raw in files]
+    reply = client.post(
+        f"http://127.0.0.1:{port}/invocations",
+        json={"dataframe_split": {"columns": ["image"], "data": rows}},
+        timeout=120,
+    )
+    reply.raise_for_status()
+    return reply.json()["predictions"]
+
+
+def _measure(port: int, files: list[Path], args: argparse.Namespace, classifier: Path):
+    import httpx
+
+    from federated.inference import load_classifier
+
+    raws = [f.read_bytes() for f in files]
+    local = load_classifier(classifier)
+    labels = local.info.labels
+    start = time.perf_counter()
+    expected = local.predict_files(files).probabilities
+    reader_s = time.perf_counter() - start
+    latencies, answers = [], []
+    with httpx.Client() as client:
+        _post(client, port, raws[:1])  # warm
+        for index in range(args.requests):
+            start = time.perf_counter()
+            answers += _post(client, port, [raws[index % len(raws)]])
+            latencies.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        for index in range(args.batches):
+            chunk = [raws[(index * args.batch + k) % len(raws)] for k in range(args.batch)]
+            _post(client, port, chunk)
+        batch_s = time.perf_counter() - start
+        batch_answers = _post(client, port, raws)
+    got = np.array([[row[f"p({label})"] for label in labels] for row in batch_answers])
+    single = np.array([[row[f"p({label})"] for label in labels] for row in answers])
+    singles_expected = expected[[i % len(raws) for i in range(args.requests)]]
+    difference = max(np.abs(got - expected).max(), np.abs(single - singles_expected).max())
+    images_per_s = args.batches * args.batch / batch_s
+    reader = len(files) / reader_s
+    return {
+        "p50_ms": round(float(np.percentile(latencies, 50)), 2),
+        "p95_ms": round(float(np.percentile(latencies, 95)), 2),
+        "images_per_s": round(images_per_s, 1),
+        "reader_images_per_s": round(reader, 1),
+        "batch_to_reader": round(images_per_s / reader, 3),
+        "max_difference_to_in_process": float(difference),
+        "same_as_in_process": bool(difference <= 1e-6),
+    }
+
+
+def _diverged_run_registered(root: Path, medmnist_root: Path) -> dict[str, Any]:
+    """A pipeline run made to diverge, in a project of its own: its exit code, its last
+    line, and whether any model version was registered."""
+    from mlflow import MlflowClient
+
+    project = root / "diverged"
+    project.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("params.yaml", "dvc.yaml"):
+        shutil.copy(repo / name, project / name)
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    env = os.environ | {"MLFLOW_TRACKING_URI": uri, "MEDMNIST_ROOT": str(medmnist_root)}
+    command = [str(Path(sys.executable).parent / "fedsieve"), "run"]
+    for override in DIVERGE:
+        command += ["--set", override]
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    versions = MlflowClient(uri).search_model_versions(f"name='{NAME}'")
+    last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    return {"command": " ".join(command[1:]), "exit_code": done.returncode,
+            "last_line": last, "registered": bool(versions)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving-cpu.json"))
+    args = parser.parse_args(argv)
+
+    import socket
+
+    import mlflow
+
+    from benchmarks.common import cpu_model, versions
+
+    repo = Path(__file__).resolve().parents[1]
+    medmnist_root = Path(os.environ.get("MEDMNIST_ROOT") or repo.parent / "shared/data/medmnist")
+    root = Path(tempfile.mkdtemp(prefix="serving-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        uri, classifier = _register(root, medmnist_root)
+        files = _dicoms(root / "dicom", max(args.batch, 64))
+        server = _serve(uri, root, port)
+        try:
+            served = _measure(port, files, args, classifier)
+        finally:
+            _stop(server)
+        diverged = _diverged_run_registered(root, medmnist_root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report = {
+        "benchmark": "serving",
+        "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": {"kind": "cpu", "cpu_model": cpu_model(),
+                   "nproc": len(os.sched_getaffinity(0)), "platform": platform.platform()},
+        "versions": versions(mlflow=mlflow.__version__),
+        "model": "small_cnn, 28 px grey, BreastMNIST's two classes",
+        "images": "CT-like DICOM, 512x512, signed 16-bit (12 stored), no window",
+        "requests": args.requests, "batch": args.batch, "batches": args.batches,
+        **served,
+        "goal_p50_ms": GOAL_P50_MS, "meets_p50": served["p50_ms"] <= GOAL_P50_MS,
+        "goal_batch_to_reader": GOAL_BATCH_RATIO,
+        "meets_batch": served["batch_to_reader"] >= GOAL_BATCH_RATIO,
+        "diverged_run": diverged,
+        "diverged_run_registered": diverged["registered"],
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"p50 {served['p50_ms']} ms, p95 {served['p95_ms']} ms, batches "
+        f"{served['images_per_s']} images/s ({served['batch_to_reader']} of the reader's), "
+        f"same as in process: {served['same_as_in_process']}; diverged run registered: "
+        f"{diverged['registered']} (exit {diverged['exit_code']}: {diverged['last_line']})"
+    )
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""The card of a registered model version (after Google's Model Card Toolkit): what it
+is, what each site trained on, how it was aggregated and who was left out, how it scores
+and is calibrated, its privacy, and where it came from. Written as ``card.json`` and
+``card.md`` beside the model, and as the version's description, which the MLflow UI
+shows with the version. No image is in it: a site is its name, counts and digest."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from config.params import Params
+from federated.data import DatasetInfo
+from tasks.reports import ProjectPaths
+
+__all__ = ["build_card", "card_markdown"]
+
+
+def build_card(
+    params: Params,
+    paths: ProjectPaths,
+    results: dict[str, Any],
+    run: dict[str, Any],
+    info: DatasetInfo,
+) -> dict[str, Any]:
+    """The card's fields from the run's reports and params (``run``: the model's name,
+    version, run id, tags, the gate's decisions and the plan's digest)."""
+    return {
+        "model": {
+            "name": run["name"], "version": run["version"], "run_id": run["run_id"],
+            "architecture": params.model.name, "task": info.task, "classes": list(info.labels),
+            "input": _input_text(info),
+        },
+        "intended_use": params.tracking.intended_use,
+        "limitations": params.tracking.limitations,
+        "data": {"dataset": params.data.dataset, "sites": _sites(params, paths, info)},
+        "training": {
+            "rule": params.aggregate.name,
+            "filters": [f.name for f in params.filters] or ["none"],
+            "rounds": results.get("rounds"), "selected_round": results.get("selected_round"),
+            "exclusions": _exclusions(paths.exclusions),
+        },
+        "performance": {
+            "test": {k[5:]: v for k, v in results.items() if k.startswith("test_")},
+            "sites": {k: v for k, v in results.items() if k.startswith(("site_", "sites_"))},
+            "gate": run.get("gate", {}),
+        },
+        "privacy": {"mode": params.privacy.mode, "epsilon": results.get("privacy_epsilon"),
+                    "delta": results.get("privacy_delta")},
+        "provenance": {
+            "plan_sha256": run.get("plan_sha256", ""),
+            "code_commit": run["tags"].get("git_commit", "unknown"),
+            "params_hash": run["tags"].get("params_hash", ""),
+        },
+    }  # fmt: skip
+
+
+def _input_text(info: DatasetInfo) -> str:
+    colour = "grey" if info.n_channels == 1 else "RGB"
+    return (
+        f"PNG, JPEG, BMP, TIFF or DICOM files, read as {colour} at {info.size}x{info.size} px "
+        f"(intensity {info.intensity}, resample {info.resample})"
+    )
+
+
+def _sites(params: Params, paths: ProjectPaths, info: DatasetInfo) -> list[dict[str, Any]]:
+    """Each site (simulated client or real site): its name, training samples, counts per
+    class where the hub knows them, and its data's digest where recorded."""
+    if params.federation.runtime == "flower":  # the hub knows what each site registered
+        return [{"site": site.name, "samples": site.samples} for site in params.federation.sites]
+    if not paths.partition_report.exists():
+        return []
+    report = json.loads(paths.partition_report.read_text())
+    rows = []
+    for client in report.get("clients", []):
+        row: dict[str, Any] = {
+            "site": client.get("name", f"client {client['client']}"),
+            "samples": client.get("size", client.get("samples")),
+        }
+        if "classes" in client:
+            row["classes"] = dict(zip(info.labels, client["classes"], strict=False))
+        if client.get("sha256") or report.get("data_sha256"):
+            row["sha256"] = client.get("sha256") or report["data_sha256"]
+        rows.append(row)
+    return rows
+
+
+def _exclusions(trail: Path) -> dict[str, Any]:
+    """How many client-rounds the filters left out, of how many, by reason, and which
+    clients were ever left out (the trail, ``reports/exclusions.csv``)."""
+    if not trail.exists():
+        return {"client_rounds": 0, "excluded": 0}
+    with trail.open() as handle:
+        rows = list(csv.DictReader(handle))
+    excluded = [r for r in rows if r.get("excluded") == "True"]
+    return {
+        "client_rounds": len(rows),
+        "excluded": len(excluded),
+        "by_reason": dict(Counter(r.get("reason") or "unstated" for r in excluded)),
+        "clients_ever_excluded": sorted({int(r["client"]) for r in excluded}),
+    }
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    """The card as markdown, for people (and the registry's version page)."""
+    model, data, training = card["model"], card["data"], card["training"]
+    lines = [
+        f"# {model['name']} version {model['version']}",
+        "",
+        f"A {model['architecture']} for a {model['task']} task: {', '.join(model['classes'])}.",
+        f"Input: {model['input']}. Output: one probability per class and the predicted class.",
+        "",
+        f"**Intended use.** {card['intended_use']}",
+        "",
+        f"**Limitations.** {card['limitations']}",
+        "",
+        f"## Data: {data['dataset']}, {len(data['sites'])} sites",
+        "",
+        "| site | samples | per class | data SHA-256 |",
+        "|---|---|---|---|",
+    ]
+    for site in data["sites"]:
+        classes = ", ".join(f"{k}: {v}" for k, v in site.get("classes", {}).items()) or "-"
+        lines.append(
+            f"| {site['site']} | {site['samples']} | {classes} | {site.get('sha256', '-')[:16]} |"
+        )
+    exclusions = training["exclusions"]
+    lines += [
+        "",
+        f"## Training: {training['rule']}, filters {', '.join(training['filters'])}",
+        "",
+        f"{training['rounds']} rounds (round {training['selected_round']} selected); "
+        f"{exclusions['excluded']} of {exclusions['client_rounds']} client-rounds excluded"
+        + (f" ({_counts(exclusions['by_reason'])})" if exclusions.get("by_reason") else "")
+        + ".",
+        "",
+        "## Performance on held-out data",
+        "",
+        *(f"- {k}: {_value(v)}" for k, v in card["performance"]["test"].items()),
+        *(f"- {k}: {_value(v)}" for k, v in card["performance"]["sites"].items()),
+        *(f"- gate, {k}: {v}" for k, v in card["performance"]["gate"].items()),
+        "",
+        f"## Privacy: {card['privacy']['mode']}"
+        + (
+            f", ε {card['privacy']['epsilon']:.3f} at δ {card['privacy']['delta']:g}"
+            if card["privacy"]["epsilon"] is not None
+            else ""
+        ),
+        "",
+        "## Provenance",
+        "",
+        f"- plan SHA-256: {card['provenance']['plan_sha256'] or '-'}",
+        f"- code commit: {card['provenance']['code_commit']}",
+        f"- params hash: {card['provenance']['params_hash']}",
+        f"- MLflow run: {model['run_id']}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _counts(by_reason: dict[str, int]) -> str:
+    return ", ".join(f"{reason}: {count}" for reason, count in by_reason.items())
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,99 @@
+"""The gate, end to end on BreastMNIST: a run made to diverge is logged but not
+registered and says why in one line; a worse model is registered but the better champion
+is kept, both scored on the same held-out images; each registered version has its card."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mlflow.artifacts
+import pytest
+from mlflow import MlflowClient
+
+from config.errors import ModelRefused
+from config.params import load_params
+from flows.pipeline import pipeline_flow
+from tasks.tracking import fluent_tracking_at
+
+pytestmark = pytest.mark.e2e
+
+NAME = "fedsieve-breastmnist"
+SMALL = ["partition.num_clients=3", "train.local_epochs=1"]
+# central DP with far too much noise: finite weights, a test loss of about 1e13, AUC 0.5
+DIVERGED = [*SMALL, "train.rounds=2", "privacy.mode=central", "privacy.noise_multiplier=50",
+            "privacy.clip=10"]  # fmt: skip
+
+
+def runs_by_name(client: MlflowClient) -> dict[str, object]:
+    experiment = client.get_experiment_by_name("fedsieve").experiment_id
+    return {r.info.run_id: r for r in client.search_runs([experiment])}
+
+
+def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(project, prefect_server):
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    good = pipeline_flow(load_params(project / "params.yaml", [*SMALL, "train.rounds=3"]), project)
+    [first] = client.search_model_versions(f"name='{NAME}'")
+    assert client.get_model_version_by_alias(NAME, "champion").version == first.version
+
+    with pytest.raises(ModelRefused) as refused:
+        pipeline_flow(load_params(project / "params.yaml", DIVERGED), project)
+    assert str(refused.value) == (
+        "the model is not registered: test AUC 0.500 is no better than a constant predictor's 0.5"
+    )
+    [diverged] = [r for r in runs_by_name(client).values() if r.info.run_id != first.run_id]
+    assert diverged.info.status == "FAILED"
+    assert diverged.data.tags["gate.registration"] == "refused"
+    assert diverged.data.metrics["gate_test_auc"] == 0.5
+    [logged] = client.search_logged_models(
+        [diverged.info.experiment_id], filter_string=f"source_run_id = '{diverged.info.run_id}'"
+    )
+    assert logged.name == "model"  # logged on its run, for a look
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 1  # not registered
+
+    worse = pipeline_flow(load_params(project / "params.yaml", [*SMALL, "train.rounds=2"]), project)
+    versions = client.search_model_versions(f"name='{NAME}'")
+    [second] = [v for v in versions if v.version != first.version]
+    assert client.get_model_version_by_alias(NAME, "champion").version == first.version
+    tags = client.get_run(second.run_id).data.tags
+    assert (tags["gate.registration"], tags["gate.champion"]) == ("passed", "refused")
+    metrics = client.get_run(second.run_id).data.metrics
+    assert metrics["gate_candidate_test_auc"] == pytest.approx(worse["test_auc"])
+    assert metrics["gate_champion_test_auc"] == pytest.approx(good["test_auc"])
+    assert worse["test_auc"] < good["test_auc"]
+    assert tags["gate.champion.reason"].startswith("the champion is kept: its test AUC")
+
+    card_of(client, first, good)
+
+
+def card_of(client: MlflowClient, version, results: dict) -> None:
+    """The first version's card: on its run, and as the version's description."""
+    with fluent_tracking_at(client.tracking_uri):
+        folder = mlflow.artifacts.download_artifacts(
+            run_id=version.run_id, artifact_path="model_card"
+        )
+    card = json.loads((Path(folder) / "card.json").read_text())
+    assert (Path(folder) / "card.md").read_text() == client.get_model_version(
+        NAME, version.version
+    ).description
+    assert card["model"] == {
+        "name": NAME, "version": str(version.version), "run_id": version.run_id,
+        "architecture": "small_cnn", "task": "binary-class",
+        "classes": ["malignant", "normal, benign"],
+        "input": "PNG, JPEG, BMP, TIFF or DICOM files, read as grey at 28x28 px (intensity "
+                 "auto, resample bilinear)",
+    }  # fmt: skip
+    sites = card["data"]["sites"]
+    assert [s["site"] for s in sites] == ["client 0", "client 1", "client 2"]
+    assert all(sum(s["classes"].values()) == s["samples"] for s in sites)
+    assert card["training"]["rule"] == "fedavg" and card["training"]["filters"] == ["none"]
+    assert card["training"]["exclusions"]["client_rounds"] == 9
+    assert card["performance"]["test"]["auc"] == pytest.approx(results["test_auc"])
+    assert {"ece", "brier"} <= set(card["performance"]["test"])
+    assert card["privacy"] == {"mode": "off", "epsilon": None, "delta": None}
+    assert len(card["provenance"]["plan_sha256"]) == 64
+    assert card["intended_use"].startswith("Research: comparing robust federated learning")
+    described = client.get_model_version(NAME, version.version).description
+    assert described.startswith(f"# {NAME} version {version.version}")
+    assert "| client 0 |" in described
