@@ -619,17 +619,21 @@ def test_runs_in_one_checkout_each_log_only_their_own_rounds(
         "PREFECT_API_URL": prefect_server,
         "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
     }
+    # one-round models, not ones the registration gate passes: these runs register none
+    unregistered = {"register_model": False}
     private = hub.flower_params(
         names, filters=[], eval={"every": 1, "round_scores": "accuracy"},
-        privacy={"mode": "central", "noise_multiplier": 1.0},
+        privacy={"mode": "central", "noise_multiplier": 1.0}, tracking=unregistered,
     )  # fmt: skip
     budget = privacy_budget(Params.model_validate(private))
     private["privacy"]["target_epsilon"] = (budget.epsilon(1) + budget.epsilon(2)) / 2
     runs = {
-        "failed": (fedsieve_run, hub.flower_params(names, train={"max_excluded": 0})),
+        "failed": (fedsieve_run, hub.flower_params(names, train={"max_excluded": 0},
+                                                   tracking=unregistered)),
         "second": (fedsieve_run, private),
-        "third": (make_run, hub.flower_params(names, train={"rounds": 1})),
-    }
+        "third": (make_run, hub.flower_params(names, train={"rounds": 1},
+                                              tracking=unregistered)),
+    }  # fmt: skip
     client, reported = MlflowClient(tracking), {}
     approved = hub.plan.read_bytes()
     for name, (command, raw) in runs.items():

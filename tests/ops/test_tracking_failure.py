@@ -80,7 +80,7 @@ def test_training_goes_on_and_everything_is_kept_locally(unreachable_run):
     for name in ("rounds.csv", "exclusions.csv", "partition.json"):
         assert (project / "reports" / name).exists(), name
     checkpoint = torch.load(project / "artifacts/checkpoints/train.pt", weights_only=True)
-    assert checkpoint["state"]["round"] == 1 and checkpoint["run_id"] is None
+    assert checkpoint["state"]["round"] == 3 and checkpoint["run_id"] is None
     model = torch.load(project / "artifacts/model/model.pt", weights_only=True)
     assert model and all(isinstance(v, torch.Tensor) for v in model.values())
 
