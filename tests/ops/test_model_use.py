@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ import httpx
 import mlflow.artifacts
 import mlflow.models
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -221,6 +223,16 @@ def test_the_served_champion_answers_png_and_dicom_as_the_model_in_process(
     assert [row["class"] for row in answers] == [store["labels"][i] for i in expected.argmax(1)]
     single = np.array([one.json()["predictions"][0][c] for c in columns(store)])
     assert np.allclose(single, expected[-1], atol=1e-6)
+
+    table = io.BytesIO()  # a batch without base64: a Parquet table of the files' bytes
+    pd.DataFrame({"image": [f.read_bytes() for f in files]}).to_parquet(table)
+    parquet = httpx.post(
+        f"{served}/invocations", content=table.getvalue(),
+        headers={"Content-Type": "application/vnd.apache.parquet"}, timeout=60,
+    )  # fmt: skip
+    assert parquet.status_code == 200, parquet.text
+    got = np.array([[row[c] for c in columns(store)] for row in parquet.json()["predictions"]])
+    assert np.allclose(got, expected, atol=1e-6)
 
 
 @pytest.mark.parametrize(
