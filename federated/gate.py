@@ -8,8 +8,8 @@ when that share is known.
 
 Champion: registered, and no worse than the current champion scored on the same
 held-out images now: its test AUC at least the champion's. A champion whose schema
-differs (classes, channels, size), or that cannot be scored, is kept, and the decision
-says so.
+differs (classes, channels, size) is kept, and the decision says so; one registered by an
+older fedsieve, which takes no image files, is replaced as if there were none.
 """
 
 from __future__ import annotations

@@ -133,6 +133,7 @@ def decode_image(
     """An image file's bytes (of the type ``suffix`` names) in ``schema``, and its size
     (height, width) before resizing."""
     from PIL import Image, UnidentifiedImageError
+    from pydicom.errors import InvalidDicomError
 
     suffix = suffix.lower()
     try:
@@ -151,8 +152,13 @@ def decode_image(
         raise
     except UnidentifiedImageError:
         raise ImageFileError(
-            f"not a readable image (no {suffix or 'image'} content Pillow recognises); check "
-            "the file, or export it again"
+            "not a readable image (no PNG, JPEG, BMP or TIFF content that Pillow recognises); "
+            "check the file, or export it again"
+        ) from None
+    except InvalidDicomError:
+        raise ImageFileError(
+            "not a DICOM file (no 'DICM' after its 128-byte preamble); export it as a DICOM "
+            "file, or give it the suffix of what it is"
         ) from None
     except Exception as error:  # Pillow's and pydicom's own errors: truncated, not an image
         raise ImageFileError(
@@ -173,8 +179,9 @@ def _pillow_eight_bit(image: Any, schema: ImageSchema) -> Any:
 
     deep = image.mode in PILLOW_DEEP_MODES
     if deep and schema.intensity == "window":
+        kind = "float" if image.mode == "F" else f"{32 if image.mode == 'I' else 16}-bit"
         raise ImageFileError(
-            f"a {image.mode} image has no window; use intensity auto, range or percentiles"
+            f"a {kind} image file has no window; use intensity auto, range or percentiles"
         )
     scaled_by_policy = deep or (image.mode == "L" and schema.intensity in ("range", "percentiles"))
     if not scaled_by_policy:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from federated.data import DatasetInfo, Split, to_tensors
-from federated.image_files import DICOM_SUFFIXES, ImageFileError, decode_file, decode_image
+from federated.image_files import DICOM_SUFFIXES, ImageFileError, decode_image
 from federated.metrics import logits_of, probabilities_of
 from models import build_model
 
@@ -84,8 +84,10 @@ class ImageClassifier:
         return self.predict_images(images)
 
     def read(self, path: Path) -> np.ndarray:
-        """One image file in the schema (ImageFileError or OSError: why not)."""
-        return decode_file(path, self.info.image_schema()).pixels
+        """One image file in the schema, told apart by its bytes as :meth:`predict_bytes`
+        does, whatever its suffix (ImageFileError or OSError: why not)."""
+        raw = Path(path).read_bytes()
+        return decode_image(raw, suffix_of(raw), self.info.image_schema())[0]
 
     def predict_files(self, paths: list[Path]) -> Prediction:
         return self.predict_images([self.read(path) for path in paths])

@@ -50,8 +50,13 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "params.yaml's dataset, models:/fedsieve-<dataset>@champion)",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("predictions.csv"), help="the CSV to write"
-    )
+        "--out", type=Path, default=Path("predictions.csv"),
+        help="the CSV to write (default: predictions.csv)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--params", type=Path, default=Path("params.yaml"),
+        help="the params whose dataset names the default model (default: params.yaml)",
+    )  # fmt: skip
 
 
 def predict(args: argparse.Namespace, workdir: Path) -> int:
@@ -59,7 +64,7 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
 
     items = _items(args.paths)
     try:
-        applied = load_applied_model(args.model or _default_model(workdir))
+        applied = load_applied_model(args.model or _default_model(workdir / args.params))
     except ValueError as error:
         raise OpsError(str(error)) from None
     labels = applied.classifier.info.labels
@@ -76,19 +81,18 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
           f"{applied.version or '(not registered)'}, {refused} refused")  # fmt: skip
     scored = _score_line(rows, applied.classifier.info)
     if scored:
-        print(scored)
+        print(scored, file=sys.stderr if scored.startswith("not scored") else sys.stdout)
     for row in rows:
         if row["error"]:
             print(f"fedsieve predict: {row['file']}: {row['error']}", file=sys.stderr)
     return 1 if refused else 0
 
 
-def _default_model(workdir: Path) -> str:
+def _default_model(params_file: Path) -> str:
     from config.params import load_params
 
-    params_file = workdir / "params.yaml"
     if not params_file.is_file():
-        raise OpsError("--model: no params.yaml here to name the dataset; give --model")
+        raise OpsError(f"--model: no {params_file} to name the dataset; give --model or --params")
     return DEFAULT_MODEL.format(dataset=load_params(params_file).data.dataset)
 
 
@@ -128,14 +132,12 @@ def _table_items(table: Path) -> list[Item]:
 
 def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict[str, str]], int]:
     """One output row per item, predicted a batch at a time; and how many were refused."""
-    from federated.image_files import decode_or_refuse
-
-    schema, labels = applied.classifier.info.image_schema(), applied.classifier.info.labels
+    labels = applied.classifier.info.labels
     rows, refused = [], 0
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
-        decoded = [decode_or_refuse(item.file, schema) for item in batch]
-        readable = [d.pixels for d in decoded if not isinstance(d, str)]
+        decoded = [_read_or_refuse(applied, item.file) for item in batch]
+        readable = [d for d in decoded if not isinstance(d, str)]
         prediction = applied.classifier.predict_images(readable)
         answers = iter(zip(prediction.classes, prediction.probabilities, strict=True))
         for item, result in zip(batch, decoded, strict=True):
@@ -154,6 +156,18 @@ def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict
     return rows, refused
 
 
+def _read_or_refuse(applied: AppliedModel, file: Path) -> np.ndarray | str:
+    """The file in the model's schema, read as the served model reads bytes; or why not."""
+    from federated.image_files import ImageFileError
+
+    try:
+        return applied.classifier.read(file)
+    except ImageFileError as error:
+        return str(error)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+
+
 def _score_line(rows: list[dict[str, str]], info: DatasetInfo) -> str | None:
     """With labels: the accuracy and AUC of the predicted rows (labels by class name or
     index), as the training's metrics compute them."""
@@ -163,10 +177,13 @@ def _score_line(rows: list[dict[str, str]], info: DatasetInfo) -> str | None:
     if not labelled or info.multi_label:
         return None
     index = {name: i for i, name in enumerate(info.labels)}
-    targets = np.array([index.get(r["label"], int(r["label"]) if r["label"].isdigit() else -1)
-                        for r in labelled])  # fmt: skip
-    if (targets < 0).any() or (targets >= len(info.labels)).any():
-        return None
+    index |= {str(i): i for i in range(len(info.labels))}
+    unknown = sorted({r["label"] for r in labelled if r["label"] not in index})
+    if unknown:
+        allowed = ", ".join(repr(label) for label in info.labels)
+        return (f"not scored: label(s) {', '.join(map(repr, unknown))} are not classes of the "
+                f"model; allowed: {allowed} (or 0..{len(info.labels) - 1})")  # fmt: skip
+    targets = np.array([index[r["label"]] for r in labelled])
     scores = np.array([[float(r[f"p({label})"]) for label in info.labels] for r in labelled])
     acc, auc = accuracy_auc(scores, targets, multi_label=False)
     return f"scored against {len(labelled)} labels: accuracy {acc:.4f}, AUC {auc:.4f}"

@@ -30,6 +30,7 @@ from tasks.tracking import Tracker, fluent_tracking_at
 __all__ = ["CHAMPION", "crown_champion", "publish_card", "record_decision", "registration_gate"]
 
 CHAMPION = "champion"  # the registered model's alias hospitals load
+OLDER_KIND = "it does not take image files (registered by an older fedsieve)"
 
 
 def registration_gate(results: dict[str, Any], data: MedMNISTData | None) -> GateDecision:
@@ -82,6 +83,8 @@ def crown_champion(
                 loaded = mlflow.pyfunc.load_model(f"models:/{name}@{CHAMPION}")
             champion_auc, note = _champion_auc(loaded, data, info)
         decision = champion_decision(candidate_auc, champion_auc, note)
+        if note == OLDER_KIND:  # of no use to a hospital now: this model takes its place
+            decision = GateDecision(True, f"the champion is replaced: {note}", decision.scores)
     if decision.passed:
         client.set_registered_model_alias(name, CHAMPION, version)
     record_decision(tracker, "champion", decision)
@@ -104,7 +107,7 @@ def _champion_auc(loaded: Any, data: MedMNISTData, info: DatasetInfo) -> tuple[f
     try:
         classifier = loaded.unwrap_python_model().classifier
     except Exception:  # a model registered before models took image files
-        return None, "it does not take image files (registered by an older fedsieve)"
+        return None, OLDER_KIND
     theirs = (classifier.info.labels, classifier.info.n_channels, classifier.info.size)
     if theirs != (info.labels, info.n_channels, info.size):
         return None, "its schema (classes, channels, size) differs from this model's"

@@ -8,7 +8,8 @@ name and the dataset's schema. Reading a file is the training reader's code
 the model is loaded (``--env-manager local``).
 
 Input: a table with a column ``image`` (a file's bytes: PNG, JPEG, DICOM, ...; base64 in
-a REST request) or ``path`` (a file on the serving machine), one image a row. Output:
+a REST request) or ``path`` (a file on the serving machine; refused where
+``FEDSIEVE_MODEL_READS_PATHS=0``), one image a row. Output:
 ``class`` (the predicted class name) and one column ``p(<class>)`` per class. A file that
 cannot be read is an error naming the image and why: a 400 reply when served.
 """
@@ -16,6 +17,7 @@ cannot be read is an error naming the image and why: a 400 reply when served.
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ __all__ = [
 
 CLASSIFIER_ARTIFACT = "classifier"  # the classifier folder among the model's artifacts
 INPUT_COLUMNS = ("image", "path")
+# "0" where the model is served to clients who must not read the server's files
+READS_PATHS = "FEDSIEVE_MODEL_READS_PATHS"
 # written by MLflow beside a model it downloads from the registry: its name and version
 REGISTERED_MODEL_META = "registered_model_meta"
 
@@ -127,6 +131,8 @@ def _file_bytes(row: dict[str, Any]) -> bytes:
         return bytes(image)
     path = row.get("path")
     if isinstance(path, str) and path:
+        if os.environ.get(READS_PATHS, "1") == "0":
+            raise _bad_input(f"this model takes no paths ({READS_PATHS}=0): send the file's bytes")
         try:
             return Path(path).read_bytes()
         except OSError as error:

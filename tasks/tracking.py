@@ -414,10 +414,11 @@ class Tracker:
 
         from tasks.served_model import CLASSIFIER_ARTIFACT, ImageModel, input_example, signature
 
-        if registered_name is not None and (
-            earlier := self._client.search_model_versions(
-                f"name='{registered_name}' and run_id='{self.run_id}'"
-            )
+        earlier = registered_name is not None and self._client.search_model_versions(
+            f"name='{registered_name}' and run_id='{self.run_id}'"
+        )
+        if earlier and _takes_image_files(
+            self.uri, f"models:/{registered_name}/{earlier[0].version}"
         ):
             return str(earlier[0].version)  # registered by an earlier try of this run
         with fluent_tracking_at(self.uri), mlflow.start_run(run_id=self.run_id):
@@ -585,3 +586,13 @@ def model_requirements() -> list[str]:
     names = ("torch", "numpy", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
              "pylibjpeg-openjpeg", "pylibjpeg-rle", "Pillow", "pandas", "mlflow")  # fmt: skip
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
+
+
+def _takes_image_files(uri: str, model_uri: str) -> bool:
+    """Whether a registered model is this kind (a pyfunc model of image files), not a
+    version an older fedsieve registered from the same run (raw torch weights)."""
+    import mlflow.models
+
+    with fluent_tracking_at(uri):
+        flavors = mlflow.models.get_model_info(model_uri).flavors
+    return flavors.get("python_function", {}).get("loader_module") == "mlflow.pyfunc.model"

@@ -164,7 +164,7 @@ def test_an_eight_bit_image_and_a_pngs_values_stay_as_stored_under_auto(tmp_path
     Image.fromarray(deep).save(tmp_path / "deep.png")
     pixels = decode_file(tmp_path / "deep.png", schema).pixels
     assert (pixels.min(), pixels.max()) == (0, 255)
-    with pytest.raises(ImageFileError, match="has no window"):
+    with pytest.raises(ImageFileError, match="a 16-bit image file has no window"):
         decode_file(tmp_path / "deep.png", ImageSchema(size=16, intensity="window"))
 
 
@@ -179,7 +179,7 @@ def test_an_eight_bit_image_and_a_pngs_values_stay_as_stored_under_auto(tmp_path
         ("JPEG-lossy.dcm", "JPEG Extended (Process 2 and 4) (1.2.840.10008.1.2.4.51): its pixel"),
         ("mpeg2", "MPEG2 Main Profile / Main Level (1.2.840.10008.1.2.4.100): pydicom decodes "
                   "no such encoding; export the file uncompressed"),
-        ("not-dicom", "not a readable image (InvalidDicomError"),
+        ("not-dicom", "not a DICOM file (no 'DICM' after its 128-byte preamble); export it"),
     ],
 )  # fmt: skip
 def test_every_refusal_is_one_line_naming_the_cause_and_what_to_do(

@@ -31,18 +31,40 @@ def runs_by_name(client: MlflowClient) -> dict[str, object]:
     return {r.info.run_id: r for r in client.search_runs([experiment])}
 
 
+def register_an_older_kind_of_champion(client: MlflowClient) -> str:
+    """A champion as an older fedsieve registered it: raw torch weights taking a tensor."""
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    with fluent_tracking_at(client.tracking_uri), mlflow.start_run(run_name="older"):
+        info = mlflow.pytorch.log_model(
+            torch.nn.Linear(4, 2), name="model", input_example=np.zeros((2, 4), np.float32),
+            registered_model_name=NAME, pip_requirements=["torch"], await_registration_for=0,
+        )  # fmt: skip
+    client.set_registered_model_alias(NAME, "champion", info.registered_model_version)
+    return str(info.registered_model_version)
+
+
 def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(project, prefect_server):
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    older = register_an_older_kind_of_champion(client)
     good = pipeline_flow(load_params(project / "params.yaml", [*SMALL, "train.rounds=3"]), project)
-    [first] = client.search_model_versions(f"name='{NAME}'")
+    [first] = [v for v in client.search_model_versions(f"name='{NAME}'") if str(v.version) != older]
     assert client.get_model_version_by_alias(NAME, "champion").version == first.version
+    assert client.get_run(first.run_id).data.tags["gate.champion.reason"] == (
+        "the champion is replaced: it does not take image files (registered by an older fedsieve)"
+    )
 
     with pytest.raises(ModelRefused) as refused:
         pipeline_flow(load_params(project / "params.yaml", DIVERGED), project)
     assert str(refused.value) == (
         "the model is not registered: test AUC 0.500 is no better than a constant predictor's 0.5"
     )
-    [diverged] = [r for r in runs_by_name(client).values() if r.info.run_id != first.run_id]
+    older_run = client.get_model_version(NAME, older).run_id
+    [diverged] = [
+        r for r in runs_by_name(client).values() if r.info.run_id not in (first.run_id, older_run)
+    ]
     assert diverged.info.status == "FAILED"
     assert diverged.data.tags["gate.registration"] == "refused"
     assert diverged.data.metrics["gate_test_auc"] == 0.5
@@ -50,11 +72,11 @@ def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(project, 
         [diverged.info.experiment_id], filter_string=f"source_run_id = '{diverged.info.run_id}'"
     )
     assert logged.name == "model"  # logged on its run, for a look
-    assert len(client.search_model_versions(f"name='{NAME}'")) == 1  # not registered
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 2  # not registered
 
     worse = pipeline_flow(load_params(project / "params.yaml", [*SMALL, "train.rounds=2"]), project)
     versions = client.search_model_versions(f"name='{NAME}'")
-    [second] = [v for v in versions if v.version != first.version]
+    [second] = [v for v in versions if str(v.version) not in (str(first.version), older)]
     assert client.get_model_version_by_alias(NAME, "champion").version == first.version
     tags = client.get_run(second.run_id).data.tags
     assert (tags["gate.registration"], tags["gate.champion"]) == ("passed", "refused")
