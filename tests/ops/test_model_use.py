@@ -250,3 +250,42 @@ def test_bad_input_gets_a_400_whose_reason_is_one_line(served: str, body: dict, 
     assert reply.status_code == 400
     message = reply.json()["message"]
     assert message.splitlines()[-1].startswith(reason)  # MLflow puts the request's data first
+
+
+def test_a_model_served_without_paths_takes_bytes_only(
+    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.exceptions import MlflowException
+
+    from tasks.served_model import ImageModel
+
+    model = ImageModel()
+    model.classifier = load_classifier(store["classifier"])
+    file = sorted((store["root"] / "png" / "test").glob("*.png"))[0]
+    by_path = model.predict(None, pd.DataFrame({"path": [str(file)]}))
+    monkeypatch.setenv("FEDSIEVE_MODEL_READS_PATHS", "0")
+
+    with pytest.raises(MlflowException, match="this model takes no paths"):
+        model.predict(None, pd.DataFrame({"path": ["/etc/passwd"]}))
+    by_bytes = model.predict(None, pd.DataFrame({"image": [file.read_bytes()]}))
+    assert by_bytes.equals(by_path)
+
+
+def test_labels_that_are_not_classes_are_said_not_dropped(
+    store: dict[str, Any], ops: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "scans"
+    write_image_folder(folder, {"test": Split(np.zeros((2, 28, 28), np.uint8),
+                                              np.array([[0], [1]]))}, store["labels"])  # fmt: skip
+    (folder / "labels.csv").write_text("file,label\ntest/00000.png,normal\ntest/00001.png,1\n")
+
+    done = run_predict(
+        ops, [str(folder), "--model", f"models:/{NAME}@champion", "--out", str(tmp_path / "p.csv")],
+        tmp_path, MLFLOW_TRACKING_URI=store["uri"],
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "not scored: label(s) 'normal' are not classes of the model; allowed: 'malignant', "
+        "'normal, benign' (or 0..1)"
+    ]
