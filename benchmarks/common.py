@@ -58,6 +58,17 @@ def versions(**extra: Any) -> dict[str, Any]:
     }
 
 
+def cpu_device() -> dict[str, Any]:
+    """The ``device`` entry of a CPU result: the processor, the cores this process may
+    use, the platform."""
+    return {
+        "kind": "cpu",
+        "cpu_model": cpu_model(),
+        "nproc": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+    }
+
+
 def cpu_environment() -> dict[str, Any]:
     """``device`` and ``versions`` entries for a CPU run."""
     return {

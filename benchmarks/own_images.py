@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -262,16 +261,11 @@ def _environment() -> dict[str, Any]:
     import PIL
     import pydicom
 
-    from benchmarks.common import cpu_model, versions
+    from benchmarks.common import cpu_device, versions
 
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": {
-            "kind": "cpu",
-            "cpu_model": cpu_model(),
-            "nproc": len(os.sched_getaffinity(0)),
-            "platform": platform.platform(),
-        },
+        "device": cpu_device(),
         "versions": versions(pydicom=pydicom.__version__, pillow=PIL.__version__),
     }
 

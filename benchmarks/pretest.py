@@ -16,7 +16,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 import scipy
 from scipy import stats
 
-from benchmarks.common import cpu_model, versions
+from benchmarks.common import cpu_device, versions
 from federated.stats import pretest_normality
 from federated.stats.normality import DEFAULT_CHUNK
 
@@ -89,12 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "pretest",
         "command": " ".join(["python -m benchmarks.pretest", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": {
-            "kind": "cpu",
-            "cpu_model": cpu_model(),
-            "nproc": len(os.sched_getaffinity(0)),
-            "platform": platform.platform(),
-        },
+        "device": cpu_device(),
         "versions": versions(scipy=scipy.__version__),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in load_after],

@@ -31,7 +31,6 @@ import datetime as dt
 import io
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -244,18 +243,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving-cpu.json"))
     args = parser.parse_args(argv)
 
-    import socket
-
     import mlflow
 
-    from benchmarks.common import cpu_model, versions
+    from benchmarks.common import cpu_device, free_port, versions
 
     repo = Path(__file__).resolve().parents[1]
     medmnist_root = Path(os.environ.get("MEDMNIST_ROOT") or repo.parent / "shared/data/medmnist")
     root = Path(tempfile.mkdtemp(prefix="serving-"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     try:
         uri, classifier = _register(root, medmnist_root)
         files = _dicoms(root / "dicom", max(args.batch, 64))
@@ -271,8 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "serving",
         "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": {"kind": "cpu", "cpu_model": cpu_model(),
-                   "nproc": len(os.sched_getaffinity(0)), "platform": platform.platform()},
+        "device": cpu_device(),
         "versions": versions(mlflow=mlflow.__version__),
         "model": "small_cnn, 28 px grey, BreastMNIST's two classes",
         "images": "CT-like DICOM, 512x512, signed 16-bit (12 stored), no window",

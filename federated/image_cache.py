@@ -65,16 +65,14 @@ class ImageCache:
             np.savez(handle, images=entry.images, source_sizes=entry.source_sizes)
         os.replace(handle.name, self.root / f"{key}.npz")
 
-    def known_digests(self, table: Path, files: list[Path]) -> list[str] | None:
+    def known_digests(
+        self, table: Path, files: list[Path], stats: list[os.stat_result]
+    ) -> list[str] | None:
         """Every file's SHA-256 as remembered for ``table``, or None when any file is new
-        or its size or modification time changed since."""
+        or its size or modification time (``stats``, taken now) changed since."""
         remembered = self._remembered(table)
         digests = []
-        for file in files:
-            try:
-                stat = file.stat()
-            except OSError:
-                return None
+        for file, stat in zip(files, stats, strict=True):
             entry = remembered.get(str(file))
             if entry is None or entry[:2] != [stat.st_size, stat.st_mtime_ns]:
                 return None

@@ -51,6 +51,7 @@ __all__ = [
     "decode_file",
     "decode_image",
     "decode_or_refuse",
+    "suffix_of_content",
 ]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -58,6 +59,7 @@ DICOM_SUFFIXES = (".dcm", ".dicom")
 INTENSITY_POLICIES = ("auto", "window", "range", "percentiles")
 RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos")
 PILLOW_DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "F")
+DICOM_MAGIC = (128, b"DICM")  # a DICOM file's preamble is followed by these four bytes
 REASON_LENGTH = 160  # characters of a library's own message kept in a refusal
 
 
@@ -107,24 +109,36 @@ class DecodedImage:
     sha256: str
 
 
-def decode_file(file: Path | str, schema: ImageSchema) -> DecodedImage:
-    """Read ``file`` once: its SHA-256 and its image in ``schema``.
-    :class:`ImageFileError` (or ``OSError`` for a file that cannot be opened) says why not."""
+def decode_file(file: Path | str, schema: ImageSchema, *, by_content: bool = False) -> DecodedImage:
+    """Read ``file`` once: its SHA-256 and its image in ``schema``, its type told by its
+    suffix (training: the label table names the files) or, ``by_content``, by its bytes
+    (a model applied to whatever a user hands it). :class:`ImageFileError` (or
+    ``OSError`` for a file that cannot be opened) says why not."""
     file = Path(file)
     raw = file.read_bytes()
-    pixels, source_size = decode_image(raw, file.suffix, schema)
+    suffix = suffix_of_content(raw) if by_content else file.suffix
+    pixels, source_size = decode_image(raw, suffix, schema)
     return DecodedImage(pixels, source_size, hashlib.sha256(raw).hexdigest())
 
 
-def decode_or_refuse(file: Path, schema: ImageSchema) -> DecodedImage | str:
+def decode_or_refuse(
+    file: Path, schema: ImageSchema, *, by_content: bool = False
+) -> DecodedImage | str:
     """:func:`decode_file`, a refusal returned as its one line (what a worker process
     sends back, so one bad file does not stop the others)."""
     try:
-        return decode_file(file, schema)
+        return decode_file(file, schema, by_content=by_content)
     except ImageFileError as error:
         return str(error)
     except OSError as error:
         return str(error.strerror or error)
+
+
+def suffix_of_content(raw: bytes) -> str:
+    """``.dcm`` for a DICOM file's bytes (``DICM`` after its 128-byte preamble); otherwise
+    ``.png`` (Pillow reads any image type by its content whatever the suffix)."""
+    offset, magic = DICOM_MAGIC
+    return DICOM_SUFFIXES[0] if raw[offset : offset + len(magic)] == magic else ".png"
 
 
 def decode_image(

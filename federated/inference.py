@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from federated.data import DatasetInfo, Split, to_tensors
-from federated.image_files import DICOM_SUFFIXES, ImageFileError, decode_image
+from federated.image_files import ImageFileError, decode_file, decode_image, suffix_of_content
 from federated.metrics import logits_of, probabilities_of
 from models import build_model
 
@@ -36,12 +36,10 @@ __all__ = [
     "load_classifier",
     "predicted_classes",
     "save_classifier",
-    "suffix_of",
 ]
 
 CLASSIFIER_FILE = "classifier.json"
 WEIGHTS_FILE = "weights.pt"
-DICOM_MAGIC = (128, b"DICM")  # a DICOM file's preamble is followed by these four bytes
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,8 @@ class ImageClassifier:
         images = []
         for number, raw in enumerate(files, start=1):
             try:
-                images.append(decode_image(raw, suffix_of(raw), self.info.image_schema())[0])
+                schema = self.info.image_schema()
+                images.append(decode_image(raw, suffix_of_content(raw), schema)[0])
             except ImageFileError as error:
                 raise ImageFileError(f"image {number} of {len(files)}: {error}") from None
         return self.predict_images(images)
@@ -86,8 +85,7 @@ class ImageClassifier:
     def read(self, path: Path) -> np.ndarray:
         """One image file in the schema, told apart by its bytes as :meth:`predict_bytes`
         does, whatever its suffix (ImageFileError or OSError: why not)."""
-        raw = Path(path).read_bytes()
-        return decode_image(raw, suffix_of(raw), self.info.image_schema())[0]
+        return decode_file(path, self.info.image_schema(), by_content=True).pixels
 
     def predict_files(self, paths: list[Path]) -> Prediction:
         return self.predict_images([self.read(path) for path in paths])
@@ -105,13 +103,6 @@ def predicted_classes(probabilities: np.ndarray, info: DatasetInfo) -> list[str]
             ";".join(info.labels[i] for i in np.flatnonzero(row >= 0.5)) for row in probabilities
         ]
     return [info.labels[i] for i in probabilities.argmax(axis=1)] if len(probabilities) else []
-
-
-def suffix_of(raw: bytes) -> str:
-    """``.dcm`` for a DICOM file's bytes; otherwise ``.png`` (Pillow reads any image type
-    by its content whatever the suffix)."""
-    offset, magic = DICOM_MAGIC
-    return DICOM_SUFFIXES[0] if raw[offset : offset + len(magic)] == magic else ".png"
 
 
 def save_classifier(folder: Path, model: nn.Module, model_name: str, info: DatasetInfo) -> Path:

@@ -203,12 +203,12 @@ def _load_folder(table: Path, info: DatasetInfo, reading: Reading) -> LabelledIm
     table_bytes = table.read_bytes()
     schema = info.image_schema()
     cache = ImageCache(reading.cache) if reading.cache is not None else None
-    if cache is not None and (digests := cache.known_digests(table, files)) is not None:
+    stats = [_stat(file, place) for file, place in zip(files, where, strict=True)]
+    if cache is not None and (digests := cache.known_digests(table, files, stats)) is not None:
         sha256 = _data_digest(table_bytes, digests)
         hit = cache.load(cache.entry_key(sha256, schema.key()))
         if hit is not None and len(hit.images) == len(files):
             return LabelledImages(hit.images, labels, splits, sha256, hit.source_sizes)
-    stats = [_stat(file, place) for file, place in zip(files, where, strict=True)]
     decoded = decode_files(files, where, schema, reading)
     sha256 = _data_digest(table_bytes, decoded.digests)
     if cache is not None:
@@ -219,8 +219,8 @@ def _load_folder(table: Path, info: DatasetInfo, reading: Reading) -> LabelledIm
 
 
 def _stat(file: Path, where: str) -> os.stat_result:
-    """A file's size and modification time, taken before it is read (a file changed
-    while it is read is hashed again next time)."""
+    """A file's size and modification time, taken once and before it is read (a file
+    changed while it is read is hashed again next time); a missing file named."""
     try:
         return file.stat()
     except OSError as error:

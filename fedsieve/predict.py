@@ -132,12 +132,15 @@ def _table_items(table: Path) -> list[Item]:
 
 def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict[str, str]], int]:
     """One output row per item, predicted a batch at a time; and how many were refused."""
-    labels = applied.classifier.info.labels
+    from federated.image_files import decode_or_refuse
+
+    info = applied.classifier.info
+    schema, labels = info.image_schema(), info.labels
     rows, refused = [], 0
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
-        decoded = [_read_or_refuse(applied, item.file) for item in batch]
-        readable = [d for d in decoded if not isinstance(d, str)]
+        decoded = [decode_or_refuse(item.file, schema, by_content=True) for item in batch]
+        readable = [d.pixels for d in decoded if not isinstance(d, str)]
         prediction = applied.classifier.predict_images(readable)
         answers = iter(zip(prediction.classes, prediction.probabilities, strict=True))
         for item, result in zip(batch, decoded, strict=True):
@@ -154,18 +157,6 @@ def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict
                 }
             rows.append(row)
     return rows, refused
-
-
-def _read_or_refuse(applied: AppliedModel, file: Path) -> np.ndarray | str:
-    """The file in the model's schema, read as the served model reads bytes; or why not."""
-    from federated.image_files import ImageFileError
-
-    try:
-        return applied.classifier.read(file)
-    except ImageFileError as error:
-        return str(error)
-    except OSError as error:
-        return f"cannot be read ({error.strerror or error})"
 
 
 def _score_line(rows: list[dict[str, str]], info: DatasetInfo) -> str | None:

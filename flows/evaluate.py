@@ -38,6 +38,6 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
             info = dataset_info_of(params.data)
             champion = crown_champion(tracker, params, version, model, data, info)
             gates = {"registration": gate, "champion": champion}
-            publish_card(tracker, params, paths, results, run_info, version, gates)
+            publish_card(tracker, params, paths, results, run_info, version, gates, info)
         tracker.end()
     return results

@@ -129,14 +129,12 @@ def publish_card(
     run_info: dict[str, Any],
     version: str,
     gates: dict[str, GateDecision],
+    info: DatasetInfo,
 ) -> dict[str, Any]:
     """The registered version's card (:mod:`tasks.model_card`): ``model_card/card.json``
     and ``card.md`` on the run, and the markdown as the version's description."""
     from mlflow import MlflowClient
 
-    from config.dataset import dataset_info_of
-
-    info = dataset_info_of(params.data)
     name = f"fedsieve-{params.data.dataset}"
     run = {
         "name": name, "version": version, "run_id": tracker.run_id, "tags": run_info["tags"],
