@@ -436,6 +436,11 @@ class Filter:
     def init_state(self) -> State:
         return {}
 
+    def cannot_exclude(self, clients: int) -> str | None:
+        """Why this filter can exclude nobody among ``clients`` clients a round, whatever
+        they send (None when it can): a run says so in one line when it starts."""
+        return None
+
     def step(
         self,
         state: State,

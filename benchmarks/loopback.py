@@ -95,6 +95,14 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+def _command_line(pid: int) -> str:
+    """The process's command line ('' once it is gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     """Send `sig` to every process of the group (gone already is fine)."""
     with contextlib.suppress(ProcessLookupError):
@@ -279,6 +287,22 @@ class Loopback:
         code = self._reap(self.superlink, sig, STOP_GRACE)
         self.superlink = None
         return code
+
+    def serverapps_left(self, timeout: float = STOP_GRACE) -> list[str]:
+        """Wait until no ServerApp process (``flwr-serverapp``) the SuperLink started is
+        alive; the command lines of those still alive at ``timeout`` (none: every run's
+        ServerApp ended with its run)."""
+        if self.superlink is None:
+            return []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [
+                line for line in map(_command_line, _group_members(self.superlink.pid))
+                if "flwr-serverapp" in line
+            ]  # fmt: skip
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
 
     def stop_superlink(self, grace: float = STOP_GRACE) -> int | None:
         """Stop the SuperLink gracefully (SIGTERM, SIGKILL after `grace` seconds)."""

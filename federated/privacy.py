@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -36,7 +37,7 @@ from torch import Tensor
 
 from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
 
-__all__ = ["ClientPrivacy", "epsilon_after", "site_privacy"]
+__all__ = ["ClientPrivacy", "epsilon_after", "released_rounds", "site_privacy"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -155,3 +156,9 @@ def site_privacy(
         clip=clip, noise_multiplier=noise_multiplier, population=1, per_round=1,
         mode="local", delta=delta, target_epsilon=target_epsilon,
     )  # fmt: skip
+
+
+def released_rounds(history: Sequence[Mapping[str, float]]) -> int:
+    """The rounds of a run's ``history`` that released a model (aggregated; a skipped
+    round keeps the last model and releases nothing): the rounds DP's ε counts."""
+    return sum(1 for metrics in history if not metrics.get("round_skipped"))

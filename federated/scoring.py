@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +31,7 @@ from federated.parts import EvaluationSets, FederationConfig
 from federated.stats.noniid import client_losses
 from federated.vectors import vector_to_model_
 
-__all__ = ["RoundScorer"]
+__all__ = ["RoundScorer", "scored_together"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,3 +223,23 @@ class RoundScorer:
         ids = [c.client_id for c in clients]
         answers = self.site_scorer().score(vector, ids, request, then_train)
         return {e.site: e.data_loss for e in answers if e.data_loss is not None}
+
+
+def scored_together(scorer: RoundScorer, models: dict[str, Tensor]) -> dict[str, Any]:
+    """Each of ``models`` (name -> vector) on every site's held-out test split, pooled over
+    the sites that scored them all (``sites``): how the gate compares a run's model with
+    the champion on the same held-out images when only the sites hold them."""
+    request = ScoreRequest(splits=("test",), rows=False)
+    answers = {
+        name: {e.site: e for e in scorer.site_scorer().score(vector, scorer.ids(), request)}
+        for name, vector in models.items()
+    }
+    common = set(scorer.ids())
+    for answered in answers.values():
+        common &= set(answered)
+    sites = sorted(common)
+    pooled = {
+        name: scorer.pooled([answered[site] for site in sites], "test")
+        for name, answered in answers.items()
+    }
+    return {"sites": sites, **pooled}

@@ -65,6 +65,7 @@ from federated.parts import (
     ThreatModel,
     check_assembly,
 )
+from federated.privacy import released_rounds
 from federated.scoring import RoundScorer
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
 from federated.stats.noniid import NonIIDResult, noniid_verdict
@@ -205,13 +206,13 @@ class Federation:
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past
         ``privacy.target_epsilon``), in one line; None while the budget admits it."""
-        privacy, done = self.defence.privacy, state.round
-        if privacy is None or privacy.admits(done + 1):
+        privacy, done, spent = self.defence.privacy, state.round, released_rounds(state.history)
+        if privacy is None or privacy.admits(spent + 1):
             return None
         return (
-            f"privacy budget: round {done + 1} would take ε to {privacy.epsilon(done + 1):.3f}, "
+            f"privacy budget: round {done + 1} would take ε to {privacy.epsilon(spent + 1):.3f}, "
             f"past privacy.target_epsilon = {privacy.target_epsilon:g} (δ = {privacy.delta:g}); "
-            f"the run ends with round {done}'s model (ε = {privacy.epsilon(done):.3f})"
+            f"the run ends with round {done}'s model (ε = {privacy.epsilon(spent):.3f})"
         )
 
     def trained_model_noniid(
@@ -268,8 +269,9 @@ class Federation:
         sites = self._site_rows(new_state, round_number, evaluations, next_round, ahead)
         if sites:  # remote sites that all failed to answer leave none
             metrics |= site_summary(sites, self.config.target_acc)
-        if self.defence.privacy is not None:  # spent after this round (a skipped round spends too)
-            metrics["privacy_epsilon"] = self.defence.privacy.epsilon(round_number)
+        if self.defence.privacy is not None:  # spent by the rounds that released a model
+            spent = released_rounds([*new_state.history, metrics])
+            metrics["privacy_epsilon"] = self.defence.privacy.epsilon(spent)
         new_state.history.append(metrics)
         trail_rows = list(rows.values())
         new_state.trail.extend(trail_rows)

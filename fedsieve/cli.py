@@ -26,7 +26,7 @@ from pathlib import Path
 
 from config.environment import configure_environment
 from config.errors import ModelRefused, RunHalted, ServiceError, UsageError
-from fedsieve import explain, ops, predict
+from fedsieve import check_simulation, explain, ops, predict
 from fedsieve.arguments import (
     add_params_arguments,
     add_resume_argument,
@@ -349,6 +349,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Handle
         "alias the best registered model version 'champion' by a run metric",
         ops.add_promote_arguments,
         ops.promote,
+    ),
+    "check-simulation": (
+        "compare the last run at real sites with its simulation from the sites' data",
+        check_simulation.add_check_arguments,
+        check_simulation.check_simulation,
     ),
     "predict": (
         "apply the registered model (or a model folder) to image files: classes, probabilities",

@@ -129,6 +129,10 @@ def _answer(kind: str, msg: Message, context: Context) -> Message:
         {name: ArrayRecord({"vector": Array(array)}) for name, array in answer.arrays.items()}
         | {name: MetricRecord(values) for name, values in answer.metrics.items()}
     )
+    if answer.data_sha256:  # the data's lineage: what the hub records the model trained on
+        lineage = {"data_sha256": answer.data_sha256, "train_counts": answer.train_counts,
+                   "test_counts": answer.test_counts}  # fmt: skip
+        records["lineage"] = ConfigRecord(lineage)
     if answer.train_refused:
         log.error("task %s", answer.train_refused)
         records["train_refused"] = ConfigRecord({"reason": answer.train_refused})

@@ -187,6 +187,13 @@ class HubFiles:
         return self.folder / "exchanges.jsonl"
 
     @property
+    def champion(self) -> Path:
+        """The registered champion to score beside the run's model at the sites'
+        held-out splits (``torch.save``: ``version``, ``vector``, ``token``; under
+        ``eval.where: sites``, where the hub holds no image to score it on)."""
+        return self.folder / "champion.pt"
+
+    @property
     def pretest_updates(self) -> Path:
         """The pre-test stage's updates from the sites (``torch.save``: ``client_ids``,
         ``updates`` stacked ``(n_sites, d)``, ``token``)."""
@@ -205,6 +212,7 @@ class HubFiles:
         self.outcome.unlink(missing_ok=True)
         self.exchanges.unlink(missing_ok=True)
         self.pretest_updates.unlink(missing_ok=True)
+        self.champion.unlink(missing_ok=True)
 
     def journal(self, report: RoundReport, token: str, **extra: float) -> None:
         """Append one round's report as one line (one write: a reader never sees half of

@@ -16,6 +16,9 @@ aggregates only (``federated.metrics.summary_values``); a summary that does not 
 the wrong shape, counts that are not the split's size) leaves that site out of the
 round's evaluation, with a logged line.
 
+A site whose scoring finds the model's outputs NaN or infinite (``ModelDiverged``) stops
+the run with the site and the reason named, as the hub's own scoring does.
+
 One exchange a round: when the round loop says which clients the next round samples
 (``then_train``), those sites get one ``train`` message that carries the ``request``
 too: the site scores the model it received, then trains on it, and answers both. The
@@ -55,7 +58,8 @@ from federated.execution import (
     SiteEvaluation,
     collect_results,
 )
-from federated.metrics import SplitSummary, summary_from
+from federated.metrics import ModelDiverged, SplitSummary, summary_from
+from flowerapp.lineage import SiteLineage
 from flowerapp.task import SiteTask
 
 __all__ = [
@@ -68,6 +72,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # Flower's TTL
+DIVERGED = f"{ModelDiverged.__name__}: "  # a site's reply: the model's outputs are not finite
 PULL_INTERVAL_S = 0.2  # how often the hub looks for the sites' replies (Flower's own: 3 s)
 SeedOf = Callable[[int, int], int]
 OnExchange = Callable[[dict[str, Any]], None]
@@ -125,6 +130,8 @@ class RemoteExecutor:
         self.on_exchange = on_exchange
         self.bytes_sent = 0  # the global vectors sent, for the transport's measurements
         self._trained: _Trained | None = None  # next round's updates, from the last scoring
+        self.lineage = SiteLineage()  # what each site said it answered from
+        self._round = 0  # the last round trained: a scoring without training is of its model
 
     def _send(
         self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
@@ -166,7 +173,34 @@ class RemoteExecutor:
         if self.on_exchange is not None:
             label = f"{kind}+train" if training and kind != "train" else kind
             self.on_exchange(exchange_record(label, round_number, wall_s, answered))
+        self._note_lineage(kind, round_number, answered, training)
         return answered
+
+    def _note_lineage(
+        self, kind: str, round_number: int, answered: dict[int, Message], training: Sequence[int]
+    ) -> None:
+        """Each answer's data lineage (the round it trained, the round whose model it
+        scored); a site whose data changed is said at the hub."""
+        scored = None  # a train or pre-test message scores nothing
+        if kind == "evaluate":  # with training, of the model the training starts from
+            scored = round_number - 1 if training else self._round
+        for client_id, reply in answered.items():
+            if reply.has_error() or "lineage" not in reply.content:
+                continue
+            lineage = reply.content["lineage"]
+            counts = {
+                split: [int(count) for count in lineage[f"{split}_counts"]]  # type: ignore[union-attr]
+                for split in ("train", "test")
+            }
+            trains = kind == "train" or client_id in training
+            changed = self.lineage.record(
+                client_id, str(lineage["data_sha256"]), **counts, scored=scored,
+                trained=round_number if trains else None,
+            )  # fmt: skip
+            if changed is not None:
+                log.warning("%s", changed)
+        if kind == "train" or training:
+            self._round = max(self._round, round_number)
 
     def _exchange(self, messages: list[Message]) -> list[Message]:
         """Push ``messages`` and pull their replies until all came or ``round_timeout``
@@ -317,6 +351,8 @@ class RemoteExecutor:
             reply = replies.get(client_id)
             if reply is None or reply.has_error():
                 reason = "no reply" if reply is None else _one_line(reply.error.reason)
+                if reason.startswith(DIVERGED):  # as the hub's own scoring: the run stops
+                    raise ModelDiverged(f"site {client_id}: {reason.removeprefix(DIVERGED)}")
                 log.warning("site %d did not score the model: %s", client_id, reason)
                 continue
             try:

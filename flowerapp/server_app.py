@@ -9,7 +9,8 @@ rounds run through the same driver as a simulated run (:class:`federated.driver.
 each is journaled to ``rounds.jsonl`` under the run's token (the hub's Prefect task
 follows it into MLflow), then checkpointed (the file the simulated train stage writes),
 then said in one line; ``outcome.json`` says how the run ended (the privacy budget's
-reason when it ended early).
+reason when it ended early) and what data each site said it answered from
+(:mod:`flowerapp.lineage`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.driver import RunDriver
 from federated.loop import train
+from federated.scoring import scored_together
 from federated.server import Federation, RoundReport, ServerState
+from federated.vectors import model_to_vector
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
 from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
@@ -96,10 +99,12 @@ def run_hub(
         warn=log.warning,
     )  # fmt: skip
     end = driver.run(federation, state)
+    champion = _score_champion(files, federation, end.state, token)
     return {
         "status": "finished", "rounds": end.state.round, "stopped_early": end.stopped_early,
         "bytes_sent": executor.bytes_sent,
         "trained_noniid": _trained_noniid(params, federation, end.state),
+        "site_data": executor.lineage.to_json(), "champion": champion,
     }  # fmt: skip
 
 
@@ -139,6 +144,28 @@ def _at_sites(
         on_exchange=lambda exchange: files.record_exchange(exchange, token),
     )  # fmt: skip
     return executor, hub_federation(params, data, executor, executor)
+
+
+def _score_champion(
+    files: HubFiles, federation: Federation, state: ServerState, token: str
+) -> dict[str, Any] | None:
+    """The run's model and the champion the hub's pipeline left for this run, scored in
+    the same federated evaluation: one exchange each, on every site's held-out split,
+    pooled over the sites that answered both (None when no champion was left)."""
+    if not files.champion.exists():
+        return None
+    saved = torch.load(files.champion, map_location="cpu", weights_only=True)
+    if saved.get("token") != token:
+        return None
+    vectors = {
+        "candidate": model_to_vector(federation.selected_model(state)),
+        "champion": saved["vector"].to(federation.device),
+    }
+    scores = {"version": saved["version"], **scored_together(federation.scorer, vectors)}
+    log.info(
+        "the champion (version %s) scored beside this run's model: %s", saved["version"], scores
+    )
+    return scores
 
 
 def _trained_noniid(

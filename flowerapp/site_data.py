@@ -8,6 +8,7 @@ official MedMNIST file is one. :func:`write_site_files` writes one such file per
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,16 @@ class SiteData:
     test: Split
     val: Split
     size_note: str | None = None  # images resized to the schema's size, and mixed sizes
+    sha256: str = ""  # what the site trains on: its .npz file's, or its table's and files'
+
+    def class_counts(self, split: str, classes: int) -> list[int]:
+        """Images per class (per label, for a multi-label task) in ``split``: what the card
+        says a site trained on, and the share a majority-class predictor scores on its
+        held-out split; never an image."""
+        labels = getattr(self, split).labels
+        if labels.shape[1] == 1:
+            return np.bincount(labels[:, 0], minlength=classes)[:classes].tolist()
+        return labels.sum(axis=0).astype(np.int64).tolist()
 
     @property
     def channels(self) -> int:
@@ -84,7 +95,8 @@ def load_site_data(
     if path.suffix != ".npz":
         return _load_site_folder(path, schema, reading)
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        raw = path.read_bytes()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files if name in ARRAYS + OPTIONAL}
     except Exception as error:  # missing, not a zip, truncated, pickled objects, ...
         raise SiteDataError(
@@ -120,7 +132,7 @@ def load_site_data(
         images = splits[split].images
         if len(images) and images.shape[1:] != splits["train"].images.shape[1:]:
             raise SiteDataError(f"{path}: {split}_images and train_images differ in shape")
-    return SiteData(path=path, **splits)
+    return SiteData(path=path, **splits, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def _load_site_folder(path: Path, schema: DatasetInfo | None, reading: Reading) -> SiteData:
@@ -137,7 +149,9 @@ def _load_site_folder(path: Path, schema: DatasetInfo | None, reading: Reading) 
     splits = {name: images.split(name) for name in ("train", "val", "test")}
     if not len(splits["train"]):
         raise SiteDataError(f"{path}: no train rows; a site needs images to train on")
-    return SiteData(path=path, **splits, size_note=images.size_note(schema.size))
+    return SiteData(
+        path=path, **splits, size_note=images.size_note(schema.size), sha256=images.sha256
+    )
 
 
 def write_site_files(

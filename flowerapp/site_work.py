@@ -273,4 +273,7 @@ def run_job(job: Job) -> Answer:
     except Exception as error:  # a broken site answers with its error, it does not crash
         return Answer(reason=f"{type(error).__name__}: {error}")
     answer.data_s, answer.work_s = loaded - entered, time.time() - loaded
+    answer.data_sha256 = data.sha256
+    answer.train_counts = data.class_counts("train", task.classes)
+    answer.test_counts = data.class_counts("test", task.classes)
     return answer

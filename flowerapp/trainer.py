@@ -72,6 +72,9 @@ class Answer:
     train_refused: str = ""  # scored, but the training part refused (local DP's budget)
     updates_sent: int | None = None  # local DP: the run's count after this answer
     log_lines: list[str] = field(default_factory=list)  # what the site logs about it
+    data_sha256: str = ""  # lineage: the SHA-256 of the data the site answered from
+    train_counts: list[int] = field(default_factory=list)  # lineage: training images per class
+    test_counts: list[int] = field(default_factory=list)  # lineage: held-out images per class
     data_s: float = 0.0  # the task checked, the site's data at hand
     work_s: float = 0.0  # training or scoring
 

@@ -30,13 +30,13 @@ def evaluate_flow(params: Params, workdir: Path) -> dict[str, Any]:
         if params.eval.where == "hub":
             data = load_verified_dataset(params.data, workdir)
         results, model = score_final_model(params, data, paths, run_info)
-        gate = registration_gate(results, data)
+        gate = registration_gate(results, data, paths)
         version = log_final_results(tracker, params, paths, results, model, gate)
         if params.tracking.register_model and not gate.passed:
             raise ModelRefused(f"the model is not registered: {gate.reason}")
         if version is not None:
             info = dataset_info_of(params.data)
-            champion = crown_champion(tracker, params, version, model, data, info)
+            champion = crown_champion(tracker, params, version, model, data, info, paths)
             gates = {"registration": gate, "champion": champion}
             publish_card(tracker, params, paths, results, run_info, version, gates, info)
         tracker.end()

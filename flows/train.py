@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from config.assembly import dataset_info_of
 from config.params import Params, params_hash
 from tasks.data import data_root, load_verified_dataset
+from tasks.preflight import filters_that_cannot_exclude
+from tasks.registration import score_champion_at_sites
 from tasks.reports import (
     ProjectPaths,
     check_partitioned_images,
@@ -51,6 +53,8 @@ def train_flow(
     """``parent_run_id``/``run_name`` make the MLflow run a named child (a grid's cell)."""
     paths = ProjectPaths(workdir)
     digest = params_hash(params)
+    for line in filters_that_cannot_exclude(params):
+        get_run_logger().warning("%s", line)
     checkpoint = load_checkpoint(paths.checkpoint, digest) if resume else None
     tracker = open_training_run(
         params,
@@ -86,6 +90,8 @@ def train_flow(
         model = federation.selected_model(state)
         trained_noniid = trained_model_noniid(federation, model, params)
         write_training_reports(paths, model, state, params, tracker, trained_noniid)
+        if params.eval.where == "sites":  # the gate's champion, scored where the model was
+            score_champion_at_sites(tracker, params, paths, federation, state)
         halt_if_bound_exceeded(state)  # fail closed: reports written, the run closed FAILED
         halt_if_tracking_lost(tracker, state)
     return write_run_info(paths, tracker, state, digest)

@@ -147,6 +147,8 @@ def final_results(
     ``local_tests``: each site's split to score here, or the scores real sites reported
     (:class:`ReportedSites`)."""
     calibration = paths.calibration if figures else None
+    if calibration is not None:  # an earlier run's diagram is never logged as this run's
+        calibration.unlink(missing_ok=True)  # (none is drawn from the sites' aggregates)
     results, sites = final_scores(
         model, params, data, local_tests, rounds, run_info, calibration=calibration
     )

@@ -69,8 +69,19 @@ def _input_text(info: DatasetInfo) -> str:
 def _sites(params: Params, paths: ProjectPaths, info: DatasetInfo) -> list[dict[str, Any]]:
     """Each site (simulated client or real site): its name, training samples, counts per
     class where the hub knows them, and its data's digest where recorded."""
-    if params.federation.runtime == "flower":  # the hub knows what each site registered
-        return [{"site": site.name, "samples": site.samples} for site in params.federation.sites]
+    if params.federation.runtime == "flower":  # what each site registered, and said
+        said = {}
+        if paths.site_data.exists():
+            said = {row["site"]: row for row in json.loads(paths.site_data.read_text())["sites"]}
+        rows = []
+        for site in params.federation.sites:
+            row: dict[str, Any] = {"site": site.name, "samples": site.samples}
+            if site.name in said:
+                row |= {"classes": said[site.name]["classes"], "sha256": said[site.name]["sha256"]}
+                if said[site.name]["changed"]:
+                    row["changed"] = [seen["sha256"] for seen in said[site.name]["history"]]
+            rows.append(row)
+        return rows
     if not paths.partition_report.exists():
         return []
     report = json.loads(paths.partition_report.read_text())
@@ -124,9 +135,10 @@ def card_markdown(card: dict[str, Any]) -> str:
     ]
     for site in data["sites"]:
         classes = ", ".join(f"{k}: {v}" for k, v in site.get("classes", {}).items()) or "-"
-        lines.append(
-            f"| {site['site']} | {site['samples']} | {classes} | {site.get('sha256', '-')[:16]} |"
-        )
+        digest = site.get("sha256", "-")[:16]
+        if "changed" in site:  # it changed during the run: each digest, in order
+            digest = " then ".join(sha[:16] for sha in site["changed"]) + " (changed mid-run)"
+        lines.append(f"| {site['site']} | {site['samples']} | {classes} | {digest} |")
     exclusions = training["exclusions"]
     lines += [
         "",

@@ -108,6 +108,17 @@ class ProjectPaths:
         return self.reports / "sites.png"
 
     @property
+    def site_data(self) -> Path:
+        """At real sites: what data each site said it trained on (its SHA-256, per class)."""
+        return self.reports / "site_data.json"
+
+    @property
+    def champion_at_sites(self) -> Path:
+        """At real sites (``eval.where: sites``): the run's model and the champion, scored
+        in the same federated evaluation at the run's end."""
+        return self.reports / "champion_at_sites.json"
+
+    @property
     def sites_final(self) -> Path:
         return self.reports / "sites.json"
 

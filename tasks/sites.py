@@ -12,6 +12,7 @@ setup-flower``): its CLI is ``$FEDSIEVE_FLOWER_BIN/flwr``, by default the projec
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -25,7 +26,7 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from config.assembly import build_global_model
+from config.assembly import build_global_model, dataset_info_of
 from config.errors import ConfigError
 from config.params import Params
 from federated.checkpoint import read_checkpoint
@@ -35,12 +36,21 @@ from federated.server import ServerState
 from federated.vectors import vector_to_model_
 from flowerapp.flwr_config import config_pairs
 from flowerapp.hub import HubFiles, write_params
-from tasks.reports import ProjectPaths
+from flowerapp.lineage import SiteLineage, describe_rounds
+from tasks.registration import champion_to_score, write_champion_scores
+from tasks.reports import ProjectPaths, write_json
 from tasks.stopping import stop_if_requested
 from tasks.tracking import Tracker
 from tasks.training import record_budget_spent, run_driver
 
-__all__ = ["APP_DIR", "flower_cli", "pretest_updates_at_sites", "selected_model", "train_at_sites"]
+__all__ = [
+    "APP_DIR",
+    "flower_cli",
+    "pretest_updates_at_sites",
+    "record_site_data",
+    "selected_model",
+    "train_at_sites",
+]
 
 APP_DIR = Path(__file__).resolve().parent.parent / "flowerapp" / "app"  # the FAB's source
 POLL_S = 0.5
@@ -91,7 +101,18 @@ def train_at_sites(
     def follow(process: subprocess.Popen[bytes], token: str) -> None:
         _follow(process, files, token, driver, after=after)
 
-    outcome = _run_at_hub(params, files, config, data_root=data_root, follow=follow)
+    champion = None
+    paths.champion_at_sites.unlink(missing_ok=True)
+    if params.eval.where == "sites" and params.tracking.register_model:
+        champion = champion_to_score(tracker, params)
+    outcome = _run_at_hub(
+        params, files, config, data_root=data_root, follow=follow, champion=champion
+    )
+    if outcome.get("champion") is not None:
+        write_champion_scores(paths, tracker, outcome["champion"])
+    record_site_data(
+        params, paths, tracker, outcome.get("site_data") or {}, resumed=saved is not None
+    )
     record_budget_spent(tracker, outcome.get("stopped_early"))
     checkpoint = read_checkpoint(paths.checkpoint, digest)
     if checkpoint is None:
@@ -126,20 +147,75 @@ def pretest_updates_at_sites(
     return saved["updates"], list(saved["client_ids"])
 
 
+def record_site_data(
+    params: Params, paths: ProjectPaths, tracker: Tracker, said: dict[str, Any], *,
+    resumed: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Each site's data lineage on the run (:mod:`flowerapp.lineage`): the SHA-256 and
+    training images per class it answered from, as ``reports/site_data.json`` (an
+    artifact), a tag ``site_data.<site>`` and a dataset input per site; a site whose data
+    changed during the run (or between the run's parts, when resumed) is said and tagged
+    (``site_data.changed``), and a site that never answered is named."""
+    lineage = SiteLineage.from_json(said)
+    if resumed and paths.site_data.exists():
+        earlier = json.loads(paths.site_data.read_text())
+        if earlier.get("run_id") == tracker.run_id:
+            merged = SiteLineage.from_json(earlier["lineage"])
+            merged.extend(lineage)
+            lineage = merged
+    names = [site.name for site in params.federation.sites]
+    info = dataset_info_of(params.data)
+    labels = info.labels
+    sites = [
+        {"site": names[int(client)], "client": int(client), "sha256": history[-1]["sha256"],
+         "classes": dict(zip(labels, history[-1]["train"], strict=False)),
+         "changed": len(history) > 1, "history": history}
+        for client, history in lineage.to_json().items()
+    ]  # fmt: skip
+    answered = {site["client"] for site in sites}
+    report = {
+        "run_id": tracker.run_id, "sites": sites, "lineage": lineage.to_json(),
+        "silent": [name for client, name in enumerate(names) if client not in answered],
+        "test_majority_share": None if info.multi_label else lineage.test_majority_share(),
+    }  # fmt: skip
+    write_json(paths.site_data, report)
+    tracker.log_artifact(paths.site_data, "sites")
+    tracker.set_tags({f"site_data.{site['site']}": site["sha256"] for site in sites})
+    for site in sites:  # MLflow keeps a dataset digest of at most 36 characters
+        tracker.log_dataset(
+            f"site {site['site']}", site["sha256"][:32], f"fedsieve-site {site['site']}", "train"
+        )
+    logger = get_run_logger()
+    for site in (site for site in sites if site["changed"]):
+        steps = " then ".join(
+            f"{seen['sha256'][:12]} ({describe_rounds(seen)})" for seen in site["history"]
+        )
+        logger.warning("site %s's data changed during the run: %s", site["site"], steps)
+    if changed := [site["site"] for site in sites if site["changed"]]:
+        tracker.set_tags({"site_data.changed": ", ".join(changed)})
+    if report["silent"]:
+        logger.warning("no data lineage from %s: they never answered", ", ".join(report["silent"]))
+    return report
+
+
 def _run_at_hub(
     params: Params, files: HubFiles, config: dict[str, str | bool], *, data_root: Path,
     follow: Callable[[subprocess.Popen[bytes], str], None],
+    champion: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``flwr run`` of the hub's ServerApp with ``config`` (the hub's folder, data root and
     a new run token added), ``follow`` called until it ends; its finished outcome. An
     earlier run's ServerApp still running from this folder is stopped first and its files
-    removed; on failure or cancellation here, the run there is stopped too."""
+    removed; on failure or cancellation here, the run there is stopped too. ``champion``
+    (its ``version`` and ``vector``) is left for the ServerApp to score at the sites."""
     log_path = files.folder / "flwr-run.log"
     if log_path.exists() and not files.outcome.exists():  # killed before it could stop it
         _stop_run(log_path, params.federation.superlink)
     files.clear()
     write_params(files.params, params)
     token = uuid.uuid4().hex
+    if champion is not None:
+        torch.save({**champion, "token": token}, files.champion)
     config = {
         "hub-folder": str(files.folder.resolve()), "data-root": str(data_root.resolve()),
         "run-token": token, **config,

@@ -176,6 +176,20 @@ class PIDMADE(CentroidHistoryFilter):
                 f"(threshold={self.threshold!r} derives k from alpha)"
             )
 
+    def cannot_exclude(self, clients: int) -> str | None:
+        """The mean-and-std thresholds exclude nobody when ``k`` is at least the largest
+        z-score ``clients`` scores can reach, ``√(m − 1)`` (Samuelson)."""
+        if self.threshold not in ("gaussian", "chebyshev", "k") or clients < 2:
+            return None
+        k, bound = self.k_value, math.sqrt(clients - 1)
+        if bound > k:
+            return None
+        return (
+            f"pid_made (threshold {self.threshold}) can exclude nobody among {clients} "
+            f"clients a round: no score exceeds mean + {k:.4g}·std when the largest z-score "
+            f"is √{clients - 1} = {bound:.4g}; docs/configuration.md says what to use at this size"
+        )
+
     def k_value_for(self, m: int, round_number: int = 1) -> float:
         """The multiplier ``k`` in use with ``m`` scored clients in round ``round_number``
         (1-based; only the robust rule with permanent exclusion depends on it)."""

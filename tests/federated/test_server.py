@@ -741,3 +741,14 @@ def test_the_non_iid_check_of_sites_elsewhere_needs_a_site_scorer(medmnist_root)
             defence=replace(simulated.defence, noniid=check),
             evaluation=simulated.evaluation, execution=Execution(executor=simulated.executor),
         )  # fmt: skip
+
+
+def test_a_round_that_released_no_model_spends_no_epsilon(medmnist_root):
+    # four clients, at least five needed: every round is skipped and releases nothing
+    privacy = _privacy(noise_multiplier=5.0, target_epsilon=1.2)  # admits 2 released rounds
+    config = FederationConfig(rounds=3, seed=0, min_clients=5)
+    federation = make_federation(medmnist_root, privacy=privacy, config=config)
+    state = run(federation, 3)
+    assert [row["round_skipped"] for row in state.history] == [1.0, 1.0, 1.0]
+    assert [row["privacy_epsilon"] for row in state.history] == [0.0, 0.0, 0.0]
+    assert federation.budget_spent(state) is None  # the budget still admits a round

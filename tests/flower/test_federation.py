@@ -173,6 +173,7 @@ def test_the_pretest_at_the_sites_tests_what_the_simulation_tests(
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
     assert outcome["rounds"] == after and outcome["missing"] == []
+    assert hub.fed.serverapps_left() == [], "the pre-test's ServerApp outlived its run"
     saved = torch.load(files.pretest_updates, weights_only=True)
 
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
@@ -256,6 +257,29 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     assert torch.isfinite(state.global_vector).all()
     for name in names[2:]:
         hub.fed.stop_site(name)
+
+
+def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:
+    """Scored at the sites, a site whose scoring finds the model's outputs non-finite
+    stops the run with the site and the divergence named, as the hub's own scoring does
+    (not a round carried on with NaN scores)."""
+    hub.add_site("diverging-site", hub.files["site-2"], fault="diverged")
+    raw = hub.flower_params(
+        ["site-0", "diverging-site"], train={"rounds": 1}, filters=[], eval={"where": "sites"}
+    )
+    files = HubFiles(hub.folder / "diverged")
+    write_params(files.params, Params.model_validate(raw))
+    config = {"hub-folder": str(files.folder), "data-root": str(hub.folder),
+              "checkpoint": str(files.folder / "checkpoint.pt")}  # fmt: skip
+    hub.fed.run_app(FAULTY_APP, config, timeout=600)
+    outcome = json.loads(files.outcome.read_text())
+    assert outcome["status"] == "failed"
+    assert outcome["error"].startswith(
+        "ModelDiverged: site 1: the model's outputs are NaN or infinite for "
+    ), outcome
+    assert not files.rounds.exists()  # no round was journaled with NaN scores
+    assert hub.fed.serverapps_left() == [], "a failed run's ServerApp outlived it"
+    hub.fed.stop_site("diverging-site")
 
 
 def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(

@@ -6,6 +6,7 @@ data changed on disk is read again."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 import time
@@ -172,7 +173,11 @@ def test_a_sites_data_changed_on_disk_is_read_again(tmp_path: Path, site) -> Non
     copy = tmp_path / "clinic.npz"
     copy.write_bytes(data.read_bytes())
     job = jobs(copy, plan)["train"]
-    before = run_job(job).metrics["metrics"]["num_samples"]
+    first = run_job(job)
+    before = first.metrics["metrics"]["num_samples"]
+    # its lineage: the file's SHA-256 (what sites.json lists) and its images per class
+    assert first.data_sha256 == hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert sum(first.train_counts) == before and len(first.train_counts) == 10
     with np.load(copy) as archive:
         arrays = dict(archive)
     arrays["train_images"], arrays["train_labels"] = (
@@ -180,4 +185,9 @@ def test_a_sites_data_changed_on_disk_is_read_again(tmp_path: Path, site) -> Non
     )  # fmt: skip
     time.sleep(0.01)
     np.savez_compressed(copy, **arrays)
-    assert before > 100 and run_job(job).metrics["metrics"]["num_samples"] == 100
+    after = run_job(job)
+    assert before > 100 and after.metrics["metrics"]["num_samples"] == 100
+    assert after.data_sha256 == hashlib.sha256(copy.read_bytes()).hexdigest() != first.data_sha256
+    expected = np.bincount(arrays["train_labels"][:, 0], minlength=10).tolist()
+    assert after.train_counts == expected
+    assert after.test_counts == np.bincount(arrays["test_labels"][:, 0], minlength=10).tolist()

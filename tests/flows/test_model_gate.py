@@ -1,6 +1,7 @@
 """The gate, end to end on BreastMNIST: a run made to diverge is logged but not
 registered and says why in one line; a worse model is registered but the better champion
-is kept, both scored on the same held-out images; each registered version has its card."""
+is kept, both scored on the same held-out images (the hub's, or the sites' in one
+evaluation); each registered version has its card."""
 
 from __future__ import annotations
 
@@ -85,6 +86,24 @@ def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(project, 
     assert metrics["gate_champion_test_auc"] == pytest.approx(good["test_auc"])
     assert worse["test_auc"] < good["test_auc"]
     assert tags["gate.champion.reason"].startswith("the champion is kept: its test AUC")
+
+    # scored at the sites (the hub scores nothing): the champion is scored beside the run's
+    # model in the same evaluation of the sites' held-out splits
+    at_sites = [*SMALL, "train.rounds=2", "eval.where=sites", "partition.local_test=0.3"]
+    scored = pipeline_flow(load_params(project / "params.yaml", at_sites), project)
+    together = json.loads((project / "reports" / "champion_at_sites.json").read_text())
+    assert together["version"] == str(first.version) and together["sites"] == [0, 1, 2]
+    assert together["candidate"]["auc"] == pytest.approx(scored["test_auc"])  # the same model
+    [third] = [
+        v for v in client.search_model_versions(f"name='{NAME}'")
+        if str(v.version) not in (str(first.version), str(second.version), older)
+    ]  # fmt: skip
+    metrics = client.get_run(third.run_id).data.metrics
+    assert metrics["gate_candidate_test_auc"] == pytest.approx(together["candidate"]["auc"])
+    assert metrics["gate_champion_test_auc"] == pytest.approx(together["champion"]["auc"])
+    champion_wins = together["champion"]["auc"] > together["candidate"]["auc"]
+    crowned = client.get_model_version_by_alias(NAME, "champion").version
+    assert crowned == (first.version if champion_wins else third.version)
 
     card_of(client, first, good)
 

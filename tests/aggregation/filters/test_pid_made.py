@@ -15,7 +15,9 @@ from scipy.stats import t as student_t
 
 from aggregation import build_filter, list_filters
 from aggregation.filters import PIDMADE, DistanceCUSUM, chebyshev_k, gaussian_k
+from config.params import Params
 from federated.attacks import build_attack, malicious_mask
+from tasks.preflight import filters_that_cannot_exclude
 
 ROUNDS = ([0.0, 0.0, 0.0, 4.0], [0.0, 0.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0])
 IDS = [0, 1, 2, 3]
@@ -282,6 +284,29 @@ def test_chebyshev_warns_when_no_client_can_exceed_the_threshold() -> None:
 
     with pytest.warns(UserWarning, match="nobody will be excluded"):
         decision, _ = filt.step(filt.init_state(), updates, list(range(20)))
+    assert bool(decision.keep.all())
+
+
+def test_a_run_is_told_at_its_start_when_its_threshold_cannot_exclude_at_its_size() -> None:
+    # Samuelson: among m scores no z-score exceeds sqrt(m - 1); the Gaussian k is 1.645
+    assert PIDMADE().cannot_exclude(4) is None  # sqrt(3) = 1.73 > 1.645
+    assert PIDMADE().cannot_exclude(3) == (
+        "pid_made (threshold gaussian) can exclude nobody among 3 clients a round: no score "
+        "exceeds mean + 1.645·std when the largest z-score is √2 = 1.414; "
+        "docs/configuration.md says what to use at this size"
+    )
+    assert PIDMADE(threshold="chebyshev").cannot_exclude(20) is not None  # sqrt(19) = k
+    assert PIDMADE(threshold="chebyshev").cannot_exclude(21) is None
+    assert PIDMADE(threshold="robust").cannot_exclude(3) is None  # median and MAD: unbounded
+    params = Params.model_validate(
+        {"partition": {"num_clients": 3}, "filters": [{"name": "pid_made"}]}
+    )
+    assert filters_that_cannot_exclude(params) == [PIDMADE().cannot_exclude(3)]
+    # what a run does with such a filter: every client kept, whatever it sends
+    updates = honest_round(torch.Generator().manual_seed(3), n=3)
+    updates[0] *= 100.0
+    with pytest.warns(UserWarning, match="nobody will be excluded"):
+        decision, _ = PIDMADE().step(PIDMADE().init_state(), updates, [0, 1, 2])
     assert bool(decision.keep.all())
 
 

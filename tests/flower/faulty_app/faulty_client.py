@@ -1,6 +1,9 @@
 """fedsieve's ClientApp, with the fault named by the site's ``fault`` node config applied to
 its train replies: ``nan`` (every value NaN), ``shape`` (one value short), ``count`` (ten
-times its sample count reported). Sites without one answer as fedsieve's ClientApp does."""
+times its sample count reported); and ``diverged`` to its evaluate messages: it scores a
+global model whose every weight is float32's largest (finite weights, non-finite outputs,
+as a diverged training leaves them). Sites without one answer as fedsieve's ClientApp
+does."""
 
 from __future__ import annotations
 
@@ -36,4 +39,8 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def score(msg: Message, context: Context) -> Message:
+    if str(context.node_config.get("fault", "")) == "diverged":
+        vector = np.array(msg.content["global"]["vector"].numpy())
+        huge = np.full_like(vector, np.finfo(np.float32).max)
+        msg.content["global"] = vector_record(torch.from_numpy(huge))
     return site.score(msg, context)
