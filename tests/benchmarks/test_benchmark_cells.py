@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks import pid_made_ablation, robustness
+from benchmarks import pid_made_ablation, robustness, small_consortium
 
 
 def trail_row(round_: int, client: int, malicious: bool, score: float, excluded: bool):
@@ -235,3 +235,38 @@ def test_a_missing_dataset_stops_the_matrix_before_any_cell_runs(tmp_path, monke
     with pytest.raises(SystemExit, match=r"no cell finished \(1 failed; first: DataError"):
         robustness.summarise("failed", "breastmnist", "command", cells_file, {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.jsonl"]
+
+
+def test_the_small_consortium_reads_when_every_flipper_was_out_and_what_honest_sites_lost():
+    trail = [
+        {"round": 1, "client": 0, "malicious": True, "excluded": False},
+        {"round": 1, "client": 1, "malicious": False, "excluded": True},
+        {"round": 2, "client": 0, "malicious": True, "excluded": True},
+        {"round": 2, "client": 1, "malicious": False, "excluded": True},
+        {"round": 2, "client": 2, "malicious": False, "excluded": False},
+    ]
+    assert small_consortium.exclusions(trail) == {
+        "flippers": 1, "flippers_out_by_round": 2, "honest_client_rounds_excluded": 2,
+        "honest_banned": 1,
+    }  # fmt: skip
+    never = [dict(row, excluded=False) for row in trail]
+    assert small_consortium.exclusions(never)["flippers_out_by_round"] is None
+
+
+def test_the_small_consortium_recommends_by_its_fixed_rule():
+    row = {"seeds": 10, "flippers_out_in_seeds": 9, "flippers_out_by_round_median": 3}
+    rows = {
+        "none": {"seeds": 10, "flippers_out_in_seeds": 0, "flippers_out_by_round_median": None,
+                 "honest_client_rounds_excluded_mean": 0.0},
+        "catches_all_bans_many": row | {"honest_client_rounds_excluded_mean": 4.0},
+        "catches_all_bans_few": row | {"honest_client_rounds_excluded_mean": 0.5},
+        "catches_seldom": row | {"flippers_out_in_seeds": 7, "honest_client_rounds_excluded_mean": 0.0},
+    }  # fmt: skip
+    assert small_consortium.recommended(rows) == "catches_all_bans_few"
+    assert small_consortium.recommended({"none": rows["none"]}) == "none"
+    # every cell of the grid: 4 sizes x the filters x the seeds, one flipping share each
+    cells = small_consortium.cells_for(range(1))
+    assert len(cells) == len(small_consortium.SIZES) * len(small_consortium.FILTERS)
+    four = [c for c in cells if c.params.partition.num_clients == 4]
+    assert {c.params.aggregate.name for c in four} == {"median"}
+    assert {round(c.fraction * 4) for c in four} == {1}
