@@ -101,7 +101,7 @@ def run_small_cell(cell: Any) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         federation, state, _ = trained(cell)
-        record["test_acc"] = float(federation.evaluate(state, "test", selected=True)["acc"])
+        record["metrics"] = {"test_acc": federation.evaluate(state, "test", selected=True)["acc"]}
         record |= exclusions(state.trail)
     except Exception as error:  # recorded, never dropped
         record["error"] = f"{type(error).__name__}: {error}"
@@ -128,7 +128,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]
                     [r["honest_client_rounds_excluded"] for r in ok]
                 ),
                 "seeds_with_honest_banned": sum(1 for r in ok if r["honest_banned"]),
-                "test_acc_mean": _mean([r["test_acc"] for r in ok]),
+                "test_acc_mean": _mean([r["metrics"]["test_acc"] for r in ok]),
             }  # fmt: skip
     return table
 
@@ -166,7 +166,20 @@ def main() -> None:
     }  # fmt: skip
     payload = {"settings": settings, "by_size": table, "recommended": choice}
     payload |= cpu_environment()
-    lines = [f"{sites} sites: {choice[sites]}" for sites in table]
+    lines = [
+        "| sites | filter | flippers out (seeds) | by round (median) | honest client-rounds "
+        "excluded (mean) | seeds with an honest site banned | test acc (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for sites, rows in table.items():
+        for name, row in rows.items():
+            mark = " (recommended)" if name == choice[sites] else ""
+            lines.append(
+                f"| {sites} | {name}{mark} | {row['flippers_out_in_seeds']}/{row['seeds']} | "
+                f"{row['flippers_out_by_round_median'] or '-'} | "
+                f"{row['honest_client_rounds_excluded_mean']} | "
+                f"{row['seeds_with_honest_banned']} | {row['test_acc_mean']} |"
+            )
     write_summary(STEM.with_name(STEM.name + "-cpu"), payload, lines)
     loopback = json.loads(LOOPBACK.read_text()) if LOOPBACK.exists() else {}
     loopback |= {
