@@ -187,16 +187,21 @@ class RemoteExecutor:
         for client_id, reply in answered.items():
             if reply.has_error() or "lineage" not in reply.content:
                 continue
-            lineage = reply.content["lineage"]
-            counts = {
-                split: [int(count) for count in lineage[f"{split}_counts"]]  # type: ignore[union-attr]
-                for split in ("train", "test")
-            }
             trains = kind == "train" or client_id in training
-            changed = self.lineage.record(
-                client_id, str(lineage["data_sha256"]), **counts, scored=scored,
-                trained=round_number if trains else None,
-            )  # fmt: skip
+            trains = trains and "train_refused" not in reply.content  # scored, did not train
+            try:
+                lineage = reply.content["lineage"]
+                counts = {
+                    split: [int(count) for count in lineage[f"{split}_counts"]]  # type: ignore[union-attr]
+                    for split in ("train", "test")
+                }
+                changed = self.lineage.record(
+                    client_id, str(lineage["data_sha256"]), **counts, scored=scored,
+                    trained=round_number if trains else None,
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError) as error:  # a site's record, not ours
+                log.warning("site %d sent a lineage that does not read: %r", client_id, error)
+                continue
             if changed is not None:
                 log.warning("%s", changed)
         if kind == "train" or training:

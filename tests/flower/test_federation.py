@@ -194,7 +194,7 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     hub: Hub, tmp_path: Path, medmnist_root: Path
 ) -> None:
     """A site that sends NaN, one that sends a wrong shape, one that reports ten times its
-    registered count, one whose data does not fit the task (3-channel images), one
+    registered count, one whose lineage record does not read, one whose data does not fit the task (3-channel images), one
     whose operator approved another training plan (a smaller learning rate), one that
     approved the plan with local DP (this run has privacy off) and one whose operator
     insists on local DP from its command line (``require-local-dp``) whatever its plan."""
@@ -217,8 +217,9 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     hub.add_site("cautious-site", base, **{"approved-plan": str(cautious)})
     hub.add_site("private-site", base, **{"approved-plan": str(private)})
     hub.add_site("insisting-site", base, **{"require-local-dp": "true"})
+    hub.add_site("garbled-lineage-site", base, fault="lineage")
     names = ["site-0", "site-2", "nan-site", "shape-site", "lying-site", "retina-site"]
-    names += ["cautious-site", "private-site", "insisting-site"]
+    names += ["cautious-site", "private-site", "insisting-site", "garbled-lineage-site"]
     raw = hub.flower_params(names, train={"rounds": 1}, filters=[])
     state = run_at_sites(hub, raw, "faults", app=FAULTY_APP)
 
@@ -254,9 +255,19 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
         "(privacy_mode=local; fedsieve-site --local-dp)"
     )
     assert not any(rows[i]["excluded"] for i in (0, 1))
+    assert not rows[9]["excluded"]
+    garbled_lineage_left_out(HubFiles(hub.folder / "faults"))
     assert torch.isfinite(state.global_vector).all()
     for name in names[2:]:
         hub.fed.stop_site(name)
+
+
+def garbled_lineage_left_out(files: HubFiles) -> None:
+    """A lineage record that does not read (site 9's train answer) is left out of the
+    run's lineage and said in the hub's log; its scoring's lineage is kept."""
+    lineage = json.loads(files.outcome.read_text())["site_data"]
+    assert [entry["trained"] for entry in lineage["0"]] == [[1]]
+    assert [(entry["trained"], entry["scored"]) for entry in lineage["9"]] == [([], [1])]
 
 
 def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:

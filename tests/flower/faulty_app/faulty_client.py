@@ -1,6 +1,6 @@
 """fedsieve's ClientApp, with the fault named by the site's ``fault`` node config applied to
 its train replies: ``nan`` (every value NaN), ``shape`` (one value short), ``count`` (ten
-times its sample count reported); and ``diverged`` to its evaluate messages: it scores a
+times its sample count reported), ``lineage`` (a lineage record without its counts); and ``diverged`` to its evaluate messages: it scores a
 global model whose every weight is float32's largest (finite weights, non-finite outputs,
 as a diverged training leaves them). Sites without one answer as fedsieve's ClientApp
 does."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Context, Message, MetricRecord
+from flwr.app import ConfigRecord, Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 from flowerapp import client_app as site
@@ -32,6 +32,8 @@ def train(msg: Message, context: Context) -> Message:
         vector = vector[:-1]
     elif fault == "count":
         metrics["num_samples"] = int(metrics["num_samples"]) * 10
+    elif fault == "lineage":
+        reply.content["lineage"] = ConfigRecord({"data_sha256": "not a digest"})
     reply.content["update"] = vector_record(torch.from_numpy(vector))
     reply.content["metrics"] = MetricRecord(metrics)
     return reply
