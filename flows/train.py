@@ -14,9 +14,8 @@ from prefect import flow, get_run_logger
 
 from config.assembly import dataset_info_of
 from config.params import Params, params_hash
+from tasks.champion import score_champion_at_sites
 from tasks.data import data_root, load_verified_dataset
-from tasks.preflight import filters_that_cannot_exclude
-from tasks.registration import score_champion_at_sites
 from tasks.reports import (
     ProjectPaths,
     check_partitioned_images,
@@ -29,6 +28,7 @@ from tasks.tracking import open_training_run
 from tasks.training import (
     RunOutputs,
     build_federation,
+    filters_that_cannot_exclude,
     halt_if_bound_exceeded,
     halt_if_tracking_lost,
     load_checkpoint,

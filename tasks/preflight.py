@@ -37,7 +37,6 @@ from tasks.partition import split_partition
 __all__ = [
     "check_params",
     "check_writable",
-    "filters_that_cannot_exclude",
     "preflight",
     "sampled_per_round",
 ]
@@ -135,15 +134,6 @@ def check_rules(params: Params, n: int, *, source: str = "params") -> None:
         except ValueError as error:
             where = f"aggregate ({params.aggregate.name})"
             raise ConfigError(f"{source}: {where} with {n} clients per round: {error}") from None
-
-
-def filters_that_cannot_exclude(params: Params) -> list[str]:
-    """One line for each configured filter that can exclude nobody among the clients
-    sampled per round (a threshold no score can pass at this size), for the run to say
-    when it starts: such a run trains, unprotected by that filter."""
-    sampled = sampled_per_round(params)
-    reasons = (build_filter(f.name, **f.params()).cannot_exclude(sampled) for f in params.filters)
-    return [reason for reason in reasons if reason is not None]
 
 
 def _probe_rule(

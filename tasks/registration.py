@@ -16,33 +16,20 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from config.dataset import dataset_info_of
 from config.params import Params
 from federated.data import DatasetInfo, MedMNISTData
 from federated.gate import GateDecision, champion_decision, majority_share, registration_decision
 from federated.inference import ImageClassifier
 from federated.metrics import accuracy_auc
-from federated.scoring import scored_together
-from federated.server import Federation, ServerState
-from federated.vectors import model_to_vector
 from flowerapp.hub import site_task
 from flowerapp.plan import plan_digest
+from tasks.champion import CHAMPION, champion_version, scored_at_sites
 from tasks.model_card import build_card, card_markdown
-from tasks.reports import ProjectPaths, write_json
+from tasks.reports import ProjectPaths
 from tasks.tracking import Tracker, fluent_tracking_at
 
-__all__ = [
-    "CHAMPION",
-    "champion_to_score",
-    "crown_champion",
-    "publish_card",
-    "record_decision",
-    "registration_gate",
-    "score_champion_at_sites",
-    "write_champion_scores",
-]
+__all__ = ["crown_champion", "publish_card", "record_decision", "registration_gate"]
 
-CHAMPION = "champion"  # the registered model's alias hospitals load
 OLDER_KIND = "it does not take image files (registered by an older fedsieve)"
 
 
@@ -90,9 +77,9 @@ def crown_champion(
 
     name = f"fedsieve-{params.data.dataset}"
     client = MlflowClient(tracker.uri)
-    champion = _champion_version(client, name)
+    champion = champion_version(client, name)
     if data is None:
-        decision = champion_decision(*_scored_at_sites(paths, champion, tracker.run_id))
+        decision = champion_decision(*scored_at_sites(paths, champion, tracker.run_id))
     else:
         candidate = ImageClassifier(model.cpu(), params.model.name, info)
         candidate_auc = _test_auc(candidate, data)
@@ -112,100 +99,6 @@ def crown_champion(
         "is now" if decision.passed else "is not", CHAMPION, decision.reason,
     )  # fmt: skip
     return decision
-
-
-def champion_to_score(tracker: Tracker, params: Params) -> dict[str, Any] | None:
-    """The champion's ``version`` and weights (``vector``), for the sites to score beside
-    this run's model (``eval.where: sites``: the hub holds no image to score it on); None
-    when there is none, or when it reads or builds images unlike this run (said)."""
-    import mlflow.pyfunc
-    from mlflow import MlflowClient
-
-    name = f"fedsieve-{params.data.dataset}"
-    logger = get_run_logger()
-    try:
-        version = _champion_version(MlflowClient(tracker.uri), name)
-        if version is None:
-            return None
-        with fluent_tracking_at(tracker.uri):
-            loaded = mlflow.pyfunc.load_model(f"models:/{name}@{CHAMPION}")
-        classifier = loaded.unwrap_python_model().classifier
-    except Exception as error:  # no registry reachable, or a champion of an older kind
-        logger.warning(
-            "the champion is not scored at the sites: %s: %s", type(error).__name__, error
-        )
-        return None
-    if _reading(classifier.info) != _reading(dataset_info_of(params.data)) or (
-        classifier.model_name != params.model.name
-    ):
-        logger.warning(
-            "the champion (version %s, %s) is not scored at the sites: its model or the way "
-            "it reads images differs from this run's", version, classifier.model_name,
-        )  # fmt: skip
-        return None
-    return {"version": version, "vector": model_to_vector(classifier.model).cpu()}
-
-
-@task(name="score-champion-at-sites", cache_policy=NO_CACHE)
-def score_champion_at_sites(
-    tracker: Tracker, params: Params, paths: ProjectPaths, federation: Federation,
-    state: ServerState,
-) -> None:  # fmt: skip
-    """A simulated run scored at its sites (``eval.where: sites``): the run's model and
-    the champion in the same evaluation of the sites' held-out splits, for the gate (the
-    ServerApp does the same at real sites)."""
-    paths.champion_at_sites.unlink(missing_ok=True)
-    champion = champion_to_score(tracker, params) if params.tracking.register_model else None
-    if champion is None:
-        return
-    vectors = {
-        "candidate": model_to_vector(federation.selected_model(state)),
-        "champion": champion["vector"].to(federation.device),
-    }
-    scores = scored_together(federation.scorer, vectors)
-    write_champion_scores(paths, tracker, {"version": champion["version"], **scores})
-
-
-def write_champion_scores(paths: ProjectPaths, tracker: Tracker, scores: dict[str, Any]) -> None:
-    """The run's model's and the champion's scores at the sites, for this run's gate."""
-    write_json(paths.champion_at_sites, {"run_id": tracker.run_id, **scores})
-
-
-def _reading(info: DatasetInfo) -> tuple[Any, ...]:
-    """What decides the model's input and output: classes, schema, normalisation."""
-    return (info.labels, info.n_channels, info.image_schema(), info.mean, info.std)
-
-
-def _champion_version(client: Any, name: str) -> str | None:
-    try:
-        return str(client.get_model_version_by_alias(name, CHAMPION).version)
-    except Exception:  # no such alias (or model) yet
-        return None
-
-
-def _scored_at_sites(
-    paths: ProjectPaths, champion: str | None, run_id: str | None
-) -> tuple[float, float | None, str]:
-    """This run's model's and the champion's test AUC as the sites scored both in the
-    run's last federated evaluation, and why the champion has none (empty: no champion)."""
-    scored = {}
-    if paths.champion_at_sites.exists():
-        scored = json.loads(paths.champion_at_sites.read_text())
-    if (
-        scored.get("run_id") != run_id and paths.metrics.exists()
-    ):  # no champion was scored: the run's own pooled AUC
-        scored = {"candidate": {"auc": json.loads(paths.metrics.read_text()).get("test_auc")}}
-    candidate = float(scored.get("candidate", {}).get("auc") or np.nan)
-    if champion is None:
-        return candidate, None, ""
-    if "champion" not in scored:
-        return candidate, None, "it was not scored at the sites (the run's log says why)"
-    if str(scored["version"]) != champion:
-        return candidate, None, f"the sites scored version {scored['version']}, not {champion}"
-    auc = float(scored["champion"].get("auc") or np.nan)
-    if not np.isfinite(auc):
-        return candidate, None, "no site scored it at the run's end"
-    return candidate, auc, ""
 
 
 def _champion_auc(loaded: Any, data: MedMNISTData, info: DatasetInfo) -> tuple[float | None, str]:

@@ -37,7 +37,7 @@ from federated.vectors import vector_to_model_
 from flowerapp.flwr_config import config_pairs
 from flowerapp.hub import HubFiles, write_params
 from flowerapp.lineage import SiteLineage, describe_rounds
-from tasks.registration import champion_to_score, write_champion_scores
+from tasks.champion import champion_to_score, write_champion_scores
 from tasks.reports import ProjectPaths, write_json
 from tasks.stopping import stop_if_requested
 from tasks.tracking import Tracker

@@ -14,6 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from tqdm import tqdm
 
+from aggregation import build_filter
 from config.assembly import (
     build_defence,
     build_global_model,
@@ -22,7 +23,7 @@ from config.assembly import (
     resolve_device,
 )
 from config.errors import RunHalted, ServiceError
-from config.params import Params
+from config.params import Params, population
 from federated.attacks import (
     Attack,
     Backdoor,
@@ -38,6 +39,7 @@ from federated.client import ClientData
 from federated.data import MedMNISTData, to_tensors
 from federated.driver import SHOWN, RunDriver
 from federated.loop import train
+from federated.seeding import clients_per_round
 from federated.server import (
     EvaluationSets,
     Execution,
@@ -59,6 +61,7 @@ __all__ = [
     "build_global_model",
     "federation_config",
     "federation_from_params",
+    "filters_that_cannot_exclude",
     "halt_if_bound_exceeded",
     "halt_if_tracking_lost",
     "load_checkpoint",
@@ -553,3 +556,12 @@ def _left_out(row: dict[str, Any]) -> str:
     """Why a trail row's client was left out, in a few words (its message when it has one)."""
     message = str(row.get("message") or "").strip()
     return f"{row['reason']}: {message}" if message else str(row["reason"])
+
+
+def filters_that_cannot_exclude(params: Params) -> list[str]:
+    """One line for each configured filter that can exclude nobody among the clients
+    sampled per round (a threshold no score can pass at this size), for the run to say
+    when it starts: such a run trains, unprotected by that filter."""
+    sampled = clients_per_round(params.train.client_fraction, population(params))
+    reasons = (build_filter(f.name, **f.params()).cannot_exclude(sampled) for f in params.filters)
+    return [reason for reason in reasons if reason is not None]

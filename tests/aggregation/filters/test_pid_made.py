@@ -17,7 +17,7 @@ from aggregation import build_filter, list_filters
 from aggregation.filters import PIDMADE, DistanceCUSUM, chebyshev_k, gaussian_k
 from config.params import Params
 from federated.attacks import build_attack, malicious_mask
-from tasks.preflight import filters_that_cannot_exclude
+from tasks.training import filters_that_cannot_exclude
 
 ROUNDS = ([0.0, 0.0, 0.0, 4.0], [0.0, 0.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0])
 IDS = [0, 1, 2, 3]
