@@ -223,8 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             site = Site(args.superlink, args.ca, args.key)
             return run_supernode(
-                command, env, site, rejoin_timeout=args.rejoin_timeout, on_joined=trainer.start
-            )
+                command, env, site, rejoin_timeout=args.rejoin_timeout,
+                on_joined=trainer.start, on_ended=trainer.stop,
+            )  # fmt: skip
         finally:
             trainer.stop()
 

@@ -88,6 +88,8 @@ _REVOKED = 'details = "Invalid node ID"'  # a joined node's key was unregistered
 _HANDSHAKE = re.compile(r"handshake failed", re.IGNORECASE)
 _VERIFY = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:\n]+)")
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_TRACEBACK = "Traceback (most recent call last):"
+_LOG_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class _Attempt:
     node: int | None = None
     revoked: bool = False
     refused_at: float | None = None  # when the hub's refusal was read (the child should end)
+    traceback: list[str] = field(default_factory=list)  # held once joined, until it is read
     returncode: int = 0
 
 
@@ -226,10 +229,29 @@ class _Supervisor:
                     f"{time.monotonic() - self.started:.0f} s after this start"
                 )
             return
-        if _REVOKED in line and not attempt.revoked:
+        self._joined_line(attempt, line)
+
+    def _joined_line(self, attempt: _Attempt, line: str) -> None:
+        """Pass a joined node's lines through, but hold a traceback until it is read: the
+        one flower-supernode prints when the hub unregistered its key says so only midway
+        (:data:`_REVOKED`), and is then left out for the site's one line."""
+        if attempt.revoked:
+            return
+        if attempt.traceback and _LOG_LINE.match(line):
+            self._release_traceback(attempt)  # it ended, and was not a revocation
+        if not attempt.traceback and not line.startswith(_TRACEBACK):
+            self.say(line)
+            return
+        attempt.traceback.append(line)
+        if _REVOKED in line:
             attempt.revoked = True
+            attempt.traceback.clear()
             self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
-        self.say(line)
+
+    def _release_traceback(self, attempt: _Attempt) -> None:
+        for held in attempt.traceback:
+            self.say(held)
+        attempt.traceback.clear()
 
     def _escalate(self, child: subprocess.Popen[str], attempt: _Attempt) -> None:
         """A child asked to stop (Ctrl-C, a revoked key), or refused by the hub and still
@@ -268,30 +290,30 @@ class _Supervisor:
             if attempt.node is None and time.monotonic() - attempt.started > HOLD_S:
                 self._show_held(attempt)  # still not in: the hub is slow or away, say so
         attempt.returncode = child.wait()
+        self._release_traceback(attempt)
         return attempt
 
     # -- the whole run ---------------------------------------------------------------------
 
-    def run(self, site: Site, rejoin_timeout: float) -> int:
+    def run(self, site: Site, rejoin_timeout: float) -> tuple[int, str | None]:
+        """The site's exit code, and its last line when it ends on an error (said by the
+        caller once all the site started has ended, so that it is the last line)."""
         number = 0
         while True:
             number += 1
             attempt = self.attempt(number)
             if self.stopping.is_set():
-                return EXIT_STOPPED
+                return EXIT_STOPPED, None
             if attempt.revoked:
-                self.say(
-                    f"fedsieve-site: error: the hub {site.superlink} no longer accepts this "
-                    f"site's key {site.key} (node {attempt.node} was unregistered)"
+                return EXIT_KEY_REFUSED, (
+                    f"the hub {site.superlink} no longer accepts this site's key {site.key} "
+                    f"(node {attempt.node} was unregistered)"
                 )
-                return EXIT_KEY_REFUSED
             if attempt.node is not None:
-                return attempt.returncode
+                return attempt.returncode, None
             online = _STILL_ONLINE.search("".join(attempt.held))
             if online is None:
-                code, why = _refusal(attempt, site)
-                self.say(f"fedsieve-site: error: {why}")
-                return code
+                return _refusal(attempt, site)
             if self.waiting_since is None:
                 self.waiting_since = time.monotonic()
                 self.say(
@@ -300,14 +322,13 @@ class _Supervisor:
                     f"(at most {rejoin_timeout:.0f} s), then rejoining"
                 )
             elif time.monotonic() - self.waiting_since > rejoin_timeout:
-                self.say(
-                    f"fedsieve-site: error: node {online.group(1)} is still online after "
-                    f"{rejoin_timeout:.0f} s: another SuperNode runs with this site's key "
-                    f"{site.key}; stop it, or wait and start this one again"
+                return EXIT_KEY_IN_USE, (
+                    f"node {online.group(1)} is still online after {rejoin_timeout:.0f} s: "
+                    f"another SuperNode runs with this site's key {site.key}; stop it, or wait "
+                    "and start this one again"
                 )
-                return EXIT_KEY_IN_USE
             if self.stopping.wait(RETRY_S):
-                return EXIT_STOPPED
+                return EXIT_STOPPED, None
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
@@ -325,9 +346,16 @@ def run_supernode(
     rejoin_timeout: float = 120.0,
     out: IO[str] | None = None,
     on_joined: Callable[[], object] | None = None,
+    on_ended: Callable[[], object] | None = None,
 ) -> int:
     """Run ``command`` (flower-supernode) until it ends; ``fedsieve-site``'s exit code.
-    ``on_joined`` is called whenever the hub has let the node in."""
+    ``on_joined`` is called whenever the hub has let the node in, ``on_ended`` once the
+    SuperNode has ended, before the site's last line (what it started is stopped first)."""
     supervisor = _Supervisor(command, env, out or sys.stderr, on_joined)
     with supervisor.signals():
-        return supervisor.run(site, rejoin_timeout)
+        code, why = supervisor.run(site, rejoin_timeout)
+        if on_ended is not None:
+            on_ended()
+    if why is not None:
+        supervisor.say(f"fedsieve-site: error: {why}")
+    return code

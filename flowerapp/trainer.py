@@ -40,6 +40,8 @@ from typing import IO
 
 import numpy as np
 
+from flowerapp.supernode import stop_with_parent
+
 __all__ = ["Answer", "Job", "KeptTrainer", "TrainerUnavailable", "ask", "prepare_dir", "serve"]
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,7 @@ class KeptTrainer:
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
         self.starts = 0
+        self._starting = threading.Lock()
         self._watcher = threading.Thread(target=self._keep_running, daemon=True)
 
     def _say(self, line: str) -> None:
@@ -167,8 +170,6 @@ class KeptTrainer:
         self.out.flush()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        from flowerapp.supernode import stop_with_parent
-
         self.starts += 1
         child = subprocess.Popen(
             self.command, env=self.env, stdin=subprocess.DEVNULL,
@@ -178,8 +179,11 @@ class KeptTrainer:
         return child
 
     def _keep_running(self) -> None:
-        while not self.stopping.is_set():
-            self.child = child = self._start()
+        while True:
+            with self._starting:  # a stop meanwhile waits for this child, and stops it too
+                if self.stopping.is_set():
+                    return
+                self.child = child = self._start()
             code = child.wait()
             if self.stopping.is_set():
                 return
@@ -196,8 +200,10 @@ class KeptTrainer:
         return self
 
     def stop(self, grace: float = 5.0) -> None:
-        self.stopping.set()
-        child = self.child
+        """Stop it and wait for it: nothing it prints comes after this returns."""
+        with self._starting:
+            self.stopping.set()
+            child = self.child
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGTERM)
             try:

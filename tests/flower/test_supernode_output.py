@@ -112,3 +112,44 @@ def test_a_refused_supernode_that_does_not_exit_is_stopped_and_the_refusal_said(
     assert time.monotonic() - started < 30  # SIGTERM, then SIGKILL, not the child's 600 s
     [line] = out.splitlines()
     assert line.startswith("fedsieve-site: error: ") and "does not know this site's key" in line
+
+
+JOINED_THEN = textwrap.dedent(
+    """
+    import sys
+    print("INFO :      Starting Flower SuperNode", flush=True)
+    print("INFO :      SuperNode ID: 7", flush=True)
+    print("INFO :      SuperNode terminated gracefully.", flush=True)
+    print("Traceback (most recent call last):", flush=True)
+    print('  File "connection.py", line 244, in deactivate_node', flush=True)
+    print("grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:",
+          flush=True)
+    print('\\tdetails = "{details}"', flush=True)
+    print(">", flush=True)
+    print("Traceback (most recent call last):", flush=True)
+    print("KeyboardInterrupt", flush=True)
+    {after}
+    sys.exit(1)
+    """
+)
+
+
+def test_a_revoked_key_is_one_line_without_flowers_traceback(tmp_path: Path) -> None:
+    script = JOINED_THEN.format(details="Invalid node ID", after="")
+    code, out = supervise(script, tmp_path)
+    assert code == EXIT_KEY_REFUSED, out
+    assert "Traceback" not in out and "Invalid node ID" not in out, out
+    assert out.splitlines()[-1].startswith("fedsieve-site: error: the hub 127.0.0.1:9092 no")
+    assert "(node 7 was unregistered)" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("after", ["", 'print("INFO :      after it", flush=True)'])
+def test_any_other_traceback_of_a_joined_node_is_passed_through_whole(
+    tmp_path: Path, after: str
+) -> None:
+    script = JOINED_THEN.format(details="Socket closed", after=after)
+    code, out = supervise(script, tmp_path)
+    assert code == 1, out
+    lines = out.splitlines()
+    assert lines.count("Traceback (most recent call last):") == 2, out
+    assert lines[-1] == ("INFO :      after it" if after else "KeyboardInterrupt"), out
