@@ -14,6 +14,7 @@ import functools  # noqa: E402
 import http.server  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -24,6 +25,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from federated.client import ClientData  # noqa: E402
+from tests.limits import TEST_LIMIT_S, limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,8 +152,22 @@ def breast_64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fabri
     server.server_close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI job's timeout, a ``kill``) ends the tests as Ctrl-C does: the running
+    test's fixtures are torn down, so the servers and sites it started are stopped."""
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end tests (real servers, processes and federations: minutes each) first,
     so that under ``make test``'s two workers the long files start early and both workers
-    finish together; the order within each kind is kept."""
+    finish together; the order within each kind is kept. Every test gets pytest-timeout's
+    guard, scaled by ``FEDSIEVE_TEST_TIME_SCALE`` (tests/limits.py), unless it sets one."""
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit(TEST_LIMIT_S)))

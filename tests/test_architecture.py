@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.limits import limit
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -17,7 +19,7 @@ def test_the_import_contracts_are_kept():
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
 
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

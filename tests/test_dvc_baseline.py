@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.limits import limit
+
 REPO = Path(__file__).resolve().parents[1]
 UNCOMMITTED = ("artifacts/",)  # DVC-cached outputs: absent from a clone
 
@@ -70,7 +72,7 @@ def test_the_committed_baseline_is_what_the_committed_code_and_params_produce():
         env={**os.environ, "DVC_NO_ANALYTICS": "1"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
 
     assert result.returncode == 0, result.stderr[-3000:]

@@ -27,6 +27,7 @@ from config.environment import (
     configure_numerics,
     has_avx2_and_fma,
 )
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 avx2 = pytest.mark.skipif(
@@ -84,7 +85,7 @@ def train(medmnist_root, machine: dict[str, str], *, pinned: bool) -> tuple[str,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=limit(300),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     capability, digest = result.stdout.split()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fedsieve.local_server import DELIVERY_SECONDS
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -48,7 +49,7 @@ def fedsieve(project: Path, medmnist_root: Path, *args: str) -> subprocess.Compl
         env=project_environment(project, medmnist_root, project.parent / "prefect-home"),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
 
 
@@ -288,7 +289,12 @@ def test_a_server_that_cannot_start_ends_the_command_with_one_clear_line(medmnis
     env = project_environment(tmp_path, medmnist_root, not_a_folder)
 
     result = subprocess.run(
-        [FEDSIEVE, "partition"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [FEDSIEVE, "partition"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=limit(300),
     )
 
     assert result.returncode == 1, result.stderr[-3000:]
@@ -318,7 +324,7 @@ def _stop_started_commands() -> Iterator[None]:
         command = _STARTED.pop()
         if command.poll() is None:
             command.kill()
-            command.wait(timeout=60)
+            command.wait(timeout=limit(60))
 
 
 def started_command(
@@ -371,7 +377,7 @@ def ended_with(
         return command.wait(timeout=within)
     except subprocess.TimeoutExpired:
         command.send_signal(signal.SIGABRT)
-        command.wait(timeout=60)
+        command.wait(timeout=limit(60))
         stacks = (project / "stderr.log").read_text(errors="replace")[-12000:]
         raise AssertionError(f"the command had not ended after {within} s:\n{stacks}") from None
 
@@ -386,7 +392,7 @@ def mlflow_run_statuses(project: Path) -> dict[str, str]:
     if not store.exists():
         return {}
     try:
-        with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=10)) as db:
+        with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=limit(10))) as db:
             return dict(db.execute("SELECT name, status FROM runs").fetchall())
     except sqlite3.OperationalError:  # the tables are not created yet
         return {}
@@ -464,7 +470,7 @@ def test_a_killed_command_takes_its_server_with_it(medmnist_root, tmp_path):
     command = started_command(tmp_path, medmnist_root, "run", "--set", "train.rounds=500")
 
     command.kill()
-    command.wait(timeout=60)
+    command.wait(timeout=limit(60))
 
     assert not wait_for_no_server(tmp_path / ".prefect")
 

@@ -12,6 +12,8 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+from tests.limits import limit
+
 REPO = Path(__file__).resolve().parents[2]
 LINES = 12_000  # more than a 5-second flush delivers on a 2-core machine
 
@@ -37,7 +39,7 @@ def test_every_line_a_flow_logged_reaches_the_server_before_it_stops(tmp_path):
 
     done = subprocess.run(
         [sys.executable, "-c", FLOW], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
+        timeout=limit(600),
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-3000:]

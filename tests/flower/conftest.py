@@ -28,6 +28,7 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
@@ -117,7 +118,7 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
         "data-root": str(hub.folder),
         "checkpoint": str(checkpoint),
     }
-    done = hub.fed.run_app(app, config, timeout=600)
+    done = hub.fed.run_app(app, config, timeout=limit(600))
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
     assert hub.fed.serverapps_left() == [], "a hub process outlived its run"

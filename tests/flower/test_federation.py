@@ -36,6 +36,7 @@ from tasks.sites import APP_DIR
 from tasks.stats import collect_client_updates, test_normality
 from tasks.training import trained_model_noniid
 from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, run_at_sites, site_names
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -169,7 +170,7 @@ def test_the_pretest_at_the_sites_tests_what_the_simulation_tests(
     files = HubFiles(hub.folder / f"pretest-{mode}")
     write_params(files.params, params)
     config = {"hub-folder": str(files.folder), "data-root": str(hub.folder), "stage": "pretest"}
-    done = hub.fed.run_app(APP_DIR, config, timeout=600)
+    done = hub.fed.run_app(APP_DIR, config, timeout=limit(600))
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
     assert outcome["rounds"] == after and outcome["missing"] == []
@@ -282,7 +283,7 @@ def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:
     write_params(files.params, Params.model_validate(raw))
     config = {"hub-folder": str(files.folder), "data-root": str(hub.folder),
               "checkpoint": str(files.folder / "checkpoint.pt")}  # fmt: skip
-    hub.fed.run_app(FAULTY_APP, config, timeout=600)
+    hub.fed.run_app(FAULTY_APP, config, timeout=limit(600))
     outcome = json.loads(files.outcome.read_text())
     assert outcome["status"] == "failed"
     assert outcome["error"].startswith(
@@ -300,7 +301,7 @@ def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
     intruder = make_site_key(tmp_path, "intruder")
     fed.start_site("intruder", intruder, hub.node_config("site-0"))
     with pytest.raises(RuntimeError, match="exited"):
-        fed.wait_connected("intruder", timeout=60)
+        fed.wait_connected("intruder", timeout=limit(60))
     assert REFUSED in fed.work.joinpath("superlink.log").read_text()
 
     # site-3's key is replaced: the old one is revoked (refused from then on), the new
@@ -311,7 +312,7 @@ def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
     refusals = fed.work.joinpath("superlink.log").read_text().count(REFUSED)
     fed.start_site("site-3", hub.keys["site-3"], hub.node_config("site-3"))
     with pytest.raises(RuntimeError, match="exited"):
-        fed.wait_connected("site-3", timeout=60)
+        fed.wait_connected("site-3", timeout=limit(60))
     assert fed.work.joinpath("superlink.log").read_text().count(REFUSED) == refusals + 1
     hub.keys["site-3"] = make_site_key(tmp_path, "site-3-new")
     hub.nodes["site-3"] = fed.register(hub.keys["site-3"].public)
@@ -380,9 +381,9 @@ def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub)
     )
     wait_for_round(files, 1, run)
     fed.kill_site(victim)  # SIGKILL: no goodbye, the SuperLink learns it by the heartbeat
-    fed.wait_status([hub.nodes[victim]], "offline", timeout=120)
+    fed.wait_status([hub.nodes[victim]], "offline", timeout=limit(120))
     hub.start(victim)
-    assert run.wait(timeout=600) == 0, fed.app_log(run).read_text()[-3000:]
+    assert run.wait(timeout=limit(600)) == 0, fed.app_log(run).read_text()[-3000:]
 
     state = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
     rows = [row for row in state.trail if row["client"] == 2]
@@ -433,7 +434,7 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     hub.fed.wait_status(hub.nodes[name] for name in names)  # back by themselves
     second = subprocess.run(
         [*fedsieve, "run", "--params", "params.yaml", "--resume"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(900),
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
 
@@ -491,20 +492,22 @@ def test_a_scheduled_deployment_trains_at_the_sites(
             command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + limit(120)
         while True:
             assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            found = httpx.get(f"{prefect_server}/deployments/name/pipeline/at-sites", timeout=30)
+            found = httpx.get(
+                f"{prefect_server}/deployments/name/pipeline/at-sites", timeout=limit(30)
+            )
             if found.status_code == 200:
                 break
             assert time.monotonic() < deadline, "the deployment was not served in 120 s"
             time.sleep(1)
         deployment = found.json()
-        flow_run = run_deployment("pipeline/at-sites", timeout=600, poll_interval=2)
-        again = run_deployment("pipeline/at-sites", timeout=600, poll_interval=2)
+        flow_run = run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)
+        again = run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=60)
+        serve.wait(timeout=limit(60))
 
     served_params = deployment["parameters"]["params"]["federation"]
     assert served_params["runtime"] == "flower" and len(served_params["sites"]) == len(names)
@@ -604,7 +607,7 @@ def fedsieve_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     done = subprocess.run(
         [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+        cwd=project, env=env, capture_output=True, text=True, timeout=limit(900),
     )  # fmt: skip
     return f"rc {done.returncode}: {done.stderr[-3000:]}"
 
@@ -622,7 +625,7 @@ def make_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:
     (project / "params.yaml").write_text(yaml.safe_dump(full))
     done = subprocess.run(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+        cwd=project, env=env, capture_output=True, text=True, timeout=limit(900),
     )  # fmt: skip
     return f"rc {done.returncode}: {done.stdout[-1500:]} {done.stderr[-3000:]}"
 

@@ -15,6 +15,7 @@ from flowerapp.certs import make_tls
 from flowerapp.superlink import PollFilter
 from tests.flower.conftest import FLOWER_BIN, Hub
 from tests.flower.test_supernode import bare_env, group_commands, process_env
+from tests.limits import limit
 
 
 def test_the_superlink_command_works_from_a_bare_shell_with_flower_quiet(tmp_path: Path) -> None:
@@ -32,7 +33,7 @@ def test_the_superlink_command_works_from_a_bare_shell_with_flower_quiet(tmp_pat
             start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + limit(60)
         while not all(map(port_open, (fleet, control, appio))) or not [
             pid for pid, cmd in group_commands(hub.pid).items() if "flower-superexec" in cmd
         ]:
@@ -63,7 +64,7 @@ def test_no_medmnist_install_hint_in_the_flower_environment(tmp_path: Path) -> N
     code = "from federated.data import dataset_info; print(dataset_info('breastmnist').task)"
     done = subprocess.run(
         [str(FLOWER_BIN / "python"), "-c", code], env=bare_env(tmp_path), capture_output=True,
-        text=True, timeout=120, check=True,
+        text=True, timeout=limit(120), check=True,
     )  # fmt: skip
     assert done.stdout == "binary-class\n" and done.stderr == "", done
 
@@ -79,7 +80,7 @@ def test_a_site_decodes_the_compressed_dicom_an_archive_exports(tmp_path: Path) 
     )
     done = subprocess.run(
         [str(FLOWER_BIN / "python"), "-c", code], env=bare_env(tmp_path), capture_output=True,
-        text=True, timeout=120,
+        text=True, timeout=limit(120),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == "(32, 32)\n" * 5

@@ -33,6 +33,7 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
 from tests.flower.conftest import FLOWER_BIN, Hub
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -89,7 +90,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
 
     done = subprocess.run(
         [sys.executable, "-m", "fedsieve.cli", "run", "--params", "params.yaml"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+        cwd=project, env=env, capture_output=True, text=True, timeout=limit(900),
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-4000:]
@@ -114,7 +115,7 @@ def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
     checked = subprocess.run(
         [sys.executable, "-m", "fedsieve.cli", "check-simulation", "--params", "params.yaml",
          "--data", str(tmp_path / "hospitals")],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
+        cwd=project, env=env, capture_output=True, text=True, timeout=limit(600),
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "the run at the sites equals its simulation within 1e-06" in checked.stdout
@@ -188,7 +189,9 @@ def changed_mid_run_and_champion_scored_at_sites(
         file, label, split = rows[1].split(",")
         rows[1] = ",".join([file, str((int(label) + 1) % 10), split])
         table.write_text("\n".join(rows) + "\n")
-        assert second.wait(timeout=900) == 0, (project / "second-run.log").read_text()[-4000:]
+        assert second.wait(timeout=limit(900)) == 0, (project / "second-run.log").read_text()[
+            -4000:
+        ]
     finally:
         if second.poll() is None:
             second.kill()
@@ -225,7 +228,7 @@ def changed_mid_run_and_champion_scored_at_sites(
     command = [sys.executable, "-m", "fedsieve.cli", "check-simulation", "--params", "params.yaml"]
     differs = subprocess.run(
         [*command, "--data", str(hospitals)], cwd=project, env=env, capture_output=True,
-        text=True, timeout=600,
+        text=True, timeout=limit(600),
     )  # fmt: skip
     assert differs.returncode == 1, differs.stdout + differs.stderr
     assert "fedsieve: the run at the sites is not its simulation: final weights differ" in (
@@ -233,7 +236,7 @@ def changed_mid_run_and_champion_scored_at_sites(
     )
     missing = subprocess.run(
         [*command, "--data", str(project)], cwd=project, env=env, capture_output=True, text=True,
-        timeout=600,
+        timeout=limit(600),
     )  # fmt: skip
     assert missing.returncode == 2
     assert missing.stderr.startswith(f"fedsieve: error: --data {project}: no data of site ")

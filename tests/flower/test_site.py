@@ -24,6 +24,7 @@ from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan, 
 from flowerapp.site import main as site_main
 from flowerapp.site import supernode_command
 from flowerapp.site_data import SiteDataError, load_site_data
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,7 +125,7 @@ def test_the_hubs_plan_is_what_its_tasks_carry_and_a_departure_is_named(
         [str(Path(sys.executable).parent / "fedsieve"), "plan", "--set", "train.lr=0.02",
          "--out", str(tmp_path / "plan.json")],
         cwd=REPO, env=os.environ | {"MEDMNIST_ROOT": str(medmnist_root)},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
     assert written.returncode == 0, written.stderr
     params = load_params(REPO / "params.yaml", ["train.lr=0.02"])

@@ -29,6 +29,7 @@ from flowerapp.supernode import (
     EXIT_USAGE,
 )
 from tests.flower.conftest import Hub, run_at_sites
+from tests.limits import limit
 
 TRAINER_READY = r"warm trainer ready on (.*) \(pid (\d+)\)"
 RESTART_AFTER_S = 5.0  # the crash-and-restart the issue names: kill -9, start again 5 s later
@@ -100,7 +101,7 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     _, node, command, site = start_new_site(hub, tmp_path, name, bare_env(tmp_path))
     # the SuperNode found flower-superexec without the venv on PATH, Flower's switches set
     supernodes = [pid for pid, cmd in group_commands(site.pid).items() if "flower-supernode" in cmd]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + limit(60)
     while not any("flower-superexec" in c for c in group_commands(site.pid).values()):
         assert time.monotonic() < deadline, fed.site_log(name).read_text()[-2000:]
         time.sleep(0.5)
@@ -111,7 +112,7 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     private = Path(fed.wait_line(name, TRAINER_READY).group(1)).parent
     assert private.exists()
     os.kill(site.pid, signal.SIGKILL)  # kill -9 of fedsieve-site alone: its children go too
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + limit(60)
     while any(
         part in c for c in group_commands(site.pid).values()
         for part in ("flower-supernode", "flowerapp.trainer")
@@ -145,7 +146,7 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     assert not any("Traceback" in line or "ERROR" in line for line in lines), lines
     restarted = fed.sites[name]
     restarted.send_signal(signal.SIGTERM)  # docker stop, systemctl stop (KillMode=mixed)
-    assert restarted.wait(timeout=60) == EXIT_STOPPED
+    assert restarted.wait(timeout=limit(60)) == EXIT_STOPPED
     assert fed.node_status(node) == "offline"  # the SuperNode deactivated its node on the way out
     fed.stop_site(name)
 
@@ -190,7 +191,7 @@ def test_every_refusal_is_one_line_and_its_own_exit_code(hub: Hub, tmp_path: Pat
     for name, (command, code, message) in cases.items():
         log = fed.site_log(name)
         proc = fed.start_site_command(name, command, bare_env(tmp_path))
-        assert proc.wait(timeout=120) == code, log.read_text()
+        assert proc.wait(timeout=limit(120)) == code, log.read_text()
         lines = log.read_text().splitlines()
         errors = [line for line in lines if line.startswith("fedsieve-site: error: ")]
         assert len(errors) == 1 and message in errors[0], lines
@@ -209,7 +210,7 @@ def test_a_site_whose_key_is_revoked_while_it_runs_stops_and_says_why(
     with busy_cores(2):
         key, node, _, site = start_new_site(hub, tmp_path, name)
         fed.unregister(node)
-        assert site.wait(timeout=120) == EXIT_KEY_REFUSED
+        assert site.wait(timeout=limit(120)) == EXIT_KEY_REFUSED
     lines = fed.site_log(name).read_text().splitlines()
     assert lines[-1] == (
         f"fedsieve-site: error: the hub {fed.fleet_address} no longer accepts this site's "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.automations import CLOSE_DEPLOYMENT, PIPELINE_FLOWS, ZOMBIE_MESSAGE, install
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e  # real processes and servers
 
@@ -99,7 +100,7 @@ def test_each_crash_gets_one_closing_run_whichever_automation_saw_it(prefect_ser
                 runs[r.parameters["flow_run"]] for r in closing if r.parameters["flow_run"] in runs
             )
 
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + limit(90)
         while "worker" not in closed():
             assert time.monotonic() < deadline, "no closing run for the worker's crash"
             time.sleep(1)
@@ -133,7 +134,7 @@ def test_a_killed_runs_subflows_and_mlflow_run_are_closed(
             start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + limit(300)
         while not checkpoint.exists():
             assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint after 300 s"

@@ -30,6 +30,7 @@ from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
 from flows.pretest import pretest_flow
 from flows.train import train_flow
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["partition.num_clients=3", "train.local_epochs=1", "eval.target_acc=0.5"]
@@ -245,7 +246,7 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(
         command, cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     checkpoint = killed / "artifacts" / "checkpoints" / "train.pt"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + limit(240)
     while time.monotonic() < deadline and process.poll() is None:
         state = torch.load(checkpoint, weights_only=True) if checkpoint.exists() else None
         if state is not None and state["state"]["round"] >= 2:
@@ -334,12 +335,12 @@ def test_a_terminated_make_run_stops_the_stage_it_was_running(tmp_path, medmnist
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + limit(240)
         while not (repo / "artifacts" / "checkpoints").exists():  # in the train stage
             assert time.monotonic() < deadline and command.poll() is None
             time.sleep(0.2)
         command.terminate()
-        assert command.wait(timeout=60) == 128 + signal.SIGTERM
+        assert command.wait(timeout=limit(60)) == 128 + signal.SIGTERM
     finally:
         command.kill()
     assert not [
@@ -371,7 +372,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
         env=shared_server_env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     output = repro.stdout + repro.stderr
     assert repro.returncode == 0, output[-6000:]
@@ -381,7 +382,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     first = json.loads((repo / "reports" / "metrics.json").read_text())
     assert first["rounds"] == 2
     again = subprocess.run(
-        [*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+        [*dvc, "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=limit(300)
     )
     assert "didn't change, skipping" in again.stdout
 
@@ -396,7 +397,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
     assert "Running stage 'partition'" not in exp.stdout  # only what depends on rounds re-ran
@@ -433,7 +434,7 @@ def assert_a_fresh_clone_reproduces_the_committed_baseline(repo: Path, env: dict
         env={**env, "MLFLOW_TRACKING_URI": store},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
     assert repro.returncode == 0, (repro.stdout + repro.stderr)[-6000:]
     status = _git_output(clone, "status", "--porcelain", "--untracked-files=no")

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from config.environment import TELEMETRY_OFF
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -36,7 +37,7 @@ def wait_http(url: str, *, timeout: float, process: subprocess.Popen[bytes] | No
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"process for {url} exited with {process.returncode}")
         try:
-            if httpx.get(url, timeout=5).status_code == 200:
+            if httpx.get(url, timeout=limit(5)).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -92,9 +93,9 @@ class Processes:
         for member in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()
-        psutil.wait_procs(alive, timeout=5)
+        psutil.wait_procs(alive, timeout=limit(5))
         try:
-            process.wait(timeout=5)
+            process.wait(timeout=limit(5))
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()

@@ -20,6 +20,7 @@ from dockerfile_parse import DockerfileParser
 
 from config.environment import FLOWER_TELEMETRY_OFF
 from fedsieve.cli import COMMANDS
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 HADOLINT = Path(sys.executable).parent / "hadolint"
@@ -77,7 +78,7 @@ def assert_hadolint_clean(dockerfile: Path) -> None:
         [str(HADOLINT), "--failure-threshold", "warning", str(dockerfile)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=limit(60),
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

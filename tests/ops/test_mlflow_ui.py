@@ -12,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.tracking import Tracker, flatten_params
+from tests.limits import limit
 
 
 def _chromium() -> str | None:
@@ -75,7 +76,7 @@ def test_the_ui_lists_the_experiment_and_its_runs(tmp_path, ops):
         ],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=limit(400),
         env=ops.base_env(),
     )
 

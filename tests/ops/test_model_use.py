@@ -28,6 +28,7 @@ from federated.inference import load_classifier, save_classifier
 from federated.own_data import write_image_folder
 from models import build_model
 from tasks.tracking import Tracker, fluent_tracking_at
+from tests.limits import limit
 
 NAME = "fedsieve-breastmnist"
 
@@ -86,7 +87,7 @@ def test_the_champion_loads_in_a_fresh_process_and_takes_png_and_dicom_files(
     done = subprocess.run(
         [str(ops.bin / "python"), "-c", code, json.dumps([str(f) for f in files])],
         env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"]), capture_output=True, text=True,
-        timeout=300,
+        timeout=limit(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     by_path, by_bytes = json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,7 +118,7 @@ def test_the_registered_model_has_a_signature_and_an_input_example(store: dict[s
 def run_predict(ops: Any, args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(ops.bin / "fedsieve"), "predict", *args], cwd=cwd, env=ops.base_env(**env),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=limit(300),
     )  # fmt: skip
 
 
@@ -195,14 +196,14 @@ def served(store: dict[str, Any], ops: Any, processes: Any) -> str:
         cwd=store["root"],
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    ops.wait_http(f"{url}/ping", timeout=180, process=server)
+    ops.wait_http(f"{url}/ping", timeout=limit(180), process=server)
     return url
 
 
 def invoke(url: str, files: list[bytes]) -> httpx.Response:
     rows = [[base64.b64encode(raw).decode()] for raw in files]
     body = {"dataframe_split": {"columns": ["image"], "data": rows}}
-    return httpx.post(f"{url}/invocations", json=body, timeout=60)
+    return httpx.post(f"{url}/invocations", json=body, timeout=limit(60))
 
 
 def test_the_served_champion_answers_png_and_dicom_as_the_model_in_process(
@@ -228,7 +229,7 @@ def test_the_served_champion_answers_png_and_dicom_as_the_model_in_process(
     pd.DataFrame({"image": [f.read_bytes() for f in files]}).to_parquet(table)
     parquet = httpx.post(
         f"{served}/invocations", content=table.getvalue(),
-        headers={"Content-Type": "application/vnd.apache.parquet"}, timeout=60,
+        headers={"Content-Type": "application/vnd.apache.parquet"}, timeout=limit(60),
     )  # fmt: skip
     assert parquet.status_code == 200, parquet.text
     got = np.array([[row[c] for c in columns(store)] for row in parquet.json()["predictions"]])
@@ -245,7 +246,7 @@ def test_the_served_champion_answers_png_and_dicom_as_the_model_in_process(
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_400_whose_reason_is_one_line(served: str, body: dict, reason: str):
-    reply = httpx.post(f"{served}/invocations", json=body, timeout=60)
+    reply = httpx.post(f"{served}/invocations", json=body, timeout=limit(60))
 
     assert reply.status_code == 400
     message = reply.json()["message"]

@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 from config.params import load_params
 from fedsieve import ops as fedsieve_ops
 from fedsieve.cli import main
+from tests.limits import limit
 
 TINY = [  # three rounds: the first model that passes the registration gate (federated/gate.py)
     "partition.num_clients=3",
@@ -53,7 +54,7 @@ def prefect_api(ops, processes, tmp_path_factory) -> Iterator[dict[str, str]]:
     )
     url = f"http://127.0.0.1:{port}/api"
     try:
-        ops.wait_http(f"{url}/health", timeout=180, process=server)
+        ops.wait_http(f"{url}/health", timeout=limit(180), process=server)
     except (RuntimeError, TimeoutError):
         pytest.fail(f"Prefect server did not start:\n{processes.log('prefect-server')[-3000:]}")
     yield ops.base_env(
@@ -63,7 +64,9 @@ def prefect_api(ops, processes, tmp_path_factory) -> Iterator[dict[str, str]]:
 
 
 def api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(method, f"{env['PREFECT_API_URL']}{path}", json=body, timeout=30)
+    response = httpx.request(
+        method, f"{env['PREFECT_API_URL']}{path}", json=body, timeout=limit(30)
+    )
     response.raise_for_status()
     return response.json()
 
@@ -159,11 +162,12 @@ def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
         def deployment() -> dict[str, Any] | None:
             assert serve.poll() is None, processes.log("serve")[-3000:]
             response = httpx.get(
-                f"{env['PREFECT_API_URL']}/deployments/name/pipeline/every-minute", timeout=30
+                f"{env['PREFECT_API_URL']}/deployments/name/pipeline/every-minute",
+                timeout=limit(30),
             )
             return response.json() if response.status_code == 200 else None
 
-        served = poll("the served deployment", deployment, timeout=120)
+        served = poll("the served deployment", deployment, timeout=limit(120))
 
         def scheduled() -> list[dict[str, Any]]:
             return api(
@@ -177,7 +181,7 @@ def test_serve_registers_a_cron_deployment_and_the_scheduler_creates_runs(
                 },
             )
 
-        runs = poll("a scheduled flow run", scheduled, timeout=120)
+        runs = poll("a scheduled flow run", scheduled, timeout=limit(120))
     finally:
         processes.stop(serve)
 
@@ -224,12 +228,12 @@ def cancel_a_dispatched_grid(
                 command.poll() is not None
                 or all((cell / "artifacts" / "checkpoints").exists() for cell in cells)
             ),
-            timeout=300,
+            timeout=limit(300),
             interval=0.5,
         )
         assert command.poll() is None, (project / "cancelled-grid.log").read_text()[-3000:]
         command.terminate()
-        assert command.wait(timeout=60) == 143  # at once: it does not wait for 500 rounds
+        assert command.wait(timeout=limit(60)) == 143  # at once: it does not wait for 500 rounds
     finally:
         command.kill()
     names = [cell.name for cell in cells]
@@ -240,7 +244,7 @@ def cancel_a_dispatched_grid(
         still_going = {"RUNNING", "CANCELLING"} & set(states.values())
         return states if len(states) == 2 and not still_going else None
 
-    return poll("the cancelled cells' runs to stop", final_states, timeout=120)
+    return poll("the cancelled cells' runs to stop", final_states, timeout=limit(120))
 
 
 def create_process_work_pool(env: dict[str, str]) -> None:
@@ -292,7 +296,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=limit(180),
     )
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     deployment = api(env, "GET", "/deployments/name/pipeline-from-file/fedsieve")
@@ -306,7 +310,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
             flow_run = run_deployment(
                 "pipeline-from-file/fedsieve",
                 parameters={"workdir": str(project), "overrides": TINY},
-                timeout=420,
+                timeout=limit(420),
                 poll_interval=2,
             )
         assert flow_run.state is not None and flow_run.state.is_completed(), (
@@ -324,7 +328,7 @@ def test_a_process_worker_runs_the_deployment_and_a_grid_dispatched_to_it(
             env=compare_env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=limit(600),
         )
         assert compare.returncode == 0, compare.stderr[-3000:] + processes.log("worker")[-4000:]
         cells = ops.repo / "artifacts" / "compare"  # in the worker's checkout

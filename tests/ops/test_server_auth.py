@@ -16,6 +16,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.limits import limit
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,12 +36,13 @@ def test_prefect_refuses_a_client_without_the_auth_string(ops, processes, tmp_pa
         env=ops.base_env(PREFECT_HOME=str(tmp_path / "server"), PREFECT_SERVER_API_AUTH_STRING=auth),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api"
-    ops.wait_http(f"{url}/health", timeout=180, process=server)  # the probe needs no login
+    ops.wait_http(f"{url}/health", timeout=limit(180), process=server)  # the probe needs no login
 
-    assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=30).status_code == 401
+    assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=limit(30)).status_code == 401
     wrong = basic("fedsieve:not-the-password")
     assert (
-        httpx.post(f"{url}/flow_runs/filter", json={}, headers=wrong, timeout=30).status_code == 401
+        httpx.post(f"{url}/flow_runs/filter", json={}, headers=wrong, timeout=limit(30)).status_code
+        == 401
     )
 
     from prefect.client.orchestration import get_client
@@ -82,12 +85,15 @@ def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
         ),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    ops.wait_http(f"{url}/health", timeout=180, process=server)
+    ops.wait_http(f"{url}/health", timeout=limit(180), process=server)
 
     search = f"{url}/api/2.0/mlflow/experiments/search"
-    assert httpx.post(search, json={"max_results": 1}, timeout=30).status_code == 401
+    assert httpx.post(search, json={"max_results": 1}, timeout=limit(30)).status_code == 401
     wrong = basic("fedsieve:not-the-password")
-    assert httpx.post(search, json={"max_results": 1}, headers=wrong, timeout=30).status_code == 401
+    assert (
+        httpx.post(search, json={"max_results": 1}, headers=wrong, timeout=limit(30)).status_code
+        == 401
+    )
 
     from mlflow import MlflowClient
 
@@ -108,11 +114,11 @@ def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
     # what it answers, not how fast: a busy 2-core machine took over the probe's 5 s once
     admin = {"MLFLOW_AUTH_ADMIN_USERNAME": "fedsieve", "MLFLOW_AUTH_ADMIN_PASSWORD": password,
              "FEDSIEVE_HEALTH_TIMEOUT": "60"}  # fmt: skip
-    assert subprocess.run(probe, env=os.environ | admin, timeout=120).returncode == 0
+    assert subprocess.run(probe, env=os.environ | admin, timeout=limit(120)).returncode == 0
     wrong_admin = admin | {"MLFLOW_AUTH_ADMIN_PASSWORD": "not-the-password"}
-    assert subprocess.run(probe, env=os.environ | wrong_admin, timeout=120).returncode == 1
+    assert subprocess.run(probe, env=os.environ | wrong_admin, timeout=limit(120)).returncode == 1
     processes.stop(server)
     away = subprocess.run(
-        probe, env=os.environ | admin, capture_output=True, text=True, timeout=120
+        probe, env=os.environ | admin, capture_output=True, text=True, timeout=limit(120)
     )
     assert away.returncode == 1 and away.stderr.startswith("mlflow unhealthy:")

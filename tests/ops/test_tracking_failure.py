@@ -16,6 +16,7 @@ import torch
 from config.environment import MLFLOW_HTTP_FAIL_FAST
 from config.params import load_params
 from flows.pipeline import pipeline_flow
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e
 
@@ -119,7 +120,7 @@ class MlflowServer:
              "--artifacts-destination", str(self.folder / "artifacts")],
             name=f"mlflow-{self.starts}", cwd=self.folder, env=self.ops.base_env(),
         )  # fmt: skip
-        self.ops.wait_http(f"{self.url}/health", timeout=180, process=self.process)
+        self.ops.wait_http(f"{self.url}/health", timeout=limit(180), process=self.process)
 
     def stop(self) -> None:
         self.processes.stop(self.process)

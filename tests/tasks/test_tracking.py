@@ -19,6 +19,7 @@ from config.errors import ServiceError
 from federated.data import dataset_info
 from tasks.tracking import Tracker, flatten_params, unsignalled
 from tasks.training import halt_if_tracking_lost
+from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,7 +135,7 @@ def test_a_run_stopped_halfway_through_a_write_to_sqlite_is_still_closed_killed(
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=limit(600),
     )
 
     assert result.returncode == 0, result.stderr[-3000:]
