@@ -1,5 +1,5 @@
-"""The claims ledger: every comparative or causal sentence of docs/results.md's readings
-cites a claim id (``[C3]``), and ``benchmarks/claims.yaml`` holds for each claim the
+"""The claims ledger: docs/results.md's readings cite a claim by its id (``[C3]``) for a
+comparison they read as a finding, and ``benchmarks/claims.yaml`` holds for each claim the
 record it rests on, the statistic, the test and the threshold the test must meet.
 ``python -m benchmarks.report --check`` recomputes every claim from the committed records
 and fails naming each one that no longer holds, each id cited but not in the ledger, and
