@@ -32,9 +32,10 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   seeds, two-sided p < 0.05.
 
 A ``better`` or ``stability`` claim read off a paired table of docs/results.md names it:
-``table`` (a block of ``report.PAIRED_TABLES``) and ``row`` (the table's value column,
-e.g. ``"0.1"`` or ``"0.1, ACC"``). Its p is then the table's Holm-adjusted one, within the
-family the table adjusts over, so a claim is never surer than the table it is read from.
+``table`` (a block of :data:`benchmarks.tables.paired_tables.PAIRED_TABLES`) and ``row``
+(the table's value column, e.g. ``"0.1"`` or ``"0.1, ACC"``). Its p is then the table's
+Holm-adjusted one, within the family the table adjusts over, so a claim is never surer than
+the table it is read from.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from benchmarks import pid_made_ablation
+from benchmarks.tables.fedlag import fedlag_by_seed
+from benchmarks.tables.paired_tables import PAIRED_TABLES
+from benchmarks.tables.pid_made import ablation_outcomes, ablation_rows
+from benchmarks.tables.records import HEADLINE, load, results_json, with_halts
+from benchmarks.tables.robustness_matrix import worst_by_seed, worst_differences
+from tasks.comparison import interval
+from tasks.statistics import exact_mcnemar, seed_difference, smallest_p
 
 LEDGER = Path(__file__).resolve().parent / "claims.yaml"
 ALPHA = 0.05
@@ -84,8 +94,6 @@ def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
         raise LedgerError(
             f"{path.name}: claim ids must be unique, got {', '.join(duplicated)} twice"
         )
-    from benchmarks.report import PAIRED_TABLES
-
     for claim in claims:
         if claim["kind"] not in KINDS:
             raise LedgerError(
@@ -108,22 +116,17 @@ def seeds_of(claim: dict[str, Any]) -> range | None:
 
 
 def _matrix(claim: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    from benchmarks import report
-
-    rows = report.with_halts(report.load(claim["record"]))
+    rows = with_halts(load(claim["record"]))
     seeds = seeds_of(claim)
     if seeds is not None:
         rows = [r for r in rows if int(r["seed"]) in seeds]
     dataset = claim["record"].split("-")[0]
-    return rows, report.HEADLINE[dataset]
+    return rows, HEADLINE[dataset]
 
 
 def worst_case(claim: dict[str, Any]) -> Verdict:
-    from benchmarks import report
-    from tasks.comparison import interval
-
     rows, metric = _matrix(claim)
-    worst, _, _ = report.worst_by_seed(rows, claim["method"], claim["fraction"], metric)
+    worst, _, _ = worst_by_seed(rows, claim["method"], claim["fraction"], metric)
     mean, _, half = interval(list(worst.values()))
     half = 0.0 if math.isnan(half) else half
     if "at_least" in claim:
@@ -141,9 +144,7 @@ def worst_case(claim: dict[str, Any]) -> Verdict:
 @functools.cache
 def _paired_table(name: str) -> Any:
     """A paired table built once per check, however many claims are read off it."""
-    from benchmarks import report
-
-    return report.PAIRED_TABLES[name]()
+    return PAIRED_TABLES[name]()
 
 
 def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
@@ -172,8 +173,6 @@ def _seed_verdict(
 ) -> Verdict:
     """A paired claim's verdict: the mean per-seed difference in the claimed direction
     and the exact sign-flip p below 0.05, Holm-adjusted where a table is named."""
-    from tasks.statistics import smallest_p
-
     mean = float(differences.mean()) if len(differences) else math.nan
     test = f"sign-flip p = {p:.3g}"
     if "table" in claim:
@@ -187,12 +186,9 @@ def _seed_verdict(
 
 
 def better(claim: dict[str, Any]) -> Verdict:
-    from benchmarks import report
-    from tasks.statistics import seed_difference
-
     rows, metric = _matrix(claim)
     if claim["statistic"] == "worst":
-        differences, p = report.worst_differences(
+        differences, p = worst_differences(
             rows, claim["first"], claim["second"], claim["fraction"], metric
         )
     else:
@@ -206,8 +202,6 @@ def better(claim: dict[str, Any]) -> Verdict:
 
 
 def drop(claim: dict[str, Any]) -> Verdict:
-    from tasks.statistics import seed_difference
-
     rows, metric = _matrix(claim)
     clean, attacked = (
         {(claim["method"], int(r["seed"])): r[metric] for r in rows
@@ -220,13 +214,10 @@ def drop(claim: dict[str, Any]) -> Verdict:
 
 
 def ablation(claim: dict[str, Any]) -> Verdict:
-    from benchmarks import pid_made_ablation, report
-    from tasks.statistics import exact_mcnemar
-
-    rows = [r for r in report.ablation_rows() if int(r["seed"]) not in pid_made_ablation.TUNED_ON]
+    rows = [r for r in ablation_rows() if int(r["seed"]) not in pid_made_ablation.TUNED_ON]
     outcome = claim["outcome"]
-    first = report.ablation_outcomes(rows, claim["first"], claim["dataset"])[outcome]
-    second = report.ablation_outcomes(rows, claim["second"], claim["dataset"])[outcome]
+    first = ablation_outcomes(rows, claim["first"], claim["dataset"])[outcome]
+    second = ablation_outcomes(rows, claim["second"], claim["dataset"])[outcome]
     only_first, only_second, p = exact_mcnemar(first, second)
     direction = only_first < only_second if "fewer" in claim else only_first > only_second
     return Verdict(
@@ -238,12 +229,10 @@ def ablation(claim: dict[str, Any]) -> Verdict:
 
 
 def at_most_seeds(claim: dict[str, Any]) -> Verdict:
-    from benchmarks import pid_made_ablation, report
-
     held_out = bool(claim["held_out"])
-    rows = [r for r in report.ablation_rows()
+    rows = [r for r in ablation_rows()
             if (int(r["seed"]) not in pid_made_ablation.TUNED_ON) == held_out]  # fmt: skip
-    events = report.ablation_outcomes(rows, claim["variant"], claim["dataset"])[claim["outcome"]]
+    events = ablation_outcomes(rows, claim["variant"], claim["dataset"])[claim["outcome"]]
     count = sum(events.values())
     return Verdict(
         claim["id"], claim["text"], f"{count} of {len(events)} seeds",
@@ -252,14 +241,10 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
 
 
 def stability(claim: dict[str, Any]) -> Verdict:
-    from benchmarks import report
-    from tasks.statistics import seed_difference
-
     key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
-    rows = report.results_json("fedlag-stability")["rows"]
+    rows = results_json("fedlag-stability")["rows"]
     first, second = (
-        report.fedlag_by_seed(rows, claim["alpha"], m, key)
-        for m in (claim["first"], claim["second"])
+        fedlag_by_seed(rows, claim["alpha"], m, key) for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)
     return _seed_verdict(claim, claim["measure"], differences, p, bool(claim.get("higher")))

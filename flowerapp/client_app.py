@@ -56,8 +56,9 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+from flowerapp.jobs import Answer, Job
 from flowerapp.timing import IMPORTS_STARTED, PROCESS_STARTED, since
-from flowerapp.trainer import Answer, Job, TrainerUnavailable, ask
+from flowerapp.trainer import TrainerUnavailable, ask
 
 __all__ = ["app"]
 

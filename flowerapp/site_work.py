@@ -1,5 +1,5 @@
-"""A site's work on one task, on plain values (:class:`flowerapp.trainer.Job` in,
-:class:`~flowerapp.trainer.Answer` out): run by the site's warm trainer, or by the
+"""A site's work on one task, on plain values (:class:`flowerapp.jobs.Job` in,
+:class:`~flowerapp.jobs.Answer` out): run by the site's warm trainer, or by the
 ClientApp itself when no trainer answers. The same code either way, so the numbers do not
 depend on where it ran.
 
@@ -31,10 +31,10 @@ from federated.own_data import Reading
 from federated.privacy import ClientPrivacy, site_privacy
 from federated.stats.noniid import client_losses
 from federated.vectors import model_to_vector, vector_to_model_
+from flowerapp.jobs import Answer, Job
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
 from flowerapp.task import SiteTask, TaskError
-from flowerapp.trainer import Answer, Job
 from models import build_model
 
 __all__ = ["REQUIRE_LOCAL_DP", "TaskRefused", "run_job", "warm_up"]

@@ -16,8 +16,9 @@ The channel: a socket in a directory only the site's user can enter (mode 0700, 
 (:mod:`multiprocessing.connection`'s HMAC challenge) before a task or answer (pickled) is
 read. Nothing leaves the host on it.
 
-This module imports no torch: the ClientApp imports it for :class:`Job`, :class:`Answer`
-and :func:`ask`; the serving side imports :mod:`flowerapp.site_work` when it starts.
+This module imports no torch: the ClientApp imports it for :func:`ask` (the task and its
+answer are :mod:`flowerapp.jobs`' plain values); the serving side imports
+:mod:`flowerapp.site_work` when it starts.
 """
 
 from __future__ import annotations
@@ -32,57 +33,20 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import IO
 
-import numpy as np
-
+from flowerapp.jobs import Answer, Job
 from flowerapp.supernode import stop_with_parent
 
-__all__ = ["Answer", "Job", "KeptTrainer", "TrainerUnavailable", "ask", "prepare_dir", "serve"]
+__all__ = ["KeptTrainer", "TrainerUnavailable", "ask", "prepare_dir", "serve"]
 
 log = logging.getLogger(__name__)
 SOCKET = "trainer.sock"
 KEY = "trainer.key"
 RESTART_AFTER_S = 1.0  # a trainer that died is started again after this pause
-ConfigValue = str | int | float | bool
-
-
-@dataclass(frozen=True)
-class Job:
-    """One message's task as plain values: what the ClientApp received and knows."""
-
-    kind: str  # "train", "evaluate" or "pretest"
-    task: dict[str, ConfigValue]  # the task record (flowerapp.task.SiteTask's fields)
-    vector: np.ndarray  # the global model
-    node: dict[str, ConfigValue]  # the SuperNode's node config (data file, approved plan)
-    updates_sent: int = 0  # local DP: the noised updates this site sent in the run
-    request: dict[str, ConfigValue] | None = None  # evaluate: which splits; pretest: mode
-
-
-@dataclass
-class Answer:
-    """The task's outcome as plain values: arrays and metric records to send, or why not."""
-
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    metrics: dict[str, dict[str, float | int]] = field(default_factory=dict)
-    refused: bool = False  # the task does not fit this site (one line in ``reason``)
-    reason: str = ""  # a refusal or a failure; empty when the task ran
-    train_refused: str = ""  # scored, but the training part refused (local DP's budget)
-    updates_sent: int | None = None  # local DP: the run's count after this answer
-    log_lines: list[str] = field(default_factory=list)  # what the site logs about it
-    data_sha256: str = ""  # lineage: the SHA-256 of the data the site answered from
-    train_counts: list[int] = field(default_factory=list)  # lineage: training images per class
-    test_counts: list[int] = field(default_factory=list)  # lineage: held-out images per class
-    data_s: float = 0.0  # the task checked, the site's data at hand
-    work_s: float = 0.0  # training or scoring
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.reason)
 
 
 class TrainerUnavailable(ConnectionError):
@@ -251,7 +215,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # run as flowerapp.trainer, so a Job's class is this module's
-    from flowerapp.trainer import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -160,3 +160,121 @@ def test_the_round_keeps_its_order_of_events_and_hands_each_step_to_a_part():
 
     assert len(server.read_text().splitlines()) <= 400
     assert max(lengths.values()) <= 40, lengths
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the project's packages (the top-level folders with an
+    ``__init__.py``) by dotted name; a package by its own name (its ``__init__``)."""
+    packages = [p.parent for p in REPO.glob("*/__init__.py")]
+    modules = {}
+    for package in packages:
+        for path in package.rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports, anywhere in it (inside a function too):
+    ``import a.b``, ``from a import b`` (module ``a.b`` where it is one, else ``a``) and
+    relative imports, resolved against the module's package."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def nearest(dotted: str) -> str | None:  # the module itself, or the package holding it
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {nearest(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                found.add(
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else nearest(base)
+                )
+    return found - {None, name}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative), each sorted: modules that import each other, directly or not."""
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = lowest[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = lowest[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    lowest[node] = min(lowest[node], index[child])
+                continue
+            work.pop()
+            if work:
+                lowest[work[-1][0]] = min(lowest[work[-1][0]], lowest[node])
+            if lowest[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first module, as the modules it passes
+    (first and last the same): what a failure names."""
+    start = component[0]
+    came_from = {start: start}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            if start in graph[node]:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            for child in sorted(graph[node] & set(component)):
+                if child not in came_from:
+                    came_from[child] = node
+                    following.append(child)
+        frontier = following
+    return component
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import circle, direct or through others, counting imports inside functions: a
+    lazy import that only dodges a circle hides a dependency that points both ways (the
+    types both sides share then belong in a module of their own)."""
+    modules = project_modules()
+    graph = {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+
+    cycles = [a_cycle(graph, component) for component in import_cycles(graph)]
+
+    assert cycles == [], "import circles: " + "; ".join(" -> ".join(c) for c in cycles)

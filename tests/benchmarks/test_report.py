@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import report
+from benchmarks.tables.paired import Paired, against_block
+from benchmarks.tables.records import results_json, with_halts
+from benchmarks.tables.robustness_matrix import stopped, stopped_count
 
 
 def test_every_generated_block_of_the_results_matches_its_records():
@@ -168,8 +171,8 @@ def test_regimes_against_a_reference_are_adjusted_within_each_regime_when_asked(
     def holm_column(table: str) -> list[str]:
         return [line.split(" | ")[4] for line in table.splitlines()[2:]]
 
-    per_regime = report.against_block(report.Paired(tests, "fedavg", "α", family_per_value=True))
-    pooled = report.against_block(report.Paired(tests, "fedavg", "α"))
+    per_regime = against_block(Paired(tests, "fedavg", "α", family_per_value=True))
+    pooled = against_block(Paired(tests, "fedavg", "α"))
 
     assert holm_column(per_regime) == ["0.00391"] * 6
     assert holm_column(pooled) == ["0.0117"] * 6
@@ -184,7 +187,7 @@ def test_the_fault_table_of_the_operations_guide_is_its_record():
     _, changed = report.regenerated(text, report.OPERATIONS_BLOCKS, report.OPERATIONS)
 
     assert changed == [], "stale: run python -m benchmarks.report"
-    record = report.results_json("container-faults")
+    record = results_json("container-faults")
     faults = [name for name, fault in record.items() if isinstance(fault, dict)]
     assert len(faults) == 8 and "failed" not in record  # every fault ran, and none failed
     assert all(f"| {name} |" in text for name in faults)
@@ -199,12 +202,12 @@ def test_a_diverged_or_halted_run_is_scored_at_chance_and_named_beside_its_cell(
 
     diverged = "ModelDiverged: round 2: the model's outputs are NaN or infinite for 156 of 156"
     halted = "ValueError: krum with f=8 needs n_clients > 2f + 2 = 18, got 12"
-    rows = report.with_halts(
+    rows = with_halts(
         [run(0), run(1, diverged, auc=None), run(2, halted, auc=None), run(3, diverged, None)]
     )
 
     assert [r["test_auc"] for r in rows] == [0.8, 0.5, 0.5, 0.5]
     assert [r["halted"] for r in rows] == [False, True, True, True]
-    assert report.stopped_count(rows) == " (2 diverged, 1 halted)"
-    assert report.stopped(rows) == " diverges" and report.stopped([rows[2]]) == " halts"
-    assert report.stopped_count(rows[:1]) == report.stopped(rows[:1]) == ""
+    assert stopped_count(rows) == " (2 diverged, 1 halted)"
+    assert stopped(rows) == " diverges" and stopped([rows[2]]) == " halts"
+    assert stopped_count(rows[:1]) == stopped(rows[:1]) == ""

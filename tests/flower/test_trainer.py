@@ -20,6 +20,7 @@ from config.params import Params
 from federated.data import dataset_info, load_digits
 from federated.vectors import model_to_vector
 from flowerapp.hub import site_task
+from flowerapp.jobs import Job
 from flowerapp.plan import read_plan, write_plan
 from flowerapp.site_data import write_site_files
 from flowerapp.site_work import run_job
@@ -27,7 +28,6 @@ from flowerapp.task import SiteTask
 from flowerapp.trainer import (
     KEY,
     SOCKET,
-    Job,
     KeptTrainer,
     TrainerUnavailable,
     ask,

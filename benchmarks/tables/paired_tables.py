@@ -1,0 +1,49 @@
+"""docs/results.md's paired tables by block name: the robustness regimes' and FedLag's. The
+claims ledger names them too (a claim read off one is held to its Holm adjustment)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from benchmarks.tables.fedlag import fedlag_paired
+from benchmarks.tables.paired import Paired, against_block
+from benchmarks.tables.records import HEADLINE, recorded
+from benchmarks.tables.robustness_regimes import (
+    DIRICHLET,
+    GRID_REGIMES,
+    filters_paired,
+    regime_paired,
+)
+
+PAIRED_TABLES: dict[str, Callable[[], Paired]] = (
+    {"fedlag-stability-paired": fedlag_paired}
+    | {
+        f"robustness-{dataset}-{regime}-paired": partial(
+            regime_paired, [f"{dataset}-{regime}"], dataset, "fraction"
+        )
+        for dataset in HEADLINE
+        for regime in GRID_REGIMES
+        if recorded(f"{dataset}-{regime}")
+    }
+    | {
+        f"robustness-{dataset}-filters-paired": partial(filters_paired, dataset)
+        for dataset in HEADLINE
+        if recorded(f"{dataset}-filters")
+    }
+    | {
+        f"robustness-{dataset}-noniid-paired": partial(
+            regime_paired,
+            [f"{dataset}-dirichlet-{a}" for a in DIRICHLET if recorded(f"{dataset}-dirichlet-{a}")],
+            dataset,
+            "α",
+        )
+        for dataset in HEADLINE
+        if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
+    }
+)
+
+
+def paired_block_of(build: Callable[[], Paired]) -> str:
+    """A paired table built and written out (docs/results.md's ``*-paired`` blocks)."""
+    return against_block(build())

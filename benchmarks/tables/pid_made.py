@@ -1,0 +1,208 @@
+"""PID-MADE's tables: the paper's experiments (benchmarks/pid_made_paper.py), the ablation of
+its exclusion test (benchmarks/pid_made_ablation.py) and the distance CUSUM's search."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+
+from benchmarks import pid_made_ablation as ablation
+from benchmarks.pid_made_paper import EXPERIMENTS
+from benchmarks.tables.cells import shown, shown_rate, shown_seed_rates
+from benchmarks.tables.records import HEADLINE, RESULTS, Row, chance, distinct, results_json
+from tasks.statistics import exact_mcnemar
+
+PID_PAPER = {
+    "table4": "poisoning rate",
+    "figure4": "attackers",
+    "ablation": "gains",
+    "thresholds": "clients",
+}  # experiment -> what its setting column shows; fmt: skip
+
+
+def pid_paper_block(experiment: str) -> str:
+    """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
+    method, the test accuracy (mean ± t-interval), false positives and negatives as rates
+    of honest and attacker client-rounds, honest clients ever banned and attackers
+    caught as rates of clients, each per seed (:func:`shown_seed_rates`), and the round
+    the last attacker was caught in runs that caught them all (median)."""
+    rows = results_json("pid-made-paper")["rows"]
+    lines = [
+        f"| {PID_PAPER[experiment]} | method | test ACC | FP rate | FN rate "
+        "| honest clients banned | attackers caught | last caught in round (median, seeds) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    order = [m for setups in EXPERIMENTS.values() for *_, methods in setups for m in methods]
+    mine = [r for r in rows if r["experiment"].partition(".")[0] == experiment]
+    mine.sort(key=lambda r: (r["fraction"], r["attackers"][0], order.index(r["method"])))
+    for row in mine:
+        label = row["experiment"].partition(".")[2]
+        rounds = row["attacker_rounds"][0] / row["attackers"][0]
+        honest_clients = [h / rounds for h in row["honest_rounds"]]
+        if experiment == "table4":
+            setting = f"{float(label.removeprefix('rate')) * 100:g} %"
+        elif experiment == "thresholds":
+            setting = label.removeprefix("n")
+        elif experiment == "ablation":
+            setting = f"{row['attackers'][0]} of 20"
+        else:
+            setting = f"{row['fraction']:g}"
+        all_caught = [
+            last for last, caught, attackers in
+            zip(row["last_caught_round"], row["attackers_caught"], row["attackers"], strict=True)
+            if caught == attackers and last == last
+        ]  # fmt: skip
+        last = (
+            f"{statistics.median(all_caught):g} ({len(all_caught)}/{len(row['acc'])})"
+            if all_caught
+            else f"– (0/{len(row['acc'])})"
+        )
+        lines.append(
+            f"| {setting} | {row['method']} | {shown(row['acc'], 3)} "
+            f"| {shown_seed_rates(row['fp'], row['honest_rounds'])} "
+            f"| {shown_seed_rates(row['fn'], row['attacker_rounds'])} "
+            f"| {shown_seed_rates(row['honest_excluded'], honest_clients)} "
+            f"| {shown_seed_rates(row['attackers_caught'], row['attackers'])} | {last} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def ablation_block() -> str:
+    """PID-MADE's exclusion tests side by side (benchmarks/pid_made_ablation.py): per
+    dataset, variant and seed group, how often a clean run banned an honest client, how
+    often every attacker was out by round 5, and the score's detection ROC-AUC."""
+    rows = ablation_rows()
+    by = f"attackers_banned_by_{ablation.CAUGHT_BY}"
+    configurations = ["| exclusion test | configuration (before FedAvg) |", "|---|---|"] + [
+        f"| {name} | `{', '.join(f'{k}: {v}' for k, v in spec.items())}` |"
+        for name, spec in ablation.VARIANTS.items()
+    ]
+
+    def numbers(group: list[Row], key: str) -> list[float]:
+        return [float(r[key]) for r in group if r[key] != ""]
+
+    lines = [
+        "| dataset | exclusion test | seeds | clean runs banning an honest client "
+        f"| attacked runs with every attacker out by round {ablation.CAUGHT_BY} "
+        "| honest clients banned, attacked runs "
+        + "".join(f"| detection ROC-AUC, round {t} " for t in ablation.AUC_ROUNDS)
+        + "| headline margin over chance: clean / attacked |",
+        "|---" * (7 + len(ablation.AUC_ROUNDS)) + "|",
+    ]
+    for dataset in distinct(rows, "dataset"):
+        for variant in ablation.VARIANTS:
+            for label, tuned in (("0–9 (tuning)", True), ("10–19 (held out)", False)):
+                group = [
+                    r for r in rows
+                    if r["dataset"] == dataset and r["variant"] == variant
+                    and (int(r["seed"]) in ablation.TUNED_ON) == tuned
+                ]  # fmt: skip
+                clean = [r for r in group if r["attack"] == "none"]
+                attacked = [r for r in group if r["attack"] != "none"]
+                if not clean or not attacked:
+                    continue
+                banning = sum(int(r["honest_banned"]) > 0 for r in clean)
+                caught = sum(int(r[by]) == int(r["attackers"]) for r in attacked)
+                metric = HEADLINE[dataset]
+                margins = [
+                    shown(
+                        float(r[metric])
+                        - chance({**r, "majority_share": float(r["majority_share"])}, metric)
+                        for r in runs
+                    )
+                    for runs in (clean, attacked)
+                ]
+                aucs = "".join(f"| {shown(numbers(attacked, f'auc_round_{t}'))} "
+                               for t in ablation.AUC_ROUNDS)  # fmt: skip
+                lines.append(
+                    f"| {dataset} | {variant} | {label} "
+                    f"| {banning}/{len(clean)}: {shown_rate(banning, len(clean))} "
+                    f"| {caught}/{len(attacked)}: {shown_rate(caught, len(attacked))} "
+                    f"| {shown(numbers(attacked, 'honest_banned'), 1)} {aucs}"
+                    f"| {margins[0]} / {margins[1]} |"
+                )
+    return "\n".join(configurations) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def ablation_rows(name: str = "pid-made-ablation-seeds") -> list[Row]:
+    with (RESULTS / f"{name}.csv").open(newline="") as handle:
+        return [r for r in csv.DictReader(handle) if not r["error"]]
+
+
+def ablation_outcomes(rows: list[Row], variant: str, dataset: str) -> dict[str, dict[int, bool]]:
+    """Per seed: whether the clean run banned an honest client, and whether the attacked
+    run had every attacker out by round 5."""
+    mine = [r for r in rows if r["variant"] == variant and r["dataset"] == dataset]
+    by = f"attackers_banned_by_{ablation.CAUGHT_BY}"
+    return {
+        "banning": {int(r["seed"]): int(r["honest_banned"]) > 0
+                    for r in mine if r["attack"] == "none"},
+        "caught": {int(r["seed"]): int(r[by]) == int(r["attackers"])
+                   for r in mine if r["attack"] != "none"},
+    }  # fmt: skip
+
+
+def ablation_paired_block() -> str:
+    """The thresholds compared on the held-out seeds alone, paired by seed: each variant
+    against the distance CUSUM, in clean runs banning an honest client and in attacked
+    runs with every attacker out by round 5 (seeds only one of the two had, and the exact
+    McNemar p-value)."""
+    rows = [r for r in ablation_rows() if int(r["seed"]) not in ablation.TUNED_ON]
+    reference = "distance_cusum"
+    lines = [
+        f"| dataset | variant | clean runs banning: only it / only {reference} (p) "
+        f"| attacked runs all out by round {ablation.CAUGHT_BY}: only it / only {reference} (p) |",
+        "|---|---|---|---|",
+    ]
+    for dataset in distinct(rows, "dataset"):
+        ours = ablation_outcomes(rows, reference, dataset)
+        for variant in ablation.VARIANTS:
+            if variant == reference:
+                continue
+            theirs = ablation_outcomes(rows, variant, dataset)
+            cells = []
+            for outcome in ("banning", "caught"):
+                only_it, only_ours, p = exact_mcnemar(theirs[outcome], ours[outcome])
+                cells.append(f"{only_it} / {only_ours} (p = {p:.2g})")
+            lines.append(f"| {dataset} | {variant} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def chosen_cusum(rows: list[Row]) -> str:
+    """The search's choice by its stated rule: the fewest clean runs banning an honest
+    client over both datasets, then the most attacked runs with every attacker out by
+    round 5, then the smallest drift + h."""
+
+    def key(variant: str) -> tuple[int, int, float]:
+        outcomes = [ablation_outcomes(rows, variant, d) for d in distinct(rows, "dataset")]
+        banning = sum(sum(o["banning"].values()) for o in outcomes)
+        caught = sum(sum(o["caught"].values()) for o in outcomes)
+        return banning, -caught, ablation.SEARCH[variant]["drift"] + ablation.SEARCH[variant]["h"]
+
+    return min(distinct(rows, "variant"), key=key)
+
+
+def cusum_search_block() -> str:
+    """The drift/h search of the distance CUSUM on seeds 0–9 (the seeds it was tuned on):
+    per setting and dataset, clean runs banning an honest client and attacked runs with
+    every attacker out by round 5, and the setting the stated rule picks."""
+    rows = ablation_rows("pid-made-cusum-search")
+    datasets = distinct(rows, "dataset")
+    header = " | ".join(
+        f"{d}: clean runs banning | {d}: all out by round {ablation.CAUGHT_BY}" for d in datasets
+    )
+    lines = [f"| drift | h | {header} |", "|---" * (2 + 2 * len(datasets)) + "|"]
+    for variant, spec in ablation.SEARCH.items():
+        cells = []
+        for dataset in datasets:
+            outcome = ablation_outcomes(rows, variant, dataset)
+            for name in ("banning", "caught"):
+                cells.append(f"{sum(outcome[name].values())}/{len(outcome[name])}")
+        lines.append(f"| {spec['drift']:g} | {spec['h']:g} | {' | '.join(cells)} |")
+    pick = ablation.SEARCH[chosen_cusum(rows)]
+    lines.append(
+        f"\nThe rule (fewest clean runs banning over both datasets, then most attacked runs "
+        f"with every attacker out by round {ablation.CAUGHT_BY}, then the smallest drift + h) picks "
+        f"drift {pick['drift']:g}, h {pick['h']:g}."
+    )
+    return "\n".join(lines) + "\n"
