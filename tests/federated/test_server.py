@@ -352,6 +352,23 @@ def test_last_selection_ends_with_the_last_round_and_best_val_needs_a_split(medm
         make_federation(medmnist_root, config=FederationConfig(rounds=1, select="best_val"))
 
 
+def test_a_state_keeps_only_a_better_validation_round_as_its_selected_weights():
+    state = ServerState(
+        round=1, global_vector=torch.zeros(3), aggregator_state={}, filter_states=[]
+    )
+    state.keep_if_best(0.6)
+    state.round, state.global_vector = 2, torch.ones(3)
+
+    state.keep_if_best(0.5)  # worse
+    state.keep_if_best(float("nan"))  # one class, or no validation split
+
+    assert (state.best_round, state.best_val_auc, state.selected_round) == (1, 0.6, 1)
+    assert torch.equal(state.selected_vector, torch.zeros(3))
+    state.keep_if_best(0.7)
+    assert state.selected_round == 2 and torch.equal(state.selected_vector, torch.ones(3))
+    assert state.selected_vector is not state.global_vector  # a copy, kept as it was
+
+
 def test_an_optimising_attack_sees_the_servers_defence_and_its_state_is_kept(medmnist_root):
     federation = make_federation(
         medmnist_root,
