@@ -158,6 +158,7 @@ def cell_profile() -> None:
     from federated.data import load_medmnist
     from federated.defence import RoundDefence
     from federated.noniid_screen import NonIIDScreen
+    from federated.scoring import RoundScorer
     from federated.server import Federation
     from tasks.grid import partition_key, partitions_for, run_grid_cell
 
@@ -170,7 +171,7 @@ def cell_profile() -> None:
         "training": (Federation, "_train_clients"),
         "noniid_screen": (NonIIDScreen, "screen"),
         "attack_filters_aggregation": (RoundDefence, "aggregate"),
-        "per_round_evaluation": (Federation, "_round_metrics"),
+        "per_round_evaluation": (RoundScorer, "round_metrics"),
     }
     for label, (part, name) in steps.items():
         original = getattr(part, name)

@@ -64,7 +64,7 @@ def measure(dataset: str, scheme: str, alpha: float | None, clients: int, seed: 
     sizes = [len(c) for c in federation.clients]
     row["median_client_size"] = sorted(sizes)[len(sizes) // 2]
     for loss in ("mse", "cross_entropy"):
-        row[f"cv_{loss}"] = federation.trained_model_noniid(model, loss, THRESHOLD).cv
+        row[f"cv_{loss}"] = federation.scorer.trained_model_noniid(model, loss, THRESHOLD).cv
     return row
 
 

@@ -165,6 +165,21 @@ class ServerState:
         """The round whose weights :meth:`Federation.selected_model` returns."""
         return self.best_round if self.best_vector is not None else self.round
 
+    @property
+    def selected_vector(self) -> Tensor:
+        """The weights :meth:`Federation.selected_model` holds: the best validation
+        round's when one was kept (``select="best_val"``), else the last round's."""
+        return self.best_vector if self.best_vector is not None else self.global_vector
+
+    def keep_if_best(self, val_auc: float) -> None:
+        """Keep this round's global weights as the selected ones when ``val_auc`` beats
+        the best validation AUC so far (a NaN AUC, of one class or of no validation split,
+        never does)."""
+        if val_auc > self.best_val_auc:
+            self.best_round = self.round
+            self.best_val_auc = val_auc
+            self.best_vector = self.global_vector.clone()
+
 
 @dataclass(frozen=True)
 class RoundReport:

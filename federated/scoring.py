@@ -1,24 +1,29 @@
 """The round's scores, apart from the round: the global model on the server's test and
 validation splits (``where="hub"``) or pooled from the sites' summaries of their own
-(``where="sites"``), each site's row, the backdoor's success rate, and the model's loss on
-the clients' training data (EMA's non-IID check).
+(``where="sites"``), each site's row, the backdoor's success rate, the round's metrics
+(its scores beside its counts of clients and detections), and the model's loss on the
+clients' training data (EMA's non-IID check, every round's and the trained model's).
 
 A :class:`RoundScorer` is given what it scores with (the workspace model, the clients, the
 evaluation sets, the run's scoring settings) and is handed model vectors; it never reads a
-:class:`~federated.parts.ServerState` nor advances one.
+:class:`~federated.parts.ServerState` nor advances one. A :class:`~federated.server.Federation`
+builds one and exposes it as ``federation.scorer``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from federated.backdoor_eval import attack_success_rate
-from federated.client import ClientData, RegisteredClient
+from federated.client import ClientData, ClientUpdate, RegisteredClient
+from federated.defence import Aggregation
 from federated.execution import (
     LocalSiteScorer,
     NextRound,
@@ -28,8 +33,9 @@ from federated.execution import (
 )
 from federated.metrics import ModelDiverged, evaluate, pooled_scores, site_scores
 from federated.parts import EvaluationSets, FederationConfig
-from federated.stats.noniid import client_losses
-from federated.vectors import vector_to_model_
+from federated.stats.noniid import NonIIDResult, client_losses, noniid_verdict
+from federated.trail import TrailRows, detection_counts
+from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = ["RoundScorer", "scored_together"]
 
@@ -100,10 +106,13 @@ class RoundScorer:
 
     def at_sites(
         self, vector: Tensor, round_number: int, next_round: NextRound | None, data_loss: str
-    ) -> list[SiteEvaluation]:
+    ) -> list[SiteEvaluation] | None:
         """Every site's summaries of its test and validation splits (and, when per-site
         evaluation is due, its row) for ``vector``; ``data_loss``: the loss on its training
-        data the next round's screen needs (``""``: none)."""
+        data the next round's screen needs (``""``: none). None when the round is scored
+        here (``where="hub"``)."""
+        if self.evaluation.where != "sites":
+            return None
         request = ScoreRequest(
             splits=("test", "val"), full=self.full(round_number),
             rows=self.sites_due(round_number), data_loss=data_loss,
@@ -168,6 +177,31 @@ class RoundScorer:
         except ModelDiverged as error:
             raise ModelDiverged(f"round {round_number}: {error}") from None
 
+    def round_metrics(
+        self, vector: Tensor, round_number: int, rows: TrailRows,
+        updates: Sequence[ClientUpdate], screen_metrics: dict[str, float],
+        outcome: Aggregation, evaluations: Sequence[SiteEvaluation] | None = None,
+    ) -> dict[str, float]:  # fmt: skip
+        """The round's metrics: test (and validation) scores of its global ``vector``
+        (``evaluations``: pooled from the sites' summaries), its counts of clients (by
+        their trail ``rows``, the ``updates`` that passed and the ``outcome``'s kept ids),
+        the non-IID screen's and the attack's metrics and the trail's detections."""
+        metrics = self.round_scores(vector, round_number, evaluations)
+        skipped = len(outcome.kept_ids) < self.config.min_clients
+        losses = [u.train_loss for u in updates]
+        trail_rows = list(rows.values())
+        return metrics | {
+            "round": float(round_number),
+            "clients_sampled": float(len(rows)),
+            "clients_kept": float(0 if skipped else len(outcome.kept_ids)),
+            "clients_excluded": float(sum(r["excluded"] for r in trail_rows)),
+            "round_skipped": float(skipped),
+            "client_loss_mean": float(np.mean(losses)) if losses else math.nan,
+            **screen_metrics,
+            **outcome.attack_metrics,
+            **detection_counts(trail_rows),
+        }
+
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:
         """``vector`` on the server's test (and validation) split, the backdoor's success
         rate and the caller's own scores (``EvaluationSets.model_scores``)."""
@@ -223,6 +257,19 @@ class RoundScorer:
         ids = [c.client_id for c in clients]
         answers = self.site_scorer().score(vector, ids, request, then_train)
         return {e.site: e.data_loss for e in answers if e.data_loss is not None}
+
+    def trained_model_noniid(
+        self, model: nn.Module, loss: str, threshold: float
+    ) -> NonIIDResult | None:
+        """EMA's Algorithms 3-4 as the paper runs them: the trained ``model``'s ``loss`` on
+        every client's local data (at the sites, by the sites) and the CV verdict against
+        ``threshold``; ``client_ids`` are the clients the losses are of. None when fewer
+        than two sites answered (a CV of one loss says nothing)."""
+        losses = self.data_losses(model_to_vector(model), range(len(self.clients)), loss)
+        if len(losses) < 2:
+            return None
+        result = noniid_verdict(np.array(list(losses.values())), threshold=threshold)
+        return replace(result, client_ids=tuple(losses))
 
 
 def scored_together(scorer: RoundScorer, models: dict[str, Tensor]) -> dict[str, Any]:

@@ -5,8 +5,10 @@ A :class:`Federation` is assembled from frozen parts (:mod:`federated.parts`). I
 the round's order of events and hands each step to a part of its own: the executor trains
 the clients (:mod:`federated.execution`), the non-IID screen judges them before they train
 (:mod:`federated.noniid_screen`), the defence makes the aggregate (:mod:`federated.defence`),
-the scorer scores it (:mod:`federated.scoring`) and the trail records why each client
-counted or not (:mod:`federated.trail`).
+the scorer scores it and makes the round's metrics (:mod:`federated.scoring`) and the
+trail records why each client counted or not (:mod:`federated.trail`). A state's model is
+scored after the run by the same scorer, ``federation.scorer`` (e.g.
+``federation.scorer.evaluate(state.selected_vector, "test")``).
 
 All memory lives in :class:`ServerState` (the global model vector, the aggregator's and
 filters' states, the per-round metrics and the exclusion trail), which
@@ -35,11 +37,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
-import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient
 from federated.defence import Aggregation, RoundDefence
@@ -68,7 +68,6 @@ from federated.parts import (
 from federated.privacy import released_rounds
 from federated.scoring import RoundScorer
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
-from federated.stats.noniid import NonIIDResult, noniid_verdict
 from federated.trail import TrailRows, checked_update, detection_counts, left_out, new_row
 from federated.vectors import model_to_vector
 
@@ -184,24 +183,7 @@ class Federation:
     def selected_model(self, state: ServerState) -> nn.Module:
         """The model the run ends with: the last round's, or (``select="best_val"``) the
         best validation round's (eval mode)."""
-        return self.scorer.load(_vector(state, selected=True))
-
-    def evaluate(
-        self, state: ServerState, split: str = "test", *, selected: bool = False
-    ) -> dict[str, float]:
-        """Loss, ACC and AUC of the state's global model (``selected``: of the model the
-        run ends with, see :meth:`selected_model`) on the test or validation split (with
-        ``where="sites"``, the sites' pooled splits)."""
-        return self.scorer.evaluate(_vector(state, selected=selected), split)
-
-    def site_scores(self, model: nn.Module) -> list[dict[str, float]]:
-        """``model``'s scores on every site's local test split, one row per site."""
-        return self.scorer.site_scores(model)
-
-    def backdoor_asr(self, state: ServerState, *, selected: bool = False) -> float | None:
-        """The backdoor's attack success rate on the triggered test images for the state's
-        global (``selected``: final) model; ``None`` without a backdoor."""
-        return self.scorer.backdoor_asr(_vector(state, selected=selected))
+        return self.scorer.load(state.selected_vector)
 
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past
@@ -214,19 +196,6 @@ class Federation:
             f"past privacy.target_epsilon = {privacy.target_epsilon:g} (δ = {privacy.delta:g}); "
             f"the run ends with round {done}'s model (ε = {privacy.epsilon(spent):.3f})"
         )
-
-    def trained_model_noniid(
-        self, model: nn.Module, loss: str, threshold: float
-    ) -> NonIIDResult | None:
-        """EMA's Algorithms 3-4 as the paper runs them: the trained ``model``'s ``loss`` on
-        every client's local data (at the sites, by the sites) and the CV verdict against
-        ``threshold``; ``client_ids`` are the clients the losses are of. None when fewer
-        than two sites answered (a CV of one loss says nothing)."""
-        losses = self.scorer.data_losses(model_to_vector(model), range(len(self.clients)), loss)
-        if len(losses) < 2:
-            return None
-        result = noniid_verdict(np.array(list(losses.values())), threshold=threshold)
-        return replace(result, client_ids=tuple(losses))
 
     def _next_round(self, state: ServerState) -> NextRound | None:
         """The round after the state's, when one is due: the clients it samples, who train
@@ -259,13 +228,13 @@ class Federation:
         new_state.halted = halted
         next_round = self._next_round(new_state) if self.screen.trains_with_scoring() else None
         ahead = self.screen.losses_ahead(next_round)
-        evaluations = None
-        if self.evaluation.where == "sites":
-            vector = new_state.global_vector
-            evaluations = self.scorer.at_sites(vector, round_number, next_round, ahead)
-        metrics = self._round_metrics(
-            new_state, round_number, rows, updates, screen, outcome, evaluations
+        vector = new_state.global_vector
+        evaluations = self.scorer.at_sites(vector, round_number, next_round, ahead)
+        metrics = self.scorer.round_metrics(
+            vector, round_number, rows, updates, screen.metrics, outcome, evaluations
         )
+        if self.config.select == "best_val":
+            new_state.keep_if_best(metrics.get("val_auc", math.nan))
         sites = self._site_rows(new_state, round_number, evaluations, next_round, ahead)
         if sites:  # remote sites that all failed to answer leave none
             metrics |= site_summary(sites, self.config.target_acc)
@@ -357,44 +326,3 @@ class Federation:
             preaggregator_states=outcome.preaggregator_states,
             sites=list(state.sites),
         )
-
-    def _round_metrics(
-        self,
-        new_state: ServerState,
-        round_number: int,
-        rows: TrailRows,
-        updates: list[ClientUpdate],
-        screen: Screen,
-        outcome: Aggregation,
-        evaluations: Sequence[SiteEvaluation] | None = None,
-    ) -> dict[str, float]:
-        """Test (and validation) scores of the new global model (``evaluations``: pooled
-        from the sites' summaries), the round's counts and detections; keeps the best
-        validation round when ``select="best_val"``."""
-        metrics = self.scorer.round_scores(new_state.global_vector, round_number, evaluations)
-        val_auc = metrics.get("val_auc", math.nan)  # no site holds a validation split: NaN
-        if self.config.select == "best_val" and val_auc > new_state.best_val_auc:
-            new_state.best_round = round_number  # NaN AUC (one class) never counts as best
-            new_state.best_val_auc = val_auc
-            new_state.best_vector = new_state.global_vector.clone()
-        skipped = len(outcome.kept_ids) < self.config.min_clients
-        losses = [u.train_loss for u in updates]
-        trail_rows = list(rows.values())
-        return metrics | {
-            "round": float(round_number),
-            "clients_sampled": float(len(rows)),
-            "clients_kept": float(0 if skipped else len(outcome.kept_ids)),
-            "clients_excluded": float(sum(r["excluded"] for r in trail_rows)),
-            "round_skipped": float(skipped),
-            "client_loss_mean": float(np.mean(losses)) if losses else math.nan,
-            **screen.metrics,
-            **outcome.attack_metrics,
-            **detection_counts(trail_rows),
-        }
-
-
-def _vector(state: ServerState, *, selected: bool) -> Tensor:
-    """The state's global weights, or (``selected``) those the run ends with."""
-    if selected and state.best_vector is not None:
-        return state.best_vector
-    return state.global_vector

@@ -177,7 +177,7 @@ def _trained_noniid(
     if not params.noniid.final or federation.defence.noniid is None:
         return None
     noniid = params.noniid
-    result = federation.trained_model_noniid(
+    result = federation.scorer.trained_model_noniid(
         federation.selected_model(state), noniid.loss, noniid.threshold
     )
     return None if result is None else result.trained_report(noniid.loss)

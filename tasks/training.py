@@ -391,7 +391,9 @@ def trained_model_noniid(
     when ``noniid.final`` asks for it (never for multi-label data, as the per-round one)."""
     if not params.noniid.final or federation.defence.noniid is None or len(federation.clients) < 2:
         return None
-    result = federation.trained_model_noniid(model, params.noniid.loss, params.noniid.threshold)
+    result = federation.scorer.trained_model_noniid(
+        model, params.noniid.loss, params.noniid.threshold
+    )
     return None if result is None else result.trained_report(params.noniid.loss)
 
 

@@ -273,13 +273,13 @@ def test_the_trained_model_check_scores_every_client_as_the_paper_does(medmnist_
     federation = make_federation(medmnist_root, num_clients=5)
     state, _ = federation.run_round(federation.initial_state())
     model = federation.global_model(state)
-    before = federation.trained_model_noniid(model, "cross_entropy", 0.25)
+    before = federation.scorer.trained_model_noniid(model, "cross_entropy", 0.25)
     client = federation.clients[1]  # labels against every prediction: a client unlike the rest
     with torch.no_grad():
         predicted = model(client.images).argmax(dim=1)
     federation.clients[1] = ClientData(1, client.images, 1 - predicted)
 
-    after = federation.trained_model_noniid(model, "cross_entropy", before.cv)
+    after = federation.scorer.trained_model_noniid(model, "cross_entropy", before.cv)
 
     assert len(before.losses) == len(after.losses) == 5
     assert int(after.losses.argmax()) == 1
@@ -337,9 +337,7 @@ def test_best_val_selection_keeps_the_best_validation_round(medmnist_root):
     assert restored.selected_round == state.best_round
     selected = model_to_vector(federation.selected_model(restored))
     assert torch.equal(selected, state.best_vector)
-    assert federation.evaluate(ServerState(
-        round=0, global_vector=selected, aggregator_state={}, filter_states=[]
-    ), "val")["auc"] == max(aucs)  # fmt: skip
+    assert federation.scorer.evaluate(selected, "val")["auc"] == max(aucs)
 
 
 def test_last_selection_ends_with_the_last_round_and_best_val_needs_a_split(medmnist_root):
@@ -352,6 +350,23 @@ def test_last_selection_ends_with_the_last_round_and_best_val_needs_a_split(medm
     assert state.selected_round == 2 and state.best_vector is None
     with pytest.raises(ValueError, match="select='best_val' needs a validation split"):
         make_federation(medmnist_root, config=FederationConfig(rounds=1, select="best_val"))
+
+
+def test_a_state_keeps_only_a_better_validation_round_as_its_selected_weights():
+    state = ServerState(
+        round=1, global_vector=torch.zeros(3), aggregator_state={}, filter_states=[]
+    )
+    state.keep_if_best(0.6)
+    state.round, state.global_vector = 2, torch.ones(3)
+
+    state.keep_if_best(0.5)  # worse
+    state.keep_if_best(float("nan"))  # one class, or no validation split
+
+    assert (state.best_round, state.best_val_auc, state.selected_round) == (1, 0.6, 1)
+    assert torch.equal(state.selected_vector, torch.zeros(3))
+    state.keep_if_best(0.7)
+    assert state.selected_round == 2 and torch.equal(state.selected_vector, torch.ones(3))
+    assert state.selected_vector is not state.global_vector  # a copy, kept as it was
 
 
 def test_an_optimising_attack_sees_the_servers_defence_and_its_state_is_kept(medmnist_root):
@@ -401,7 +416,7 @@ def test_a_backdoor_is_scored_every_round_beside_clean_accuracy(medmnist_root):
     state, report = federation.run_round(federation.initial_state())
 
     assert 0.0 <= report.metrics["backdoor_asr"] <= 1.0
-    assert federation.backdoor_asr(state) == report.metrics["backdoor_asr"]
+    assert federation.scorer.backdoor_asr(state.global_vector) == report.metrics["backdoor_asr"]
 
 
 def test_a_model_whose_outputs_overflow_stops_the_run_naming_the_round(medmnist_root):
@@ -548,7 +563,8 @@ def test_best_val_at_the_sites_picks_the_round_of_the_best_pooled_validation_auc
 
     aucs = [row["val_auc"] for row in state.history]
     assert state.best_round == 1 + aucs.index(max(aucs))
-    assert federation.evaluate(state, "val", selected=True)["auc"] == pytest.approx(max(aucs))
+    selected = federation.scorer.evaluate(state.selected_vector, "val")
+    assert selected["auc"] == pytest.approx(max(aucs))
 
 
 def test_scored_at_the_sites_what_needs_data_at_the_server_is_refused(medmnist_root):
