@@ -88,7 +88,8 @@ def hub_params(args: argparse.Namespace, sites: list[dict[str, Any]], root: Path
         "model": {"name": "small_cnn"},
         "train": {"rounds": args.rounds, "device": "cpu", "backend": "sequential"},
         "aggregate": {"name": args.rule},
-        "filters": [{"name": "pid_made", "threshold": "robust"}],  # as measured
+        # as measured (the banned left out of the statistics, as the record was made)
+        "filters": [{"name": "pid_made", "threshold": "robust", "banned_updates": "left_out"}],
         "noniid": {"every": 0, "final": False},
         "federation": {"runtime": "flower", "superlink": CONNECTION, "sites": sites,
                        "round_timeout": 600},

@@ -5,7 +5,10 @@ Seven ways to turn a round's distances into exclusions, every one excluding for 
 change of a filter's defaults cannot change what a row's name means:
 
 - ``paper_gaussian``: the paper's PID-MADE, mean + z(1 − α)·std of the PID scores
-  (Theorem 6; ``pid_made``'s defaults);
+  (Theorem 6; ``pid_made``'s defaults but one: every PID-MADE variant here leaves a
+  banned client's update out of the centroid and the threshold's statistics,
+  ``banned_updates: left_out``, the reading the records were made with, where the
+  default is now the paper's "all submitted models", ``counted``);
 - ``paper_chebyshev``: the same with Chebyshev's k = √(1/α − 1) (Theorem 5);
 - ``pid_robust_spent``: the PID score against median + k·1.4826·MAD, α split over the
   clients and spent over rounds (k grows every round);
@@ -56,8 +59,10 @@ import yaml
 from benchmarks.robustness import PARAMS, REPO, RESULTS, finished, run_matrix, trained
 from fedsieve.arguments import positive_int
 
+# banned_updates: left_out, the reading these records were made with (pid_made's default
+# is now the paper's, counted: see aggregation/filters/pid_made.py)
 _PID = {"name": "pid_made", "kp": 1.0, "ki": 0.5, "kd": 0.05, "alpha": 0.05,
-        "centroid": "mean", "exclusion": "permanent"}  # fmt: skip
+        "centroid": "mean", "exclusion": "permanent", "banned_updates": "left_out"}  # fmt: skip
 _CUSUM = {"drift": 3.0, "h": 8.0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "paper_gaussian": _PID | {"threshold": "gaussian"},

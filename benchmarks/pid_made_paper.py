@@ -19,7 +19,8 @@ otherwise: IID clients, 20 rounds of two local epochs):
   methods of ``table4``.
 
 Every method pins its whole configuration here, so a change of a filter's defaults
-cannot change what a row's name means.
+cannot change what a row's name means (PID-MADE's methods: ``banned_updates: left_out``,
+the reading of the records).
 
 Every PID-MADE method excludes for good (Algorithm 1). Cells run through
 :func:`benchmarks.robustness.run_cell` (the comparison grid's engine calls) and append to
@@ -48,7 +49,11 @@ FEDAVG: dict[str, Any] = {"aggregate": {"name": "fedavg"}}
 
 
 def pid(**options: Any) -> dict[str, Any]:
-    return {"aggregate": {"name": "fedavg"}, "filters": [{"name": "pid_made", **options}]}
+    """PID-MADE before FedAvg, with a banned client's update left out of the centroid and
+    the threshold's statistics: the reading the records were made with (``pid_made``'s
+    default is now the paper's, ``counted``)."""
+    spec = {"name": "pid_made", "banned_updates": "left_out", **options}
+    return {"aggregate": {"name": "fedavg"}, "filters": [spec]}
 
 
 def distance_cusum(**options: Any) -> dict[str, Any]:

@@ -92,11 +92,15 @@ ROUND_CUT = 11.0  # the round cut's z: the distance CUSUM's drift + h (3 + 8)
 # also with the round cut (a screen of its own, not part of the paper's method). Only
 # pid_made_fedavg and pid_made_chebyshev_fedavg are the paper's PID-MADE (Algorithm 1,
 # Theorems 6 and 5); distance_cusum_cut_fedavg is what pid_made ran by default before.
+# Each pid_made names the reading its records were made with: a banned client's update
+# left out of the centroid and the threshold's statistics (the default is now the
+# paper's, counted).
+_LEFT_OUT = {"banned_updates": "left_out"}
 _FILTERS: dict[str, dict[str, Any]] = {
-    "pid_made": {"name": "pid_made"},
-    "pid_made_chebyshev": {"name": "pid_made", "threshold": "chebyshev"},
-    "pid_robust": {"name": "pid_made", "threshold": "robust"},
-    "pid_cusum": {"name": "pid_made", "threshold": "cusum"},
+    "pid_made": {"name": "pid_made"} | _LEFT_OUT,
+    "pid_made_chebyshev": {"name": "pid_made", "threshold": "chebyshev"} | _LEFT_OUT,
+    "pid_robust": {"name": "pid_made", "threshold": "robust"} | _LEFT_OUT,
+    "pid_cusum": {"name": "pid_made", "threshold": "cusum"} | _LEFT_OUT,
     "distance_cusum": {"name": "distance_cusum"},
 }
 FILTERED: dict[str, dict[str, Any]] = {

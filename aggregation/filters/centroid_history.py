@@ -3,7 +3,8 @@ distance of every client's update from the round's centroid, a history per clien
 permanent or per-round exclusion, and the optional per-round cut.
 
 Per round, for the submitted rows: ``D^i = ‖Δ^i − μ‖`` with ``μ`` the mean (or geometric
-median) of the rows that are finite and not banned. A subclass turns the distances and the
+median) of the round's **pool**: the finite rows, banned clients' included or not as the
+subclass says (:meth:`counts_banned`). A subclass turns the distances and the
 clients' histories into scores, a threshold and the ids to exclude (:meth:`_judge`); this
 base records the distances in each id's history, bans the excluded for good when
 ``exclusion="permanent"`` (Algorithm 1 of PID-MADE: ``Q ← Q \\ A``) and applies the
@@ -24,9 +25,12 @@ Choices where the paper is silent (all per client id, never per row):
   non-finite guard normally drops them earlier, with its own reason). A finite row whose
   distance overflows (``inf``) is treated the same way, though it did enter the centroid
   (distances that overflow in float32 are first recomputed in float64).
-- Banned clients that submit anyway are scored against the centroid of the others for
-  the trail, but take no part in the centroid or in the threshold's statistics; the
-  ``banned`` column marks them.
+- Banned clients that submit anyway are never kept; the ``banned`` column marks them.
+  Whether their updates count in the round's statistics is the subclass's choice
+  (:meth:`counts_banned`): counted, they are in the pool (the centroid, the robust
+  z-scores and the threshold's statistics, as the finite rows of anybody else); left
+  out (this base's default, the distance CUSUM's), they are scored against the centroid
+  of the others, for the trail, and take no part in any of those statistics.
 - Client ``weights`` (sample counts) are ignored: the centroid is unweighted, which also
   denies a client any leverage from claiming a large sample count.
 """
@@ -94,6 +98,11 @@ class CentroidHistoryFilter(Filter):
         """Ids excluded permanently so far (the server may stop sampling them)."""
         return frozenset(state["banned"])
 
+    def counts_banned(self) -> bool:
+        """Whether a banned client's update counts in the round's pool (the centroid, the
+        robust z-scores and the threshold's statistics); here never."""
+        return False
+
     def step(
         self,
         state: State,
@@ -105,10 +114,12 @@ class CentroidHistoryFilter(Filter):
         ids = _distinct_ids(client_ids, updates.shape[0])
         banned_ids = set(state["banned"])
         banned = torch.tensor([i in banned_ids for i in ids], dtype=torch.bool)
-        distance, finite = self._distances(updates, banned)
-        active = finite & ~banned
-        z = robust_z(distance, active)
-        verdict = self._judge(state, ids, distance, z, active)
+        outside = torch.zeros_like(banned) if self.counts_banned() else banned
+        distance, finite = self._distances(updates, outside)
+        active = finite & ~banned  # the rows that may be kept
+        pool = finite & ~outside  # the rows the round's statistics are over
+        z = robust_z(distance, pool)
+        verdict = self._judge(state, ids, distance, z, active, pool)
         exclude = active & verdict.exclude
         note = verdict.note
         if self.round_cut is not None:  # too far out for one round: left out, not banned
@@ -129,20 +140,28 @@ class CentroidHistoryFilter(Filter):
         return decision, self._next_state(state, ids, distance, finite, ban, verdict.cusum)
 
     def _judge(
-        self, state: State, ids: list[int], distance: Tensor, z: Tensor, active: Tensor
+        self,
+        state: State,
+        ids: list[int],
+        distance: Tensor,
+        z: Tensor,
+        active: Tensor,
+        pool: Tensor,
     ) -> Judgement:
+        """The verdict on the ``active`` rows (those that may be kept), with statistics
+        over the ``pool`` rows (``z`` is already over them)."""
         raise NotImplementedError
 
-    def _distances(self, updates: Tensor, banned: Tensor) -> tuple[Tensor, Tensor]:
+    def _distances(self, updates: Tensor, outside: Tensor) -> tuple[Tensor, Tensor]:
         """``D`` per row (float64 on the CPU, ``nan`` where not finite) from the centroid of
-        the finite rows that are not banned, and which rows are finite (bool ``(n,)``)."""
+        the finite rows not ``outside``, and which rows are finite (bool ``(n,)``)."""
         n = updates.shape[0]
         finite, mean_all = _finite_rows(updates)
-        active = finite & ~banned
+        pool = finite & ~outside
         distance = torch.full((n,), math.nan, dtype=torch.float64)
-        if not bool(active.any()):
+        if not bool(pool.any()):
             return distance, finite
-        center = self._centroid(updates, active, mean_all if bool(active.all()) else None)
+        center = self._centroid(updates, pool, mean_all if bool(pool.all()) else None)
         distance = _row_distances(updates, center).to("cpu", torch.float64)
         if not bool(torch.isfinite(distance[finite]).all()):  # overflow in low precision
             distance = _row_distances(updates, center, acc_dtype=torch.float64).to("cpu")
@@ -179,9 +198,9 @@ class CentroidHistoryFilter(Filter):
             banned.update(i for i, x in zip(ids, ban.tolist(), strict=True) if x)
         return {"round": int(state["round"]) + 1, "history": new_history, "banned": sorted(banned)}
 
-    def _centroid(self, updates: Tensor, active: Tensor, mean: Tensor | None) -> Tensor:
-        """Centroid of the active rows; ``mean`` is given when every row is active."""
-        rows = updates if mean is not None else updates[active.to(updates.device)]
+    def _centroid(self, updates: Tensor, pool: Tensor, mean: Tensor | None) -> Tensor:
+        """Centroid of the ``pool`` rows; ``mean`` is given when every row is in it."""
+        rows = updates if mean is not None else updates[pool.to(updates.device)]
         if mean is None:
             mean = _mean_rows(rows)
         if self.centroid == "mean":
@@ -213,17 +232,18 @@ def cusum_judgement(
     ids: list[int],
     z: Tensor,
     active: Tensor,
+    pool: Tensor,
     *,
     drift: float,
     h: float,
     of: str,
 ) -> Judgement:
-    """Page's CUSUM of ``z`` (the robust z-score ``of`` something) as a verdict: excluded
-    once a client's statistic exceeds ``h``."""
+    """Page's CUSUM of ``z`` (the robust z-score ``of`` something, over the ``pool`` rows)
+    as a verdict on the ``active`` rows: excluded once a client's statistic exceeds ``h``."""
     cusum = cusum_update(history, ids, z, drift, h)
     note = (
         f"cusum of the robust z of the {of} (drift {drift:g}, h {h:g}, m = "
-        f"{int(active.sum())}): excluded once the evidence summed over rounds exceeds h "
+        f"{int(pool.sum())}): excluded once the evidence summed over rounds exceeds h "
         "(one round adds at most h)"
     )
     return Judgement(
@@ -241,14 +261,14 @@ DRIFT = allowed(Interval(float, 0))
 CUSUM_H = allowed(POSITIVE)
 
 
-def robust_z(values: Tensor, active: Tensor) -> Tensor:
-    """``(values − median)/(1.4826·MAD)`` with the median and MAD over the ``active``
-    rows (their mean absolute deviation when over half are equal; 0 when all are); ``nan``
+def robust_z(values: Tensor, pool: Tensor) -> Tensor:
+    """``(values − median)/(1.4826·MAD)`` with the median and MAD over the ``pool`` rows
+    (their mean absolute deviation when over half are equal; 0 when all are); ``nan``
     where a value is not finite."""
     z = torch.full_like(values, math.nan)
-    if not bool(active.any()):
+    if not bool(pool.any()):
         return z
-    scored = values[active]
+    scored = values[pool]
     median = scored.median()
     scale = MAD_TO_STD * float((scored - median).abs().median())
     if scale == 0.0:

@@ -55,8 +55,14 @@ class DistanceCUSUM(CentroidHistoryFilter):
     name = "distance_cusum"
 
     def _judge(
-        self, state: State, ids: list[int], distance: Tensor, z: Tensor, active: Tensor
+        self,
+        state: State,
+        ids: list[int],
+        distance: Tensor,
+        z: Tensor,
+        active: Tensor,
+        pool: Tensor,
     ) -> Judgement:
         return cusum_judgement(
-            state["history"], ids, z, active, drift=self.drift, h=self.h, of="distance"
+            state["history"], ids, z, active, pool, drift=self.drift, h=self.h, of="distance"
         )

@@ -8,17 +8,34 @@ with a name of its own, off by default.
 Definition, per round ``t`` and submitted client ``i`` (rows of ``updates``):
 
 - ``D_t^i = ‖Δ_t^i − μ_t‖``, with ``μ_t`` the mean (or geometric median) of the round's
-  submitted rows. The paper measures models ``w_t^i``; all clients start from the same
-  global model, so ``w_t^i − w_t^j = Δ_t^i − Δ_t^j`` and distances on updates are equal.
+  submitted rows (with ``banned_updates="left_out"``: of those not banned). The paper
+  measures models ``w_t^i``; all clients start from the same global model, so
+  ``w_t^i − w_t^j = Δ_t^i − Δ_t^j`` and distances on updates are equal.
 - ``u_t^i = Kp·D_t^i + Ki·Σ_{x<t} D_x^i + Kd·(D_t^i − D_{t−1}^i)`` (P, I and D terms).
 - The paper's threshold: ``τ_t = mean(u_t) + k·std(u_t)`` over the round's scored clients
-  (population std, the paper's ``σ_t``); ``k`` from the alarm rate α: the Gaussian
+  (population std, the paper's ``σ_t``; the banned among them as ``banned_updates``
+  says); ``k`` from the alarm rate α: the Gaussian
   quantile ``k = z_{1−α}`` (``threshold="gaussian"``, Theorem 6, **the default**) or
   Chebyshev's one-sided bound ``k = √(1/α − 1)`` (``"chebyshev"``, Theorem 5), or given
   (``threshold="k"``). Client ``i`` is excluded when ``u_t^i > τ_t``.
 - ``exclusion="permanent"`` (the default, Algorithm 1's ``Q ← Q \\ A``): an excluded id
   joins the banned set and is excluded in every later round. ``"round"`` is a variant:
   excluded for this round only.
+- ``banned_updates``: what a banned client's update, still submitted in a later round, is
+  to the round's statistics. It is never kept (it stays out of the aggregation) and it is
+  always scored, for the trail (its history grows as anybody's).
+
+  - ``"counted"`` (**the default**, the paper's reading): it counts as one of the round's
+    models in the centroid and in the threshold's statistics (``ū_t`` and ``σ_t``; with
+    our thresholds, the median and MAD of the scores, the robust z-scores of the CUSUM
+    and of the round cut). The paper computes "the centroid μ_t of all submitted
+    models", ``μ_t = (1/N) Σ_{i=0}^N w_t^(i)``, and ``ū_t = (1/N) Σ_{i=0}^N u_i``;
+    Algorithm 1 computes ``μ_t, u_t^(i), ū_t, σ_t`` right after "receive w_t^i from local
+    clients", before its loop over ``Q`` removes anybody.
+  - ``"left_out"`` (a variant; this filter's only behaviour before the option, and the
+    reading of every committed benchmark record): it is scored against the centroid of
+    the others and takes no part in the centroid or in any of the threshold's
+    statistics.
 
 Why the Gaussian threshold is the default: Sec. 4.1 applies ``ū + kσ`` and reports it
 "effective even when Δ_t are not Gaussian", the Gaussian case's caveat; and Chebyshev's
@@ -63,7 +80,8 @@ Parameters (defaults, the paper's expert values and Theorem 6): ``kp=1.0``, ``ki
 ``threshold="k"``), ``spending="rounds"`` (``rounds`` | ``none``; robust only), ``drift=3.0``
 (≥ 0) and ``h=8.0`` (> 0) for ``cusum``, ``round_cut=None`` (> 0: the round cut's z),
 ``centroid="mean"`` (``mean`` | ``geometric_median``), ``exclusion="permanent"``
-(``permanent`` | ``round``), ``gm_max_iter=100`` and ``gm_tol=1e-6`` (Weiszfeld iterations and
+(``permanent`` | ``round``), ``banned_updates="counted"`` (``counted`` | ``left_out``),
+``gm_max_iter=100`` and ``gm_tol=1e-6`` (Weiszfeld iterations and
 relative objective tolerance for the geometric median).
 
 Shapes: ``updates (n, d)``, ``client_ids`` n distinct ints -> ``keep`` bool ``(n,)`` on the
@@ -118,6 +136,7 @@ __all__ = ["PIDMADE", "chebyshev_k", "gaussian_k"]
 
 _THRESHOLDS = ("gaussian", "chebyshev", "k", "robust", "cusum")
 _SPENDING = ("rounds", "none")
+_BANNED_UPDATES = ("counted", "left_out")
 MAD_T_DOF_PER_SCORE = 0.45  # see robust_k
 
 
@@ -158,6 +177,9 @@ class PIDMADE(CentroidHistoryFilter):
     spending: str = field(default="rounds", metadata=allowed(Options(_SPENDING)))
     drift: float = field(default=3.0, metadata=DRIFT)
     h: float = field(default=8.0, metadata=CUSUM_H)
+    # a banned client's update: in the round's centroid and statistics (the paper's "all
+    # submitted models") or left out of them; never kept either way
+    banned_updates: str = field(default="counted", metadata=allowed(Options(_BANNED_UPDATES)))
 
     name = "pid_made"
 
@@ -175,6 +197,11 @@ class PIDMADE(CentroidHistoryFilter):
                 f"pid_made k={self.k} is only used with threshold='k' "
                 f"(threshold={self.threshold!r} derives k from alpha)"
             )
+
+    def counts_banned(self) -> bool:
+        """Whether a banned client's update counts in the round's centroid and statistics
+        (``banned_updates="counted"``, the paper's "all submitted models")."""
+        return self.banned_updates == "counted"
 
     def cannot_exclude(self, clients: int) -> str | None:
         """The mean-and-std thresholds exclude nobody when ``k`` is at least the largest
@@ -218,7 +245,13 @@ class PIDMADE(CentroidHistoryFilter):
         return float(self.k)
 
     def _judge(
-        self, state: State, ids: list[int], distance: Tensor, z: Tensor, active: Tensor
+        self,
+        state: State,
+        ids: list[int],
+        distance: Tensor,
+        z: Tensor,
+        active: Tensor,
+        pool: Tensor,
     ) -> Judgement:
         history: dict[int, dict[str, Any]] = state["history"]
         p_term, i_term, d_term = self._pid_terms(history, ids, distance)
@@ -226,15 +259,15 @@ class PIDMADE(CentroidHistoryFilter):
         columns = {"p_term": p_term, "i_term": i_term, "d_term": d_term}
         none = torch.zeros(len(ids), dtype=torch.bool)
         if self.threshold == "cusum":
-            score_z = robust_z(u, active)
+            score_z = robust_z(u, pool)
             verdict = cusum_judgement(
-                history, ids, score_z, active, drift=self.drift, h=self.h, of="PID score"
+                history, ids, score_z, active, pool, drift=self.drift, h=self.h, of="PID score"
             )
             verdict.columns = {**columns, "score_z": score_z, **verdict.columns}
             return verdict
         if not bool(active.any()):
             return Judgement(scores=u, threshold=None, exclude=none, note="", columns=columns)
-        tau, note = self._threshold(u[active], int(state["round"]) + 1)
+        tau, note = self._threshold(u[pool], int(state["round"]) + 1)
         return Judgement(
             scores=u, threshold=tau, exclude=above(u, tau, active), note=note, columns=columns
         )

@@ -139,7 +139,12 @@ def test_every_ablation_variant_builds_the_filter_its_name_says():
         assert isinstance(filt, PIDMADE) and filt.threshold == name.removeprefix("paper_")
         assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
         assert filt.round_cut is None and filt.exclusion == "permanent"
-    assert built["paper_gaussian"] == build_filter("pid_made")  # the defaults
+    # the defaults but the reading the records were made with: banned updates left out
+    assert built["paper_gaussian"] == build_filter("pid_made", banned_updates="left_out")
+    assert build_filter("pid_made").banned_updates == "counted"  # the paper's, the default
+    for name in ("paper_gaussian", "paper_chebyshev", "pid_robust_spent", "pid_robust_fixed",
+                 "pid_cusum"):  # fmt: skip
+        assert built[name].banned_updates == "left_out", name
     assert built["pid_robust_spent"].spending == "rounds"
     assert built["pid_robust_fixed"].spending == "none"
     assert built["pid_cusum"].threshold == "cusum" and built["pid_cusum"].round_cut is None

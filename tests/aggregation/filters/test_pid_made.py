@@ -1,6 +1,6 @@
 """PID-MADE: the paper's Algorithm 1 by hand, the docstring example, history by client id,
-exclusion modes, checkpoints, planted attackers, thresholds, the PID score's CUSUM, the
-round cut and bad parameters."""
+exclusion modes, banned clients' updates counted or left out, checkpoints, planted
+attackers, thresholds, the PID score's CUSUM, the round cut and bad parameters."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import copy
 import io
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,12 +16,13 @@ from scipy.stats import t as student_t
 
 from aggregation import build_filter, list_filters
 from aggregation.filters import PIDMADE, DistanceCUSUM, chebyshev_k, gaussian_k
-from config.params import Params
+from config.params import ConfigError, Params, load_params
 from federated.attacks import build_attack, malicious_mask
 from tasks.training import filters_that_cannot_exclude
 
 ROUNDS = ([0.0, 0.0, 0.0, 4.0], [0.0, 0.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0])
 IDS = [0, 1, 2, 3]
+PARAMS = Path(__file__).resolve().parents[3] / "params.yaml"
 
 
 def column(values: list[float]) -> torch.Tensor:
@@ -42,13 +44,15 @@ def test_registered_as_pid_made_with_the_paper_defaults() -> None:
     assert "pid_made" in list_filters()
     assert (filt.kp, filt.ki, filt.kd, filt.alpha) == (1.0, 0.5, 0.05, 0.05)
     assert (filt.threshold, filt.centroid, filt.exclusion) == ("gaussian", "mean", "permanent")
+    assert filt.banned_updates == "counted"  # "all submitted models"
     assert filt.round_cut is None and filt.k is None
 
 
 def test_the_defaults_are_the_papers_algorithm_one_by_hand() -> None:
     # Algorithm 1 with Theorem 6: u = Kp D + Ki sum of past D + Kd (D - D_prev) with
-    # Kp, Ki, Kd = 1, 0.5, 0.05; tau = mean(u) + z(0.95) std(u) (population std); a client
-    # above tau leaves Q for good. Six clients, 1-D updates, computed here from the formulas.
+    # Kp, Ki, Kd = 1, 0.5, 0.05; mu, the mean of all submitted models, and tau = mean(u) +
+    # z(0.95) std(u) (population std) over all of them, the banned included; a client above
+    # tau leaves Q for good. Six clients, 1-D updates, computed here from the formulas.
     rounds = [[0.0, 0.1, -0.1, 0.2, -0.2, 3.0], [0.0, 0.1, -0.1, 0.2, 3.0, 0.0]]
     z95 = 1.6448536269514722
     integral = [0.0] * 6
@@ -56,15 +60,14 @@ def test_the_defaults_are_the_papers_algorithm_one_by_hand() -> None:
     banned: set[int] = set()
     expected = []
     for values in rounds:
-        active = [i for i in range(6) if i not in banned]
-        mean = sum(values[i] for i in active) / len(active)
+        mean = sum(values) / 6
         d = [abs(v - mean) for v in values]
         u = [d[i] + 0.5 * integral[i] + 0.05 * (d[i] - (d[i] if last[i] is None else last[i]))
              for i in range(6)]  # fmt: skip
-        u_mean = sum(u[i] for i in active) / len(active)
-        std = math.sqrt(sum((u[i] - u_mean) ** 2 for i in active) / len(active))
+        u_mean = sum(u) / 6
+        std = math.sqrt(sum((x - u_mean) ** 2 for x in u) / 6)
         tau = u_mean + z95 * std
-        banned |= {i for i in active if u[i] > tau}
+        banned |= {i for i in range(6) if u[i] > tau}
         expected.append((u, tau, sorted(banned)))
         integral = [integral[i] + d[i] for i in range(6)]
         last = d
@@ -72,10 +75,7 @@ def test_the_defaults_are_the_papers_algorithm_one_by_hand() -> None:
     decisions, state = run(build_filter("pid_made"), rounds, ids=list(range(6)))
 
     for decision, (u, tau, banned_after) in zip(decisions, expected, strict=True):
-        active = ~decision.columns["banned"]
-        assert decision.scores[active].tolist() == pytest.approx(
-            [x for x, a in zip(u, active.tolist(), strict=True) if a]
-        )
+        assert decision.scores.tolist() == pytest.approx(u)
         assert decision.threshold == pytest.approx(tau)
         assert [i for i in range(6) if not decision.keep[i]] == banned_after
     assert expected[0][2] == [5] and expected[1][2] == [4, 5]  # the example bans as it says
@@ -164,7 +164,7 @@ def test_new_client_mid_run_starts_with_empty_integral_and_no_derivative() -> No
 
 @pytest.mark.filterwarnings("ignore:.*with 2 scored clients:UserWarning")
 def test_permanent_exclusion_bans_and_leaves_the_banned_out_of_the_statistics() -> None:
-    filt = PIDMADE(threshold="k", k=1.0, exclusion="permanent")
+    filt = PIDMADE(threshold="k", k=1.0, exclusion="permanent", banned_updates="left_out")
 
     (r1, r2, r3), state = run(filt, ROUNDS)
 
@@ -177,6 +177,43 @@ def test_permanent_exclusion_bans_and_leaves_the_banned_out_of_the_statistics() 
     assert r2.threshold == pytest.approx(float(u.mean() + u.std(correction=0)))
     assert state["banned"] == sorted(state["banned"]) and 3 in state["banned"]
     assert filt.banned_ids(state) == frozenset(state["banned"])
+
+
+def test_a_banned_client_that_still_submits_counts_in_the_statistics_by_default() -> None:
+    # The docstring example's first two rounds with permanent bans: client 3 is banned in
+    # round 1 and submits Δ = 2 in round 2, Δ = [0, 0, 2, 2].
+    # counted (the paper's "all submitted models"): mu = 1, D = [1, 1, 1, 1],
+    #   u = D + 0.5·[1, 1, 1, 3] + 0.05·[0, 0, 0, -2] = [1.5, 1.5, 1.5, 2.4] over all four:
+    #   tau = 1.725 + sqrt(0.151875) = 2.1147 -> clients 0-2 kept;
+    # left out: mu = 2/3 (clients 0-2), D = [2/3, 2/3, 4/3, 4/3],
+    #   u = [2/3 + 0.5 - 1/60, .., 4/3 + 0.5 + 1/60, 4/3 + 1.5 - 1/12] = [1.15, 1.15, 1.85, 2.75],
+    #   tau over clients 0-2 = 4.15/3 + sqrt(0.326667/3) = 1.7133 -> client 2 banned too.
+    decisions = {}
+    for reading in ("counted", "left_out"):
+        filt = PIDMADE(threshold="k", k=1.0, banned_updates=reading)
+        (r1, r2), state = run(filt, ROUNDS[:2])
+        assert r1.keep.tolist() == [True, True, True, False]  # nobody banned yet: the same
+        assert r2.columns["banned"].tolist() == [False, False, False, True]
+        decisions[reading] = (r2, state)
+
+    counted, state = decisions["counted"]
+    assert counted.columns["distance"].tolist() == pytest.approx([1, 1, 1, 1])
+    assert counted.scores.tolist() == pytest.approx([1.5, 1.5, 1.5, 2.4])
+    assert counted.threshold == pytest.approx(1.725 + math.sqrt(0.151875))
+    assert counted.keep.tolist() == [True, True, True, False]  # banned: never kept
+    assert state["banned"] == [3]
+
+    left_out, state = decisions["left_out"]
+    assert left_out.columns["distance"].tolist() == pytest.approx([2 / 3, 2 / 3, 4 / 3, 4 / 3])
+    assert left_out.scores.tolist() == pytest.approx([1.15, 1.15, 1.85, 2.75])
+    assert left_out.threshold == pytest.approx(4.15 / 3 + math.sqrt(0.98 / 9))
+    assert left_out.keep.tolist() == [True, True, False, False]
+    assert state["banned"] == [2, 3]
+
+    default = PIDMADE(threshold="k", k=1.0)
+    (_, r2), _ = run(default, ROUNDS[:2])
+    assert default.banned_updates == "counted"
+    assert r2.threshold == counted.threshold and torch.equal(r2.scores, counted.scores)
 
 
 def test_round_exclusion_readmits_a_client_once_it_behaves() -> None:
@@ -390,6 +427,10 @@ def test_client_ids_must_match_rows_and_be_distinct() -> None:
         ({"h": 0.0}, "h must be a finite number > 0"),
         ({"centroid": "median"}, "centroid must be one of 'mean', 'geometric_median'"),
         ({"exclusion": "forever"}, "exclusion must be one of 'permanent', 'round'"),
+        (
+            {"banned_updates": "ignored"},
+            "pid_made banned_updates must be one of 'counted', 'left_out', got 'ignored'",
+        ),
         ({"threshold": "k"}, "threshold='k' needs k"),
         ({"round_cut": 0.0}, "round_cut must be a finite number > 0 or None"),
         ({"k": 2.0}, "only used with threshold='k'"),
@@ -400,6 +441,15 @@ def test_bad_parameters_fail_with_the_parameter_and_what_is_allowed(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         build_filter("pid_made", **params)
+
+
+def test_a_bad_banned_updates_in_params_yaml_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, ["filters=[{name: pid_made, banned_updates: ignored}]"])
+
+    message = str(error.value)
+    assert "\n" not in message and "params.yaml: filters.0" in message
+    assert "banned_updates must be one of 'counted', 'left_out', got 'ignored'" in message
 
 
 def test_robust_threshold_by_hand() -> None:
@@ -429,9 +479,10 @@ def test_the_robust_threshold_spends_alpha_over_rounds_only_when_exclusion_is_pe
     assert permanent.k_value_for(20, 10) > permanent.k_value_for(20, 1) > per_round.k_value_for(20)
 
 
+# as measured (and as the benchmarks ran them): banned attackers left out of the statistics
 OURS = {
-    "pid_made robust": PIDMADE(threshold="robust"),
-    "pid_made cusum": PIDMADE(threshold="cusum"),
+    "pid_made robust": PIDMADE(threshold="robust", banned_updates="left_out"),
+    "pid_made cusum": PIDMADE(threshold="cusum", banned_updates="left_out"),
     "distance_cusum": DistanceCUSUM(),
 }
 
