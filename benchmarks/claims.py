@@ -40,7 +40,6 @@ the table it is read from.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -52,7 +51,7 @@ import yaml
 
 from benchmarks import pid_made_ablation
 from benchmarks.tables.fedlag import fedlag_by_seed
-from benchmarks.tables.paired_tables import PAIRED_TABLES
+from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_table
 from benchmarks.tables.pid_made import ablation_outcomes, ablation_rows
 from benchmarks.tables.records import HEADLINE, load, results_json, with_halts
 from benchmarks.tables.robustness_matrix import worst_by_seed, worst_differences
@@ -141,16 +140,10 @@ def worst_case(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
-@functools.cache
-def _paired_table(name: str) -> Any:
-    """A paired table built once per check, however many claims are read off it."""
-    return PAIRED_TABLES[name]()
-
-
 def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
     """The claim's test as its paired table adjusts it: the Holm p within its family and
     the family's size. The table must test the same records (its raw p equals ``p``)."""
-    paired = _paired_table(claim["table"])
+    paired = paired_table(claim["table"])
     pair = {claim["first"], claim["second"]}
     tested = pair - {paired.reference}  # one method left only when the other is the reference
     index = paired.index_of(tested.pop(), claim["row"]) if len(tested) == 1 else None

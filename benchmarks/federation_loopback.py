@@ -71,6 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 FLOWER_BIN = REPO / ".venv-flower" / "bin"
 BASELINE_APP = REPO / "benchmarks" / "flower" / "deploy_fedavg"
 TRANSPORT_APP = REPO / "benchmarks" / "flower" / "transport_app"
+FLOOR_APP = REPO / "benchmarks" / "flower" / "floor_app"
 RESULTS = REPO / "benchmarks" / "results" / "federation-loopback"
 
 
@@ -126,6 +127,12 @@ def parse_args() -> argparse.Namespace:
         "--phases-only",
         action="store_true",
         help="time a round at 3 and 10 sites by phase (--rounds each) and update that part",
+    )
+    parser.add_argument(
+        "--restart-only",
+        action="store_true",
+        help="kill a site of 4 after round 2 and start it again 5 s later (--rounds): "
+        "update that part",
     )
     parser.add_argument(
         "--baseline-rounds", type=int, default=None,
@@ -386,6 +393,7 @@ def timed_by_phase(root: Path, dataset: str, sites: int, rounds: int) -> dict[st
                                    "out": str(baseline_out), "data-root": str(root),
                                    "dataset": dataset}, timeout=3600)  # fmt: skip
         baseline = json.loads(baseline_out.read_text())
+        floor = flower_floor_round_s(fed, model_size(params, root), rounds)
         _, simulated_round_s = simulate(params, files, root)
     round_s = per_round(records)
     flower_round_s = per_round(baseline["rounds"][1:])
@@ -397,9 +405,102 @@ def timed_by_phase(root: Path, dataset: str, sites: int, rounds: int) -> dict[st
         "round_overhead_s": round_s - simulated_round_s,
         "flower_fedavg_round_s": flower_round_s,
         "round_time_over_flower_fedavg": round_s / flower_round_s,
+        "flower_floor_round_s": floor,
+        "round_time_over_flower_floor": round_s / floor,
         "exchanges_per_round": len(exchanges) / max(1, len(records)),
         "phases": phase_table(exchanges),
     }
+
+
+def watch_restart(
+    fed: Loopback, hub: HubFiles, run: subprocess.Popen[bytes], victim: dict[str, Any],
+    command: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """Kill ``victim`` (SIGKILL, all its processes) once round 2 is journaled, start it again
+    ``RESTART_AFTER_S`` later, and watch until the run ends, on this process's clock: when
+    each round was journaled, when the hub first counted the old node offline (the lapse;
+    the rejoin if the status was never seen offline between two looks) and when the site
+    said it rejoined."""
+    journaled: dict[int, float] = {}
+    seen: dict[str, float] = {}
+    log, start = fed.site_log(victim["name"]), 0
+    while run.poll() is None:
+        now = time.monotonic()
+        lines = hub.rounds.read_text().splitlines() if hub.rounds.exists() else []
+        for number in range(len(journaled) + 1, len(lines) + 1):
+            journaled[number] = now
+        if "killed" not in seen and len(journaled) >= 2:
+            fed.kill_site(victim["name"])
+            seen["killed"] = time.monotonic()
+            time.sleep(RESTART_AFTER_S)
+            start = log.stat().st_size
+            fed.start_site_command(victim["name"], command)
+        elif "killed" in seen and "rejoined" not in seen:
+            if "lapsed" not in seen and fed.node_status(victim["node_id"]) != "online":
+                seen["lapsed"] = time.monotonic()
+            if b"rejoined as node" in log.read_bytes()[start:]:
+                seen["rejoined"] = time.monotonic()
+                seen.setdefault("lapsed", seen["rejoined"])
+        time.sleep(0.2)
+    if "rejoined" not in seen:
+        raise RuntimeError(f"the run ended before the site rejoined: {fed.app_log(run)}")
+    return {"journaled": journaled, **seen}
+
+
+def restart_mid_run(root: Path, dataset: str, sites: int, rounds: int) -> dict[str, Any]:
+    """A site killed with SIGKILL once round 2 is journaled and started again 5 s later,
+    as its operator starts it, while the run goes on: the round under way when the hub
+    counted its old node offline, the rounds the trail says it missed and why, and the
+    first round it trained again."""
+    options = argparse.Namespace(dataset=dataset, rounds=rounds, rule="median")
+    with Loopback(bin_dir=FLOWER_BIN) as fed:
+        files = site_files(fed.work / "sites", dataset, root, sites)
+        fed.start_superlink()
+        listed = start_sites(fed, files, options, root)
+        params = hub_params(options, listed, root)
+        hub = HubFiles(fed.work / "hub")
+        write_params(hub.params, params)
+        checkpoint = hub.folder / "checkpoint.pt"
+        run = fed.start_app(APP_DIR, {"hub-folder": str(hub.folder), "data-root": str(root),
+                                      "checkpoint": str(checkpoint)})  # fmt: skip
+        victim = listed[-1]
+        command = [str(part) for part in fed.sites[victim["name"]].args]  # as it was started
+        seen = watch_restart(fed, hub, run, victim, command)
+        state = ServerState.from_dict(read_checkpoint(checkpoint, params_hash(params))["state"])
+    client = len(listed) - 1
+    rows = {row["round"]: row for row in state.trail if row["client"] == client}
+    lapse_round = min(r for r, at in seen["journaled"].items() if at >= seen["lapsed"])
+    missed = {r: row["reason"] for r, row in sorted(rows.items()) if row["excluded"]}
+    back = min(r for r, row in rows.items() if r > min(missed, default=0) and not row["excluded"])
+    return {
+        "sites": sites,
+        "rounds": rounds,
+        "restart_after_s": RESTART_AFTER_S,
+        "killed_after_round": 2,
+        "lapse_after_kill_s": seen["lapsed"] - seen["killed"],
+        "rejoined_after_lapse_s": seen["rejoined"] - seen["lapsed"],
+        "lapsed_in_round": lapse_round,
+        "rounds_missed": {str(r): reason for r, reason in missed.items()},
+        "first_round_back": back,
+        "rounds_missed_after_lapse_round": back - lapse_round - 1,
+        "round_s": per_round([{"elapsed_s": at} for at in seen["journaled"].values()]),
+    }
+
+
+def model_size(params: Params, root: Path) -> int:
+    """The number of floats in the run's global model: what a round carries each way."""
+    info = load_medmnist(params.data.dataset, root).info
+    return model_to_vector(build_global_model(params, info)).numel()
+
+
+def flower_floor_round_s(fed: Loopback, floats: int, rounds: int) -> float:
+    """Flower's own floor on the same SuperNodes: a round of messages of the model's size
+    that a ClientApp answers at once (``benchmarks/flower/floor_app``), seconds per round
+    from the first round's end to the last's, as :func:`per_round` times fedsieve's."""
+    out = fed.work / "floor.json"
+    fed.run_app(FLOOR_APP, {"rounds": rounds, "floats": floats, "out": str(out)}, timeout=3600)
+    times = [r["seconds"] for r in json.loads(out.read_text())["rounds"]]
+    return sum(times[1:]) / max(1, len(times) - 1)
 
 
 def update_record(key: str, value: Any) -> None:
@@ -418,6 +519,9 @@ def main() -> None:
         update_record("by_phase", {
             str(n): timed_by_phase(root, args.dataset, n, args.rounds) for n in PHASE_SITES
         })  # fmt: skip
+        return
+    if args.restart_only:
+        update_record("restart", restart_mid_run(root, args.dataset, 4, args.rounds))
         return
     if args.own_data_only:
         update_record("own_data", own_data_pilot(root, args.dataset, rounds=3))
@@ -461,9 +565,7 @@ def main() -> None:
     diff = float((final.global_vector - simulated.global_vector).abs().max())
     round_s = per_round(records)
     flower_round_s = per_round(baseline["rounds"][1:])  # its round 0: the initial model
-    size = model_to_vector(
-        build_global_model(params, load_medmnist(args.dataset, root).info)
-    ).numel()
+    size = model_size(params, root)
     payload = {
         **cpu_environment(),
         "flower": "1.32.1",

@@ -34,6 +34,7 @@ from benchmarks.tables.federation import (
     loopback_block,
     loopback_own_data_block,
     loopback_phases_block,
+    loopback_restart_block,
 )
 from benchmarks.tables.fedlag import fedlag_block
 from benchmarks.tables.fedstnn import FEDSTNN_CURVES, fedstnn_block, fedstnn_image_block
@@ -109,6 +110,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
     | {"federation-loopback-own-data": loopback_own_data_block}
     | {"federation-loopback-phases": loopback_phases_block}
+    | {"federation-loopback-restart": loopback_restart_block}
     | {
         "pipeline-overhead": overhead_block,
         "federation-smoke": federation_smoke_block,
@@ -172,7 +174,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
         for dataset in HEADLINE
         if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
     }
-    | {name: partial(paired_block_of, build) for name, build in PAIRED_TABLES.items()}
+    | {name: partial(paired_block_of, name) for name in PAIRED_TABLES}
 )
 
 
@@ -224,6 +226,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     try:
+        claims.load_ledger()  # a broken ledger is said before any table is made
         regenerate(check=args.check)
     except LedgerError as error:  # one line, and nothing written
         sys.exit(str(error))

@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # Flower's TTL
 DIVERGED = f"{ModelDiverged.__name__}: "  # a site's reply: the model's outputs are not finite
 PULL_INTERVAL_S = 0.2  # how often the hub looks for the sites' replies (Flower's own: 3 s)
+RESEND_S = 2.0  # how often a site Flower says is not connected is asked again in a round
 SeedOf = Callable[[int, int], int]
 OnExchange = Callable[[dict[str, Any]], None]
 
@@ -165,11 +166,7 @@ class RemoteExecutor:
         # by the message each replies to: Flower's own error replies (an unreachable node)
         # come from the SuperLink, not from the site
         sent = {m.metadata.message_id: i for m, i in zip(messages, client_ids, strict=True)}
-        answered = {
-            sent[r.metadata.reply_to_message_id]: r
-            for r in replies
-            if r.metadata.reply_to_message_id in sent
-        }
+        answered = {sent[message_id]: reply for message_id, reply in replies.items()}
         if self.on_exchange is not None:
             label = f"{kind}+train" if training and kind != "train" else kind
             self.on_exchange(exchange_record(label, round_number, wall_s, answered))
@@ -207,20 +204,39 @@ class RemoteExecutor:
         if kind == "train" or training:
             self._round = max(self._round, round_number)
 
-    def _exchange(self, messages: list[Message]) -> list[Message]:
+    def _exchange(self, messages: list[Message]) -> dict[str, Message]:
         """Push ``messages`` and pull their replies until all came or ``round_timeout``
-        passed: ``Grid.send_and_receive`` does the same but looks every 3 s, fixed in
-        Flower 1.32.1; its public ``push_messages``/``pull_messages`` let the hub look
-        every ``PULL_INTERVAL_S``, so a round does not wait for a poll that found nothing."""
-        waiting = set(self.grid.push_messages(messages))
+        passed; each message's last reply, by the id it was first pushed under.
+        ``Grid.send_and_receive`` does the same but looks every 3 s, fixed in Flower 1.32.1;
+        its public ``push_messages``/``pull_messages`` let the hub look every
+        ``PULL_INTERVAL_S``, so a round does not wait for a poll that found nothing.
+
+        A site Flower answers for as not connected (``NODE_UNAVAILABLE``) is asked again
+        every ``RESEND_S`` while other sites are still at work: a site restarted after a
+        crash rejoins once its old node lapses, and trains in the round under way."""
+        first_ids = list(self.grid.push_messages(messages))
+        sent = dict(zip(first_ids, messages, strict=True))  # pushed id -> its message
+        first_of = {message_id: message_id for message_id in first_ids}
+        waiting = {message_id for message_id in first_ids if message_id}  # None: not pushed
+        resend_at: dict[str, float] = {}
         deadline = time.monotonic() + self.round_timeout
-        replies: list[Message] = []
+        replies: dict[str, Message] = {}
         while waiting:
-            pulled = list(self.grid.pull_messages(waiting))
-            replies.extend(pulled)
-            waiting -= {reply.metadata.reply_to_message_id for reply in pulled}
+            for reply in self.grid.pull_messages(waiting):
+                message_id = reply.metadata.reply_to_message_id
+                waiting.discard(message_id)
+                replies[first_of[message_id]] = reply
+                if reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+                    resend_at[message_id] = time.monotonic() + RESEND_S
             if not waiting or time.monotonic() >= deadline:
                 break
+            for message_id, due in list(resend_at.items()):
+                if time.monotonic() >= due:
+                    del resend_at[message_id]
+                    again = _again(sent[message_id], deadline - time.monotonic())
+                    [new_id] = self.grid.push_messages([again])
+                    sent[new_id], first_of[new_id] = again, first_of[message_id]
+                    waiting.add(new_id)
             time.sleep(PULL_INTERVAL_S)
         return replies
 
@@ -399,6 +415,15 @@ class _Trained:
     loss_name: str
     asked: frozenset[int]
     losses: dict[int, float]
+
+
+def _again(message: Message, ttl: float) -> Message:
+    """``message`` anew, to be pushed again: its content and destination, the time left."""
+    metadata = message.metadata
+    return Message(
+        message.content, dst_node_id=metadata.dst_node_id, message_type=metadata.message_type,
+        group_id=metadata.group_id, ttl=max(ttl, 1.0),
+    )  # fmt: skip
 
 
 def _one_line(text: str) -> str:

@@ -76,7 +76,7 @@ EXIT_CODES = {
     EXIT_SUPERNODE: "flower-supernode failed before joining (its last error quoted)",
 }
 
-RETRY_S = 5.0  # between tries while the old node is still online
+RETRY_S = 2.0  # between tries while the old node is still online (a try takes seconds more)
 STOP_GRACE = 10.0  # after Ctrl-C or a revoked key: SIGTERM, then SIGKILL this much later
 QUIET_S = 0.2  # how long the output must be quiet before an exited child is done with
 HOLD_S = 10.0  # a child not joined by then is waiting on the hub: its lines are shown as they come

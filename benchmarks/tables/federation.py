@@ -59,6 +59,27 @@ def loopback_own_data_block() -> str:
     return table(("measure", "figure", "goal"), rows)
 
 
+def loopback_restart_block() -> str:
+    """A site killed mid-run and started again (benchmarks/federation_loopback.py
+    ``--restart-only``, ``restart``): when the hub let its old node go, the rounds the
+    trail says it missed and why, and the first round it trained again."""
+    r = results_json("federation-loopback")["restart"]
+    missed = ", ".join(f"{n} ({why})" for n, why in r["rounds_missed"].items()) or "none"
+    rows = [
+        ("sites, rounds", f"{r['sites']}, {r['rounds']}", ""),
+        (f"killed (SIGKILL) once round {r['killed_after_round']} was journaled, "
+         f"started again {r['restart_after_s']:g} s later", "", ""),
+        ("its old node counted offline by the hub, after the kill",
+         f"{r['lapse_after_kill_s']:.0f} s (in round {r['lapsed_in_round']})", ""),
+        ("rejoined, after that", f"{r['rejoined_after_lapse_s']:.1f} s", ""),
+        ("rounds the trail says it missed (reason)", missed, ""),
+        ("first round it trained again", f"{r['first_round_back']}", ""),
+        ("**rounds missed after the round of the lapse**",
+         f"**{r['rounds_missed_after_lapse_round']}**", "≤ 1"),
+    ]  # fmt: skip
+    return table(("measure", "figure", "goal"), rows)
+
+
 # Flower 1.32.1's SuperNode looks for work every 3 s, hard-coded
 # (flwr/supernode/start_client_internal.py), and starts a process per message
 SUPERNODE_POLL_S = 3.0
@@ -109,6 +130,9 @@ def loopback_phases_block() -> str:
         ("the same round simulated here (`simulated_round_s`)", "simulated_round_s"),
         ("Flower's FedAvg on the same SuperNodes (`flower_fedavg_round_s`)", "flower_fedavg_round_s"),
         ("`round_time_over_flower_fedavg`", "round_time_over_flower_fedavg"),
+        ("Flower's floor measured: a ClientApp that answers at once (`flower_floor_round_s`)",
+         "flower_floor_round_s"),
+        ("`round_time_over_flower_floor`", "round_time_over_flower_floor"),
     ]  # fmt: skip
     for label, key in totals:  # a round's figures, under each count's train column
         rows.append(

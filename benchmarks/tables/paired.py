@@ -5,6 +5,7 @@ same adjustment the table shows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from benchmarks.tables.cells import shown
@@ -44,6 +45,12 @@ class Paired:
 
     def holm(self) -> list[float]:
         """Each test's p, Holm-adjusted within its family (statsmodels)."""
+        return list(self._holm)
+
+    @cached_property
+    def _holm(self) -> tuple[float, ...]:
+        """Adjusted once per table: statsmodels' Holm runs a full garbage collection on
+        every call, a second or more in a process holding the records."""
         from statsmodels.stats.multitest import multipletests
 
         adjusted = [1.0] * len(self.tests)
@@ -51,7 +58,7 @@ class Paired:
             holm = multipletests([self.tests[i][2][1] for i in members], method="holm")[1]
             for i, p_holm in zip(members, holm, strict=True):
                 adjusted[i] = float(p_holm)
-        return adjusted
+        return tuple(adjusted)
 
 
 def against_block(paired: Paired) -> str:

@@ -4,7 +4,7 @@ claims ledger names them too (a claim read off one is held to its Holm adjustmen
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 
 from benchmarks.tables.fedlag import fedlag_paired
 from benchmarks.tables.paired import Paired, against_block
@@ -44,6 +44,12 @@ PAIRED_TABLES: dict[str, Callable[[], Paired]] = (
 )
 
 
-def paired_block_of(build: Callable[[], Paired]) -> str:
-    """A paired table built and written out (docs/results.md's ``*-paired`` blocks)."""
-    return against_block(build())
+@cache
+def paired_table(name: str) -> Paired:
+    """Table ``name``, built once per process however many blocks and claims read it."""
+    return PAIRED_TABLES[name]()
+
+
+def paired_block_of(name: str) -> str:
+    """A paired table written out (docs/results.md's ``*-paired`` blocks)."""
+    return against_block(paired_table(name))
