@@ -29,7 +29,11 @@ from tests.limits import TEST_LIMIT_S, limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# The cores shared among pytest-xdist's workers: a worker of two on two cores gets one
+# thread, so no worker's threads wait on another's (OpenMP threads spin while they wait).
+torch.set_num_threads(
+    max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+)
 
 
 class _BrokenClient(ClientData):
