@@ -102,7 +102,9 @@ class Hub:
             params[key] = params.get(key, {}) | value if isinstance(value, dict) else value
         params["federation"] = {
             "runtime": "flower", "superlink": CONNECTION, "sites": self.sites_params(names),
-            "round_timeout": 60,
+            # a guard: a round ends when every site answered; on a busy machine a site's
+            # answer (a process started per message) may take tens of seconds
+            "round_timeout": round(limit(300)),
         }  # fmt: skip
         return params
 

@@ -366,7 +366,9 @@ def assert_sites_hold_the_data(project: Path) -> None:
 def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
-    raw["federation"]["round_timeout"] = 45  # a live site answers well within it
+    # a live site answers well within it; Flower answers for the dead one once its
+    # heartbeat lapses (at most 60 s), or the round's deadline passes first
+    raw["federation"]["round_timeout"] = round(limit(90))
     params = Params.model_validate(raw)
     files = HubFiles(hub.folder / "killed")
     write_params(files.params, params)

@@ -196,7 +196,7 @@ def served(store: dict[str, Any], ops: Any, processes: Any) -> str:
         cwd=store["root"],
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    ops.wait_http(f"{url}/ping", timeout=limit(180), process=server)
+    ops.wait_http(f"{url}/ping", timeout=limit(600), process=server)
     return url
 
 

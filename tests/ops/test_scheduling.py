@@ -54,7 +54,7 @@ def prefect_api(ops, processes, tmp_path_factory) -> Iterator[dict[str, str]]:
     )
     url = f"http://127.0.0.1:{port}/api"
     try:
-        ops.wait_http(f"{url}/health", timeout=limit(180), process=server)
+        ops.wait_http(f"{url}/health", timeout=limit(600), process=server)
     except (RuntimeError, TimeoutError):
         pytest.fail(f"Prefect server did not start:\n{processes.log('prefect-server')[-3000:]}")
     yield ops.base_env(

@@ -36,7 +36,7 @@ def test_prefect_refuses_a_client_without_the_auth_string(ops, processes, tmp_pa
         env=ops.base_env(PREFECT_HOME=str(tmp_path / "server"), PREFECT_SERVER_API_AUTH_STRING=auth),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api"
-    ops.wait_http(f"{url}/health", timeout=limit(180), process=server)  # the probe needs no login
+    ops.wait_http(f"{url}/health", timeout=limit(600), process=server)  # the probe needs no login
 
     assert httpx.post(f"{url}/flow_runs/filter", json={}, timeout=limit(30)).status_code == 401
     wrong = basic("fedsieve:not-the-password")
@@ -85,7 +85,7 @@ def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
         ),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    ops.wait_http(f"{url}/health", timeout=limit(180), process=server)
+    ops.wait_http(f"{url}/health", timeout=limit(600), process=server)
 
     search = f"{url}/api/2.0/mlflow/experiments/search"
     assert httpx.post(search, json={"max_results": 1}, timeout=limit(30)).status_code == 401

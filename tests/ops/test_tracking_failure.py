@@ -120,7 +120,7 @@ class MlflowServer:
              "--artifacts-destination", str(self.folder / "artifacts")],
             name=f"mlflow-{self.starts}", cwd=self.folder, env=self.ops.base_env(),
         )  # fmt: skip
-        self.ops.wait_http(f"{self.url}/health", timeout=limit(180), process=self.process)
+        self.ops.wait_http(f"{self.url}/health", timeout=limit(600), process=self.process)
 
     def stop(self) -> None:
         self.processes.stop(self.process)
