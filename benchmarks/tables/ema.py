@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.tables.cells import plain, shown
+from benchmarks.tables.cells import plain, shown_share
 from benchmarks.tables.records import results_json
 
 EMA_RULES = {"fedavg": "FedAvg", "median": "median", "trimmed_mean": "trimmed mean",
@@ -15,7 +15,7 @@ EMA_RULES = {"fedavg": "FedAvg", "median": "median", "trimmed_mean": "trimmed me
 
 def ema_paper_block() -> str:
     """EMA's experiments (benchmarks/ema_paper.py): test accuracy per rule, no attack and
-    each attack and fraction, mean ± t-interval [seeds]."""
+    each attack and fraction, mean [95 % percentile bootstrap interval] [seeds]."""
     rows = results_json("ema-paper")["rows"]
     scenarios = sorted(
         {(r["attack"], r["fraction"]) for r in rows}, key=lambda a: (a[0] != "none", a)
@@ -26,7 +26,7 @@ def ema_paper_block() -> str:
     lines = [f"| test ACC | {' | '.join(names)} |", "|---" * (len(scenarios) + 1) + "|"]
     for rule, label in EMA_RULES.items():
         cell = {(r["attack"], r["fraction"]): r["acc"] for r in rows if r["rule"] == rule}
-        lines.append(f"| {label} | {' | '.join(shown(cell[s], 3) for s in scenarios)} |")
+        lines.append(f"| {label} | {' | '.join(shown_share(cell[s], 3) for s in scenarios)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -36,7 +36,7 @@ def ema_pretest_block() -> str:
     return (
         "| test (α = 0.05) | coordinates tested | share called normal |\n|---|---|---|\n"
         + "".join(
-            f"| {label} | {runs[0]['n_tests']:,} | {shown((r[key] * 100 for r in runs), 1)} % |\n"
+            f"| {label} | {runs[0]['n_tests']:,} | {shown_share((r[key] for r in runs), 1, 100)} % |\n"
             for label, key in (
                 ("Shapiro–Wilk", "shapiro_rate"),
                 ("Anderson–Darling", "anderson_rate"),

@@ -3,7 +3,7 @@ table against FedAvg."""
 
 from __future__ import annotations
 
-from benchmarks.tables.cells import plain
+from benchmarks.tables.cells import plain, plain_share
 from benchmarks.tables.paired import Paired
 from benchmarks.tables.records import Row, results_json
 from tasks.statistics import seed_difference
@@ -21,7 +21,7 @@ def fedlag_block() -> str:
     for alpha in sorted({r["alpha"] for r in rows}):
         cell = {r["method"]: r for r in rows if r["alpha"] == alpha}
         shown_methods = [
-            f"{plain(cell[m]['acc'])} / {plain(cell[m]['last_rounds_acc_std'])} [{len(cell[m]['acc'])}]"
+            f"{plain_share(cell[m]['acc'])} / {plain(cell[m]['last_rounds_acc_std'])} [{len(cell[m]['acc'])}]"
             for m in methods
         ]
         lines.append(f"| {alpha:g} | {' | '.join(shown_methods)} |")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 
-from benchmarks.tables.cells import plain
+from benchmarks.tables.cells import plain, plain_share
 from benchmarks.tables.records import RESULTS, Row, distinct
 
 FEDSTNN_CURVES = {
@@ -35,7 +35,7 @@ def fedstnn_block() -> str:
                 f"| {label} | {trainer} | {len(runs)} | {plain(values['mse_over_sigma2'])} "
                 f"| {plain(values['sigma_pred'])} (true {float(runs[0]['sigma_true']):g}) "
                 f"| {plain(values['sigma_rel_error'], 1, 100)} % "
-                f"| {plain(values['coverage_2sigma'])} | {plain(values['local_mse_over_sigma2'])} |"
+                f"| {plain_share(values['coverage_2sigma'])} | {plain(values['local_mse_over_sigma2'])} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -48,10 +48,11 @@ def fedstnn_image_block() -> str:
     ]
     for trainer, runs in sorted(fedstnn_runs("image").items()):
         local = " / ".join(
-            plain(r[f"group_{i}_{letter}_iou"] for r in runs) for i, letter in enumerate("FSU")
+            plain_share(r[f"group_{i}_{letter}_iou"] for r in runs)
+            for i, letter in enumerate("FSU")
         )
         lines.append(
-            f"| {trainer} | {len(runs)} | {plain(r['global_iou'] for r in runs)} | {local} "
+            f"| {trainer} | {len(runs)} | {plain_share(r['global_iou'] for r in runs)} | {local} "
             f"| {plain(r['iou_margin_over_best_local'] for r in runs)} |"
         )
     return "\n".join(lines) + "\n"

@@ -8,7 +8,13 @@ import statistics
 
 from benchmarks import pid_made_ablation as ablation
 from benchmarks.pid_made_paper import EXPERIMENTS
-from benchmarks.tables.cells import shown, shown_rate, shown_seed_rates
+from benchmarks.tables.cells import (
+    shown,
+    shown_counts,
+    shown_rate,
+    shown_seed_rates,
+    shown_share,
+)
 from benchmarks.tables.records import HEADLINE, RESULTS, Row, chance, distinct, results_json
 from tasks.statistics import exact_mcnemar
 
@@ -22,7 +28,7 @@ PID_PAPER = {
 
 def pid_paper_block(experiment: str) -> str:
     """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
-    method, the test accuracy (mean ± t-interval), false positives and negatives as rates
+    method, the test accuracy (mean [percentile bootstrap interval]), false positives and negatives as rates
     of honest and attacker client-rounds, honest clients ever banned and attackers
     caught as rates of clients, each per seed (:func:`shown_seed_rates`), and the round
     the last attacker was caught in runs that caught them all (median)."""
@@ -58,7 +64,7 @@ def pid_paper_block(experiment: str) -> str:
             else f"– (0/{len(row['acc'])})"
         )
         lines.append(
-            f"| {setting} | {row['method']} | {shown(row['acc'], 3)} "
+            f"| {setting} | {row['method']} | {shown_share(row['acc'], 3)} "
             f"| {shown_seed_rates(row['fp'], row['honest_rounds'])} "
             f"| {shown_seed_rates(row['fn'], row['attacker_rounds'])} "
             f"| {shown_seed_rates(row['honest_excluded'], honest_clients)} "
@@ -112,13 +118,13 @@ def ablation_block() -> str:
                     )
                     for runs in (clean, attacked)
                 ]
-                aucs = "".join(f"| {shown(numbers(attacked, f'auc_round_{t}'))} "
+                aucs = "".join(f"| {shown_share(numbers(attacked, f'auc_round_{t}'))} "
                                for t in ablation.AUC_ROUNDS)  # fmt: skip
                 lines.append(
                     f"| {dataset} | {variant} | {label} "
                     f"| {banning}/{len(clean)}: {shown_rate(banning, len(clean))} "
                     f"| {caught}/{len(attacked)}: {shown_rate(caught, len(attacked))} "
-                    f"| {shown(numbers(attacked, 'honest_banned'), 1)} {aucs}"
+                    f"| {shown_counts(numbers(attacked, 'honest_banned'))} {aucs}"
                     f"| {margins[0]} / {margins[1]} |"
                 )
     return "\n".join(configurations) + "\n\n" + "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
-from benchmarks.tables.cells import shown, table
+from benchmarks.tables.cells import shown, shown_share, table
 from benchmarks.tables.records import REPO, RESULTS, distinct, results_json
 
 
@@ -34,7 +34,8 @@ def default_pipeline_block() -> str:
 
 def privacy_block() -> str:
     """Central DP-FedAvg at several noise multipliers, per model (benchmarks/privacy.py):
-    ε, test scores and per-site scores, mean ± t-interval [seeds]."""
+    ε, test scores and the worst site's, mean [95 % percentile bootstrap interval]
+    [seeds], and the sites' spread, mean ± t-interval [seeds]."""
     cells = results_json("privacy-breastmnist")["cells"]
     lines = [
         "| model | noise multiplier | ε after 20 rounds | test ACC | test AUC "
@@ -49,9 +50,8 @@ def privacy_block() -> str:
         ]
         epsilon = runs[0]["privacy_epsilon"]
         scores = [
-            shown((r[k] for r in runs), 3)
-            for k in ("test_acc", "test_auc", "site_acc_worst", "site_acc_std")
-        ]
+            shown_share((r[k] for r in runs), 3) for k in ("test_acc", "test_auc", "site_acc_worst")
+        ] + [shown((r["site_acc_std"] for r in runs), 3)]
         lines.append(
             f"| {models.get(model, model)} | {'off' if noise is None else f'{noise:g}'} "
             f"| {'–' if epsilon is None else f'{epsilon:.4g}'} | {' | '.join(scores)} |"

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks.tables.cells import shown, shown_seed_rates
+from benchmarks.tables.cells import shown, shown_seed_rates, shown_share
 from benchmarks.tables.records import (
     HEADLINE,
     Row,
@@ -104,7 +104,7 @@ def headline_block(dataset: str) -> str:
         )
         cells = [worst_cell(rows, method, fraction, metric) for fraction in fractions]
         flag = "" if margins[method][1] else " †"
-        lines.append(f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} |")
+        lines.append(f"| {method}{flag} | {shown_share(clean.values())} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +132,7 @@ def worst_cell(rows: list[Row], method: str, fraction: float, metric: str) -> st
     worst, named, at = worst_by_seed(rows, method, fraction, metric)
     capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in at)
     named += stopped(r for r in at if r["attack"] == named)
-    return f"{shown(worst.values())} {named}{' ‡' if capped else ''}".strip()
+    return f"{shown_share(worst.values())} {named}{' ‡' if capped else ''}".strip()
 
 
 def stopped(rows: Iterable[Row]) -> str:

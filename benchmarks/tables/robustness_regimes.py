@@ -5,7 +5,7 @@ history-aware filters, each with its paired table against a reference."""
 from __future__ import annotations
 
 from benchmarks.robustness import FILTERED
-from benchmarks.tables.cells import shown
+from benchmarks.tables.cells import shown, shown_share
 from benchmarks.tables.paired import Paired
 from benchmarks.tables.records import (
     HEADLINE,
@@ -48,7 +48,7 @@ def regimes_block(dataset: str) -> str:
                 (r for r in rows if r["method"] == method and r["attack"] == "none"), metric
             )
             cells += [
-                shown(clean.values()) + ("" if learns else " †"),
+                shown_share(clean.values()) + ("" if learns else " †"),
                 worst_cell(rows, method, 0.2, metric),
             ]
         lines.append(f"| {method} | {' | '.join(cells)} |")
@@ -85,7 +85,7 @@ def regime_grid_block(name: str, dataset: str) -> str:
         drops = [clean[seed] - worst[seed] for seed in clean if seed in worst]
         capped = any(r["f_told"] is not None and r["f_told"] < r["attackers"] for r in mine)
         cells = [
-            shown(per_attack[a].values()) + stopped_count(r for r in mine if r["attack"] == a)
+            shown_share(per_attack[a].values()) + stopped_count(r for r in mine if r["attack"] == a)
             for a in attacks
         ]
         flag = ("" if margins[method][1] else " †") + (" ‡" if capped else "")
@@ -95,7 +95,7 @@ def regime_grid_block(name: str, dataset: str) -> str:
                          [r for r in mine if r["attack"] != "none"])
         ]  # fmt: skip
         lines.append(
-            f"| {method}{flag} | {shown(clean.values())} | {' | '.join(cells)} | {shown(drops)} "
+            f"| {method}{flag} | {shown_share(clean.values())} | {' | '.join(cells)} | {shown(drops)} "
             f"| {'; '.join(stuck)} |"
         )
     return "\n".join(lines) + "\n"
@@ -122,7 +122,7 @@ def filters_block(dataset: str) -> str:
             clean = by_seed((r for r in mine if r["attack"] == "none"), metric)
             cells = [worst_cell(mine, method, fraction, metric) for fraction in fractions]
             lines.append(
-                f"| {method} | `{spec}` | {label} | {shown(clean.values())} | {' | '.join(cells)} |"
+                f"| {method} | `{spec}` | {label} | {shown_share(clean.values())} | {' | '.join(cells)} |"
             )
     return "\n".join(lines) + "\n"
 
