@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 from config.environment import configure_environment
 
 # As the CLI's entry does, before torch, Prefect or MLflow load: telemetry off, and the
 # pinned numerics (read once, when torch loads), so a test's in-process run and the
 # `fedsieve` command it starts give the same bits.
 configure_environment()
+# make test's two workers share two cores: OpenMP's threads, while they wait for work,
+# sleep instead of spinning (OpenMP's own setting, read when torch loads; no number changes)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import copy  # noqa: E402
 import functools  # noqa: E402
 import http.server  # noqa: E402
-import os  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
@@ -29,11 +33,9 @@ from tests.limits import TEST_LIMIT_S, limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The cores shared among pytest-xdist's workers: a worker of two on two cores gets one
-# thread, so no worker's threads wait on another's (OpenMP threads spin while they wait).
-torch.set_num_threads(
-    max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-)
+# Two threads, as the processes a test starts use: a float32 reduction's bits depend on
+# the thread count, and tests hold in-process results equal to theirs.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 class _BrokenClient(ClientData):
