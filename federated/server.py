@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ from federated.parts import (
     check_assembly,
 )
 from federated.privacy import released_rounds
-from federated.scoring import RoundScorer
+from federated.scoring import RoundScorer, scored_together
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
 from federated.trail import TrailRows, checked_update, detection_counts, left_out, new_row
 from federated.vectors import model_to_vector
@@ -184,6 +185,16 @@ class Federation:
         """The model the run ends with: the last round's, or (``select="best_val"``) the
         best validation round's (eval mode)."""
         return self.scorer.load(state.selected_vector)
+
+    def scored_beside(self, state: ServerState, champion: torch.Tensor) -> dict[str, Any]:
+        """The run's model and ``champion`` (a vector) scored in the same evaluation of the
+        sites' held-out splits, pooled over the sites that scored both (the gate's
+        comparison when only the sites hold the images)."""
+        models = {
+            "candidate": model_to_vector(self.selected_model(state)),
+            "champion": champion.to(self.device),
+        }
+        return scored_together(self.scorer, models)
 
     def budget_spent(self, state: ServerState) -> str | None:
         """Why no further round may run (the next would take ε past

@@ -133,13 +133,10 @@ def _round_times(files: HubFiles) -> dict[int, float]:
     """Each round's seconds at the sites, from the last run's round journal (its
     ServerApp's elapsed time after each round)."""
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else {}
-    if not files.rounds.exists() or "run" not in outcome:
+    if "run" not in outcome:
         return {}
-    elapsed = {}
-    for line in files.rounds.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("run") == outcome["run"] and "elapsed_s" in record:
-            elapsed[int(record["round"])] = float(record["elapsed_s"])
+    records, _ = files.run_records(outcome["run"])
+    elapsed = {int(r["round"]): float(r["elapsed_s"]) for r in records if "elapsed_s" in r}
     times, before = {}, 0.0
     for round_number in sorted(elapsed):
         times[round_number] = elapsed[round_number] - before

@@ -224,11 +224,21 @@ class HubFiles:
 
     def journaled(self, token: str, offset: int = 0) -> tuple[list[RoundReport], int]:
         """The rounds run ``token`` journaled after byte ``offset``, and the offset after
-        the last whole line (a line still being written is read next time). Lines of other
-        runs, and lines that are not a record, are passed over."""
+        the last whole line (a line still being written is read next time)."""
+        records, offset = self.run_records(token, offset)
+        reports = [
+            RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
+            for record in records
+        ]
+        return reports, offset
+
+    def run_records(self, token: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """The journal's records of run ``token`` after byte ``offset``, and the offset
+        after the last whole line. Lines of other runs, lines that are not a record, and a
+        last line still being written are passed over."""
         if not self.rounds.exists():
             return [], offset
-        reports = []
+        records = []
         with self.rounds.open("rb") as journal:
             journal.seek(offset)
             for line in journal:
@@ -237,10 +247,8 @@ class HubFiles:
                 offset += len(line)
                 record = _record(line)
                 if record is not None and record.get("run") == token:
-                    reports.append(
-                        RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
-                    )
-        return reports, offset
+                    records.append(record)
+        return records, offset
 
     def write_outcome(self, token: str, outcome: dict[str, Any]) -> None:
         self.outcome.write_text(json.dumps({"run": token, **outcome}) + "\n")

@@ -30,9 +30,7 @@ from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.driver import RunDriver
 from federated.loop import train
-from federated.scoring import scored_together
 from federated.server import Federation, RoundReport, ServerState
-from federated.vectors import model_to_vector
 from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
 from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
@@ -157,11 +155,7 @@ def _score_champion(
     saved = torch.load(files.champion, map_location="cpu", weights_only=True)
     if saved.get("token") != token:
         return None
-    vectors = {
-        "candidate": model_to_vector(federation.selected_model(state)),
-        "champion": saved["vector"].to(federation.device),
-    }
-    scores = {"version": saved["version"], **scored_together(federation.scorer, vectors)}
+    scores = {"version": saved["version"], **federation.scored_beside(state, saved["vector"])}
     log.info(
         "the champion (version %s) scored beside this run's model: %s", saved["version"], scores
     )

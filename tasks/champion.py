@@ -15,7 +15,6 @@ from prefect.cache_policies import NO_CACHE
 from config.dataset import dataset_info_of
 from config.params import Params
 from federated.data import DatasetInfo
-from federated.scoring import scored_together
 from federated.server import Federation, ServerState
 from federated.vectors import model_to_vector
 from tasks.reports import ProjectPaths, write_json
@@ -77,11 +76,7 @@ def score_champion_at_sites(
     champion = champion_to_score(tracker, params) if params.tracking.register_model else None
     if champion is None:
         return
-    vectors = {
-        "candidate": model_to_vector(federation.selected_model(state)),
-        "champion": champion["vector"].to(federation.device),
-    }
-    scores = scored_together(federation.scorer, vectors)
+    scores = federation.scored_beside(state, champion["vector"])
     write_champion_scores(paths, tracker, {"version": champion["version"], **scores})
 
 
@@ -102,6 +97,12 @@ def champion_version(client: Any, name: str) -> str | None:
         return None
 
 
+def _auc(scores: dict) -> float:
+    """A scored AUC, NaN where none was recorded (an AUC of 0 is a score, not a gap)."""
+    auc = scores.get("auc")
+    return np.nan if auc is None else float(auc)
+
+
 def scored_at_sites(
     paths: ProjectPaths, champion: str | None, run_id: str | None
 ) -> tuple[float, float | None, str]:
@@ -114,14 +115,14 @@ def scored_at_sites(
         scored.get("run_id") != run_id and paths.metrics.exists()
     ):  # no champion was scored: the run's own pooled AUC
         scored = {"candidate": {"auc": json.loads(paths.metrics.read_text()).get("test_auc")}}
-    candidate = float(scored.get("candidate", {}).get("auc") or np.nan)
+    candidate = _auc(scored.get("candidate", {}))
     if champion is None:
         return candidate, None, ""
     if "champion" not in scored:
         return candidate, None, "it was not scored at the sites (the run's log says why)"
     if str(scored["version"]) != champion:
         return candidate, None, f"the sites scored version {scored['version']}, not {champion}"
-    auc = float(scored["champion"].get("auc") or np.nan)
+    auc = _auc(scored["champion"])
     if not np.isfinite(auc):
         return candidate, None, "no site scored it at the run's end"
     return candidate, auc, ""

@@ -165,16 +165,16 @@ def record_site_data(
             lineage = merged
     names = [site.name for site in params.federation.sites]
     info = dataset_info_of(params.data)
-    labels = info.labels
+    labels, histories = info.labels, lineage.to_json()
     sites = [
         {"site": names[int(client)], "client": int(client), "sha256": history[-1]["sha256"],
          "classes": dict(zip(labels, history[-1]["train"], strict=False)),
          "changed": len(history) > 1, "history": history}
-        for client, history in lineage.to_json().items()
+        for client, history in histories.items()
     ]  # fmt: skip
     answered = {site["client"] for site in sites}
     report = {
-        "run_id": tracker.run_id, "sites": sites, "lineage": lineage.to_json(),
+        "run_id": tracker.run_id, "sites": sites, "lineage": histories,
         "silent": [name for client, name in enumerate(names) if client not in answered],
         "test_majority_share": None if info.multi_label else lineage.test_majority_share(),
     }  # fmt: skip
