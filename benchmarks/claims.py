@@ -14,28 +14,47 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``at_least`` (below ``at_most``).
 - ``better``: ``record``, ``first``, ``second``, ``fraction``, ``statistic`` (``worst``:
   the per-seed worst cases; ``mean``: the per-seed means over the attacks both ran),
-  optional ``seeds``: ``first`` higher than ``second``, an exact sign-flip test over
-  seeds, two-sided p < 0.05 (:func:`tasks.statistics.seed_difference`).
+  optional ``seeds``: ``first`` higher than ``second``, an exact two-sided sign-flip test
+  over seeds (:func:`tasks.statistics.seed_difference`).
 - ``drop``: ``record``, ``method``, ``attack``, ``fraction``: the attack lowers the
   method's headline metric, its run without attack minus its run under ``attack`` at
-  ``fraction`` seed by seed, an exact sign-flip test over seeds, two-sided p < 0.05.
+  ``fraction`` seed by seed, an exact two-sided sign-flip test over seeds.
 - ``ablation``: ``dataset``, ``first``, ``second``, ``outcome`` (``banning``: clean runs
   banning an honest client; ``caught``: attacked runs with every attacker out by round
   5), ``fewer`` or ``more``: on the held-out seeds of benchmarks/pid_made_ablation.py,
-  ``first`` has the outcome in fewer (more) seeds than ``second``, exact McNemar p < 0.05.
+  ``first`` has the outcome in fewer (more) seeds than ``second``, an exact McNemar test.
 - ``at_most_seeds``: ``dataset``, ``variant``, ``outcome``, ``held_out`` (bool), ``k``: the
   outcome happened in at most k of the ablation's seeds of that group.
 - ``stability``: ``alpha``, ``first``, ``second``, ``measure`` (``acc``: final test
   accuracy; ``wobble``: its standard deviation over the last rounds), ``higher`` or
   ``lower`` (true): in benchmarks/fedlag_stability.py's record at that Dirichlet α,
-  ``first``'s measure is higher (lower) than ``second``'s, an exact sign-flip test over
-  seeds, two-sided p < 0.05.
+  ``first``'s measure is higher (lower) than ``second``'s, an exact two-sided sign-flip
+  test over seeds.
 
-A ``better`` or ``stability`` claim read off a paired table of docs/results.md names it:
-``table`` (a block of :data:`benchmarks.tables.paired_tables.PAIRED_TABLES`) and ``row``
-(the table's value column, e.g. ``"0.1"`` or ``"0.1, ACC"``). Its p is then the table's
-Holm-adjusted one, within the family the table adjusts over, so a claim is never surer than
-the table it is read from.
+One multiple-testing policy. Every claim of the four test kinds (``better``, ``drop``,
+``ablation``, ``stability``) declares ``family`` (a name) and ``adjust`` (``holm`` or
+``none``; ``none`` needs a one-line ``reason``). It holds when its effect points the
+claimed way and its p, adjusted as declared, is below 0.05: for ``holm``, Holm's
+step-down adjustment over every test of the family (statsmodels). A family is the set of
+tests the reader saw:
+
+- a claim read off a generated table takes that table as its family, every test of it,
+  claims or not: a paired table (``table`` and ``row``, of
+  :data:`benchmarks.tables.paired_tables.PAIRED_TABLES`; ``family`` is the table's name,
+  and Holm adjusts within the family the table shows, per value where the table says so);
+  the ablation's McNemar table (``pid-made-ablation-paired``: its 28 tests, variants
+  against the distance CUSUM); or, for a ``drop``, its record's table
+  (``robustness-<record>``: the drop of every method under every attack at every fraction
+  the record holds, seed by seed);
+- any other name is a family of ledger claims: Holm over the raw p of the claims that
+  share it. It is for claims stated as a set before their data, where those claims are
+  every test asked; a comparison picked from a table after seeing it belongs to the table.
+
+``worst_case`` and ``at_most_seeds`` declare no family (the loader refuses one): they
+compare no two methods. A worst case is a 95 % t-interval for one method's level, held to
+a stated bound; an ``at_most_seeds`` claim is a count of the records, with no test at all.
+Their bounds are guards against a changed record, each read on its own, and the text does
+not combine them into a comparison; the intervals are per claim, not simultaneous.
 """
 
 from __future__ import annotations
@@ -44,15 +63,22 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from statsmodels.stats.multitest import multipletests
 
 from benchmarks import pid_made_ablation
 from benchmarks.tables.fedlag import fedlag_by_seed
 from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_table
-from benchmarks.tables.pid_made import ablation_outcomes, ablation_rows
+from benchmarks.tables.pid_made import (
+    ABLATION_REFERENCE,
+    ablation_outcomes,
+    ablation_rows,
+    ablation_tests,
+)
 from benchmarks.tables.records import HEADLINE, load, results_json, with_halts
 from benchmarks.tables.robustness_matrix import worst_by_seed, worst_differences
 from tasks.comparison import interval
@@ -60,6 +86,9 @@ from tasks.statistics import exact_mcnemar, seed_difference, smallest_p
 
 LEDGER = Path(__file__).resolve().parent / "claims.yaml"
 ALPHA = 0.05
+TEST_KINDS = frozenset({"better", "drop", "ablation", "stability"})
+ADJUSTMENTS = ("holm", "none")
+ABLATION_TABLE = "pid-made-ablation-paired"
 CITATION = re.compile(r"\[(C\d+(?:,\s+C\d+)*)\]")  # [C3] or [C3, C4], wrapped or not
 
 
@@ -104,7 +133,72 @@ def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
                 f"{path.name}: claim {claim['id']} names table {claim['table']!r} "
                 f"(with its row); allowed: {', '.join(PAIRED_TABLES)}"
             )
+        try:
+            problem = policy_problem(claim)
+        except KeyError as missing:
+            problem = f"lacks the field {missing}"
+        if problem:
+            raise LedgerError(f"{path.name}: claim {claim['id']} ({claim['kind']}) {problem}")
+    mixed = sorted(
+        name for name, members in ledger_families(claims).items()
+        if len({c["adjust"] for c in members}) > 1
+    )  # fmt: skip
+    if mixed:
+        raise LedgerError(
+            f"{path.name}: the claims of family {mixed[0]} must share one adjust (holm or none)"
+        )
     return claims
+
+
+def table_family(claim: dict[str, Any]) -> str | None:
+    """The generated table a test claim is read from, or None where no table holds it."""
+    if claim["kind"] == "drop":
+        return f"robustness-{claim['record']}"
+    if claim["kind"] == "ablation":
+        return ABLATION_TABLE
+    return claim.get("table")
+
+
+def _names_a_table(family: str) -> bool:
+    return family in PAIRED_TABLES or family == ABLATION_TABLE or family.startswith("robustness-")
+
+
+def policy_problem(claim: dict[str, Any]) -> str | None:
+    """What is wrong with a claim's declared family and adjustment, or None."""
+    declared = sorted({"family", "adjust", "reason"} & claim.keys())
+    if claim["kind"] not in TEST_KINDS:
+        return (
+            f"is a bound or a count, not a test: {', '.join(declared)} not allowed; "
+            f"family and adjust are for {', '.join(sorted(TEST_KINDS))}"
+            if declared else None
+        )  # fmt: skip
+    family, adjust, reason = claim.get("family"), claim.get("adjust"), claim.get("reason")
+    if not isinstance(family, str) or not family or adjust not in ADJUSTMENTS:
+        return (
+            f"must declare family: (a name) and adjust: holm | none (with reason:), "
+            f"got family {family!r}, adjust {adjust!r}"
+        )
+    if adjust == "none" and not (isinstance(reason, str) and reason.strip() and "\n" not in reason):
+        return "has adjust: none, which needs reason: (one line saying why)"
+    table = table_family(claim)
+    if "table" in claim and family != table:
+        return f"is read off table {table}, so its family is {table}, got {family!r}"
+    if family != table and _names_a_table(family):
+        allowed = f"{table} or " if table else ""
+        return (
+            f"names family {family!r}, a table that does not hold its test; allowed: "
+            f"{allowed}a name of your own for a family of ledger claims"
+        )
+    return None
+
+
+def ledger_families(claims: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The families made of ledger claims (not of a generated table), by name."""
+    families: dict[str, list[dict[str, Any]]] = {}
+    for claim in claims:
+        if claim["kind"] in TEST_KINDS and claim["family"] != table_family(claim):
+            families.setdefault(claim["family"], []).append(claim)
+    return families
 
 
 def seeds_of(claim: dict[str, Any]) -> range | None:
@@ -140,45 +234,31 @@ def worst_case(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
-def _holm_in_table(claim: dict[str, Any], p: float) -> tuple[float, int]:
-    """The claim's test as its paired table adjusts it: the Holm p within its family and
-    the family's size. The table must test the same records (its raw p equals ``p``)."""
-    paired = paired_table(claim["table"])
-    pair = {claim["first"], claim["second"]}
-    tested = pair - {paired.reference}  # one method left only when the other is the reference
-    index = paired.index_of(tested.pop(), claim["row"]) if len(tested) == 1 else None
-    if index is None:
-        raise ValueError(
-            f"claim {claim['id']}: {claim['table']} has no row {claim['row']!r} comparing "
-            f"{' with '.join(sorted(pair))}"
-        )
-    raw = paired.tests[index][2][1]
-    if not math.isclose(raw, p):
-        raise ValueError(
-            f"claim {claim['id']}: its p is {p:.3g} but row {claim['row']!r} of "
-            f"{claim['table']} has {raw:.3g}; they must test the same records"
-        )
-    return paired.holm()[index], paired.family_size(index)
+@dataclass(frozen=True)
+class Tested:
+    """A test claim recomputed, before its family's adjustment: the statistic as shown,
+    the test's name, its raw p, whether the effect points the claimed way, and a note on
+    what p the test can reach."""
+
+    statistic: str
+    test: str
+    p: float
+    in_direction: bool
+    note: str = ""
 
 
-def _seed_verdict(
-    claim: dict[str, Any], measure: str, differences: Any, p: float, higher: bool
-) -> Verdict:
-    """A paired claim's verdict: the mean per-seed difference in the claimed direction
-    and the exact sign-flip p below 0.05, Holm-adjusted where a table is named."""
+def _seed_tested(measure: str, differences: Any, p: float, higher: bool) -> Tested:
+    """A paired claim's raw result: the mean per-seed difference and the exact sign-flip
+    p over seeds, the claim holding when the mean points the claimed way."""
     mean = float(differences.mean()) if len(differences) else math.nan
-    test = f"sign-flip p = {p:.3g}"
-    if "table" in claim:
-        p, family = _holm_in_table(claim, p)
-        test += f", Holm over {family} tests of {claim['table']} = {p:.3g}"
-    return Verdict(
-        claim["id"], claim["text"], f"Δ {measure} = {mean:+.3f} over {len(differences)} seeds",
-        f"{test} < {ALPHA:g} (smallest possible {smallest_p(len(differences)):.3g})",
-        bool((mean > 0 if higher else mean < 0) and p < ALPHA),
+    return Tested(
+        f"Δ {measure} = {mean:+.3f} over {len(differences)} seeds", "sign-flip", p,
+        bool(mean > 0 if higher else mean < 0),
+        f" (smallest possible {smallest_p(len(differences)):.3g})",
     )  # fmt: skip
 
 
-def better(claim: dict[str, Any]) -> Verdict:
+def better(claim: dict[str, Any]) -> Tested:
     rows, metric = _matrix(claim)
     if claim["statistic"] == "worst":
         differences, p = worst_differences(
@@ -191,33 +271,51 @@ def better(claim: dict[str, Any]) -> Verdict:
             for m in (claim["first"], claim["second"])
         )  # fmt: skip
         differences, p = seed_difference(first, second)
-    return _seed_verdict(claim, claim["statistic"], differences, p, higher=True)
+    return _seed_tested(claim["statistic"], differences, p, higher=True)
 
 
-def drop(claim: dict[str, Any]) -> Verdict:
-    rows, metric = _matrix(claim)
+def _drop(
+    rows: list[dict[str, Any]], metric: str, method: str, attack: str, fraction: float
+) -> tuple[Any, float]:
+    """``method``'s run without attack minus its run under ``attack`` at ``fraction``,
+    seed by seed, and the exact sign-flip p (:func:`tasks.statistics.seed_difference`)."""
     clean, attacked = (
-        {(claim["method"], int(r["seed"])): r[metric] for r in rows
-         if r["method"] == claim["method"] and r["attack"] == attack
-         and (attack == "none" or r["fraction"] == claim["fraction"])}
-        for attack in ("none", claim["attack"])
+        {(method, int(r["seed"])): r[metric] for r in rows
+         if r["method"] == method and r["attack"] == name
+         and (name == "none" or r["fraction"] == fraction)}
+        for name in ("none", attack)
     )  # fmt: skip
-    differences, p = seed_difference(clean, attacked)
-    return _seed_verdict(claim, f"drop under {claim['attack']}", differences, p, higher=True)
+    return seed_difference(clean, attacked)
 
 
-def ablation(claim: dict[str, Any]) -> Verdict:
+def drop(claim: dict[str, Any]) -> Tested:
+    rows, metric = _matrix(claim)
+    differences, p = _drop(rows, metric, claim["method"], claim["attack"], claim["fraction"])
+    return _seed_tested(f"drop under {claim['attack']}", differences, p, higher=True)
+
+
+@cache
+def drop_tests(record: str) -> tuple[tuple[tuple[str, str, float], float], ...]:
+    """Every drop the record's table shows: per (method, attack, fraction) under attack,
+    the exact sign-flip p of the method's clean run minus its attacked one, seed by seed."""
+    rows, metric = _matrix({"record": record})
+    cells = dict.fromkeys(
+        (r["method"], r["attack"], r["fraction"]) for r in rows if r["attack"] != "none"
+    )
+    return tuple((cell, _drop(rows, metric, *cell)[1]) for cell in cells)
+
+
+def ablation(claim: dict[str, Any]) -> Tested:
     rows = [r for r in ablation_rows() if int(r["seed"]) not in pid_made_ablation.TUNED_ON]
     outcome = claim["outcome"]
     first = ablation_outcomes(rows, claim["first"], claim["dataset"])[outcome]
     second = ablation_outcomes(rows, claim["second"], claim["dataset"])[outcome]
     only_first, only_second, p = exact_mcnemar(first, second)
     direction = only_first < only_second if "fewer" in claim else only_first > only_second
-    return Verdict(
-        claim["id"], claim["text"],
+    return Tested(
         f"{sum(first.values())}/{len(first)} against {sum(second.values())}/{len(second)} "
         f"held-out seeds ({only_first} / {only_second} discordant)",
-        f"exact McNemar p = {p:.3g} < {ALPHA:g}", bool(direction and p < ALPHA),
+        "exact McNemar", p, bool(direction),
     )  # fmt: skip
 
 
@@ -233,17 +331,80 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
-def stability(claim: dict[str, Any]) -> Verdict:
+def stability(claim: dict[str, Any]) -> Tested:
     key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
     rows = results_json("fedlag-stability")["rows"]
     first, second = (
         fedlag_by_seed(rows, claim["alpha"], m, key) for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)
-    return _seed_verdict(claim, claim["measure"], differences, p, bool(claim.get("higher")))
+    return _seed_tested(claim["measure"], differences, p, bool(claim.get("higher")))
 
 
-KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
+def _family_tests(claim: dict[str, Any], p: float) -> tuple[list[float], int]:
+    """The raw p of every test of the generated table the claim is read from (within the
+    family the table adjusts over), and the claim's place among them. The table must test
+    the same records: its p at that place equals the claim's ``p``."""
+    where = claim["family"]
+    if claim["kind"] == "drop":
+        wanted = (claim["method"], claim["attack"], claim["fraction"])
+        what = "{} under {} at {}".format(*wanted)
+        cells, ps = zip(*drop_tests(claim["record"]), strict=True)
+        index = cells.index(wanted) if wanted in cells else None
+    elif claim["kind"] == "ablation":
+        wanted = (claim["dataset"], claim["outcome"], {claim["first"], claim["second"]})
+        what = f"{claim['first']} with {claim['second']} ({claim['dataset']}, {claim['outcome']})"
+        tests = ablation_tests()
+        ps = tuple(t.p for t in tests)
+        index = next((i for i, t in enumerate(tests)
+                      if (t.dataset, t.outcome, {t.variant, ABLATION_REFERENCE}) == wanted), None)  # fmt: skip
+    else:
+        paired = paired_table(claim["table"])
+        what = f"{claim['first']} with {claim['second']}"
+        tested = {claim["first"], claim["second"]} - {paired.reference}
+        row = paired.index_of(tested.pop(), claim["row"]) if len(tested) == 1 else None
+        members = next((f for f in paired.families() if row in f), [])
+        index = members.index(row) if row in members else None
+        ps = tuple(paired.tests[i][2][1] for i in members)
+        where = f"{claim['table']} row {claim['row']!r}"
+    if index is None:
+        raise ValueError(
+            f"claim {claim['id']}: {where} holds no test of {what}; a claim read off a table "
+            "must be one of its tests"
+        )
+    if not math.isclose(ps[index], p):
+        raise ValueError(
+            f"claim {claim['id']}: its p is {p:.3g} but {where}'s test of {what} has "
+            f"{ps[index]:.3g}; they must test the same records"
+        )
+    return list(ps), index
+
+
+@cache
+def holm(ps: tuple[float, ...]) -> tuple[float, ...]:
+    """Holm's step-down adjustment (statsmodels), once per family: statsmodels runs a full
+    garbage collection on every call."""
+    return tuple(float(p) for p in multipletests(list(ps), method="holm")[1])
+
+
+def judged(claim: dict[str, Any], tested: Tested, family_ps: list[float], index: int) -> Verdict:
+    """A test claim's verdict under its declared policy: the raw p, then Holm over its
+    family (``family_ps``, the claim's own at ``index``) or no adjustment, with the reason."""
+    size, family = len(family_ps), claim["family"]
+    test = f"{tested.test} p = {tested.p:.3g}"
+    if claim["adjust"] == "holm":
+        p = holm(tuple(family_ps))[index]
+        test += f", Holm over {size} test{'s' * (size != 1)} of {family} = {p:.3g}"
+    else:
+        p = tested.p
+        test += f", not adjusted ({size} test{'s' * (size != 1)} of {family}: {claim['reason']})"
+    return Verdict(
+        claim["id"], claim["text"], tested.statistic, f"{test} < {ALPHA:g}{tested.note}",
+        tested.in_direction and p < ALPHA,
+    )  # fmt: skip
+
+
+KINDS: dict[str, Callable[[dict[str, Any]], Verdict | Tested]] = {
     "worst_case": worst_case,
     "better": better,
     "drop": drop,
@@ -253,20 +414,43 @@ KINDS: dict[str, Callable[[dict[str, Any]], Verdict]] = {
 }
 
 
+def _recomputed(claim: dict[str, Any], path: Path) -> Verdict | Tested:
+    try:
+        return KINDS[claim["kind"]](claim)
+    except KeyError as missing:
+        raise LedgerError(
+            f"{path.name}: claim {claim['id']} ({claim['kind']}) lacks the field {missing}"
+        ) from None
+    except ValueError as error:
+        raise LedgerError(f"{path.name}: {error}") from None
+
+
 def verdicts(path: Path = LEDGER) -> list[Verdict]:
-    """Every claim recomputed; a claim missing a field its kind needs, or naming a row
-    its table lacks, raises a one-line ValueError naming the ledger and the claim."""
-    found = []
-    for claim in load_ledger(path):
-        try:
-            found.append(KINDS[claim["kind"]](claim))
-        except KeyError as missing:
-            raise LedgerError(
-                f"{path.name}: claim {claim['id']} ({claim['kind']}) lacks the field {missing}"
-            ) from None
-        except ValueError as error:
-            raise LedgerError(f"{path.name}: {error}") from None
-    return found
+    """Every claim recomputed and, for a test, judged under its declared family and
+    adjustment; a claim missing a field its kind needs, or read off a table that does not
+    hold its test, raises a one-line LedgerError naming the ledger and the claim."""
+    ledger = load_ledger(path)
+    found = {claim["id"]: _recomputed(claim, path) for claim in ledger}
+    of_ledger = {
+        c["id"]: (members, [found[m["id"]].p for m in members])
+        for members in ledger_families(ledger).values() for c in members
+    }  # fmt: skip
+    judged_all = []
+    for claim in ledger:
+        result = found[claim["id"]]
+        if isinstance(result, Verdict):
+            judged_all.append(result)
+            continue
+        if claim["id"] in of_ledger:
+            members, ps = of_ledger[claim["id"]]
+            index = members.index(claim)
+        else:
+            try:
+                ps, index = _family_tests(claim, result.p)
+            except ValueError as error:
+                raise LedgerError(f"{path.name}: {error}") from None
+        judged_all.append(judged(claim, result, ps, index))
+    return judged_all
 
 
 def citation_problems(text: str, claims: list[dict[str, Any]]) -> list[str]:

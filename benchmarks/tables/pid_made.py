@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import csv
 import statistics
+from dataclasses import dataclass
+from functools import cache
+
+from statsmodels.stats.multitest import multipletests
 
 from benchmarks import pid_made_ablation as ablation
 from benchmarks.pid_made_paper import EXPERIMENTS
@@ -148,29 +152,61 @@ def ablation_outcomes(rows: list[Row], variant: str, dataset: str) -> dict[str, 
     }  # fmt: skip
 
 
+ABLATION_REFERENCE = "distance_cusum"
+
+
+@dataclass(frozen=True)
+class AblationTest:
+    """One variant against the distance CUSUM on the held-out seeds, paired by seed: how
+    many seeds only it (only the reference) had the outcome, and the exact McNemar p."""
+
+    dataset: str
+    variant: str
+    outcome: str  # "banning" (clean runs) or "caught" (attacked runs)
+    only_it: int
+    only_reference: int
+    p: float
+
+
+@cache
+def ablation_tests() -> tuple[AblationTest, ...]:
+    """Every test of the ablation's paired table, in its order: one family, which Holm
+    adjusts together here and in the claims ledger."""
+    rows = [r for r in ablation_rows() if int(r["seed"]) not in ablation.TUNED_ON]
+    tests = []
+    for dataset in distinct(rows, "dataset"):
+        ours = ablation_outcomes(rows, ABLATION_REFERENCE, dataset)
+        for variant in ablation.VARIANTS:
+            if variant == ABLATION_REFERENCE:
+                continue
+            theirs = ablation_outcomes(rows, variant, dataset)
+            for outcome in ("banning", "caught"):
+                only_it, only_ours, p = exact_mcnemar(theirs[outcome], ours[outcome])
+                tests.append(AblationTest(dataset, variant, outcome, only_it, only_ours, p))
+    return tuple(tests)
+
+
 def ablation_paired_block() -> str:
     """The thresholds compared on the held-out seeds alone, paired by seed: each variant
     against the distance CUSUM, in clean runs banning an honest client and in attacked
-    runs with every attacker out by round 5 (seeds only one of the two had, and the exact
-    McNemar p-value)."""
-    rows = [r for r in ablation_rows() if int(r["seed"]) not in ablation.TUNED_ON]
-    reference = "distance_cusum"
+    runs with every attacker out by round 5 (seeds only one of the two had, the exact
+    McNemar p-value and its Holm adjustment over every test of the table)."""
+    tests = ablation_tests()
+    holm = multipletests([t.p for t in tests], method="holm")[1]
+    cells: dict[tuple[str, str], list[str]] = {}
+    for test, p_holm in zip(tests, holm, strict=True):
+        cells.setdefault((test.dataset, test.variant), []).append(
+            f"{test.only_it} / {test.only_reference} (p = {test.p:.2g}; Holm {p_holm:.2g})"
+        )
+    reference = ABLATION_REFERENCE
     lines = [
-        f"| dataset | variant | clean runs banning: only it / only {reference} (p) "
-        f"| attacked runs all out by round {ablation.CAUGHT_BY}: only it / only {reference} (p) |",
+        f"| dataset | variant | clean runs banning: only it / only {reference} (p; Holm) "
+        f"| attacked runs all out by round {ablation.CAUGHT_BY}: only it / only {reference} "
+        "(p; Holm) |",
         "|---|---|---|---|",
     ]
-    for dataset in distinct(rows, "dataset"):
-        ours = ablation_outcomes(rows, reference, dataset)
-        for variant in ablation.VARIANTS:
-            if variant == reference:
-                continue
-            theirs = ablation_outcomes(rows, variant, dataset)
-            cells = []
-            for outcome in ("banning", "caught"):
-                only_it, only_ours, p = exact_mcnemar(theirs[outcome], ours[outcome])
-                cells.append(f"{only_it} / {only_ours} (p = {p:.2g})")
-            lines.append(f"| {dataset} | {variant} | {' | '.join(cells)} |")
+    lines += [f"| {dataset} | {variant} | {' | '.join(shown)} |"
+              for (dataset, variant), shown in cells.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

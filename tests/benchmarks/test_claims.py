@@ -1,0 +1,146 @@
+"""The claims ledger's one multiple-testing policy: every test claim declares its family
+and adjustment, the loader refuses one that does not, and the check applies exactly the
+declared adjustment, over the generated table a claim is read from or over the ledger
+claims that share a family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from statsmodels.stats.multitest import multipletests
+
+from benchmarks import claims
+
+# Label flipping by a fifth lowers FedAvg's accuracy on the digits CNN in all ten seeds
+# (sign-flip p = 2/2¹⁰), one of the 56 drops of robustness-digits-cnn.
+FLIPPED = {
+    "id": "C91", "text": "label flipping lowers FedAvg's accuracy", "kind": "drop",
+    "record": "digits-cnn", "method": "fedavg", "attack": "label_flip", "fraction": 0.2,
+}  # fmt: skip
+# On the held-out BreastMNIST seeds the paper's Gaussian threshold has every flipper out
+# by round 5 in 7 runs the distance CUSUM misses, and the reverse in none: McNemar
+# p = 0.0156, one of the 28 tests of the ablation's paired table.
+CAUGHT = {
+    "id": "C92", "text": "the Gaussian threshold catches more", "kind": "ablation",
+    "dataset": "breastmnist", "first": "paper_gaussian", "second": "distance_cusum",
+    "outcome": "caught", "more": True,
+}  # fmt: skip
+
+
+def written(tmp_path: Path, ledger: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(ledger, allow_unicode=True))
+    return path
+
+
+def refusal(tmp_path: Path, ledger: list[dict[str, Any]]) -> str:
+    with pytest.raises(claims.LedgerError) as refused:
+        claims.load_ledger(written(tmp_path, ledger))
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        ({}, "claim C91 (drop) must declare family: (a name) and adjust: holm | none"),
+        ({"family": "robustness-digits-cnn"}, "got family 'robustness-digits-cnn', adjust None"),
+        ({"family": "x", "adjust": "bonferroni"}, "adjust: holm | none (with reason:)"),
+        (
+            {"family": "x", "adjust": "none"},
+            "claim C91 (drop) has adjust: none, which needs reason:",
+        ),
+        (
+            {"family": "robustness-digits-cnn-paired", "adjust": "holm"},
+            "names family 'robustness-digits-cnn-paired', a table that does not hold its test; "
+            "allowed: robustness-digits-cnn or a name of your own",
+        ),
+    ],
+)
+def test_a_test_claim_without_its_family_and_adjustment_is_refused_in_one_line(
+    declared, said, tmp_path
+):
+    assert said in refusal(tmp_path, [FLIPPED | declared])
+
+
+def test_a_bound_takes_no_family_and_a_table_claim_takes_its_table_as_family(tmp_path):
+    bound = {"id": "C93", "text": "x", "kind": "worst_case", "record": "digits-cnn",
+             "method": "median", "fraction": 0.2, "at_least": 0.9}  # fmt: skip
+    in_table = {
+        "id": "C94", "text": "x", "kind": "better", "record": "digits-cnn", "first": "median",
+        "second": "fedavg", "fraction": 0.2, "statistic": "worst",
+        "table": "robustness-digits-cnn-paired", "row": "0.2",
+    }  # fmt: skip
+
+    assert "claim C93 (worst_case) is a bound or a count, not a test: adjust, family not" in (
+        refusal(tmp_path, [bound | {"family": "x", "adjust": "holm"}])
+    )
+    assert "so its family is robustness-digits-cnn-paired, got 'mine'" in refusal(
+        tmp_path, [in_table | {"family": "mine", "adjust": "holm"}]
+    )
+    assert "the claims of family mine must share one adjust" in refusal(
+        tmp_path,
+        [FLIPPED | {"family": "mine", "adjust": "holm"},
+         CAUGHT | {"family": "mine", "adjust": "none", "reason": "one question"}],
+    )  # fmt: skip
+
+
+def test_a_family_of_ledger_claims_is_holm_adjusted_together(tmp_path):
+    """Three drops on the digits CNN stated as one family: each is judged by Holm over
+    the three raw p-values, as statsmodels adjusts them, whatever the other drops of
+    the table."""
+    family = {"family": "stated-together", "adjust": "holm"}
+    ledger = [
+        FLIPPED | family,
+        FLIPPED | family | {"id": "C95", "method": "centered_clipping", "attack": "ipm"},
+        FLIPPED | family | {"id": "C96", "method": "median", "attack": "sign_flip"},
+    ]
+    raw = [claims.drop(claim).p for claim in ledger]
+    expected = multipletests(raw, method="holm")[1]
+
+    found = claims.verdicts(written(tmp_path, ledger))
+
+    assert raw == pytest.approx([2 / 2**10, 0.015625, 0.0078125])
+    for verdict, p, p_holm in zip(found, raw, expected, strict=True):
+        assert f"sign-flip p = {p:.3g}, Holm over 3 tests of stated-together = {p_holm:.3g}" in (
+            verdict.test
+        )
+    assert [v.holds for v in found] == [p_holm < 0.05 for p_holm in expected]
+
+
+def test_a_claim_that_passes_raw_but_fails_holm_over_its_table_fails_the_check(tmp_path):
+    """The McNemar p of 0.0156 and the drop's 0.00195 pass alone; over the 28 tests of
+    the ablation's table (0.375) and the 56 drops of the CNN's table (0.109) they do not. Declared unadjusted, with a reason, the same tests pass."""
+    ledger = [
+        CAUGHT | {"family": "pid-made-ablation-paired", "adjust": "holm"},
+        FLIPPED | {"family": "robustness-digits-cnn", "adjust": "holm"},
+    ]
+    path = written(tmp_path, ledger)
+    unadjusted = [c | {"adjust": "none", "reason": "a stated single question"} for c in ledger]
+
+    found = claims.verdicts(path)
+    alone = claims.verdicts(written(tmp_path, unadjusted))
+
+    assert [v.holds for v in found] == [False, False]
+    assert "exact McNemar p = 0.0156, Holm over 28 tests of pid-made-ablation-paired = 0.375" in (
+        found[0].test
+    )
+    assert "sign-flip p = 0.00195, Holm over 56 tests of robustness-digits-cnn = 0.109" in (
+        found[1].test
+    )
+    assert [v.holds for v in alone] == [True, True]
+    assert "not adjusted (28 tests of pid-made-ablation-paired: a stated single question)" in (
+        alone[0].test
+    )
+
+
+def test_an_ablation_claim_the_table_does_not_test_is_refused(tmp_path):
+    claim = CAUGHT | {"second": "paper_chebyshev", "family": "pid-made-ablation-paired",
+                      "adjust": "holm"}  # fmt: skip
+
+    with pytest.raises(claims.LedgerError, match=r"pid-made-ablation-paired holds no test of "):
+        claims.verdicts(written(tmp_path, [claim]))
