@@ -129,8 +129,10 @@ def is_before(repo: Path, first: str, second: str) -> bool:
     return ancestor.returncode == 0
 
 
-def described(repo: Path, commit: str) -> str:
-    return git(repo, "log", "-1", "--format=%h (%s)", commit)
+def described(repo: Path, commit: str, width: int = 60) -> str:
+    """A commit as its short hash and subject (cut to ``width`` characters)."""
+    short, subject = git(repo, "log", "-1", "--format=%h%n%s", commit).split("\n", 1)
+    return f"{short} ({subject if len(subject) <= width else subject[: width - 1] + '…'})"
 
 
 def claim_order(repo: Path, path: Path, claim: dict[str, Any]) -> tuple[str, str | None]:
