@@ -39,6 +39,7 @@ from benchmarks.tables.federation import (
 )
 from benchmarks.tables.fedlag import fedlag_block
 from benchmarks.tables.fedstnn import FEDSTNN_CURVES, fedstnn_block, fedstnn_image_block
+from benchmarks.tables.majority import MAJORITY_COUNTED, majority_block
 from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_block_of
 from benchmarks.tables.pid_made import (
     PID_PAPER,
@@ -139,6 +140,11 @@ BLOCKS: dict[str, Callable[[], str]] = (
         for dataset in HEADLINE
         for regime in GRID_REGIMES
         if recorded(f"{dataset}-{regime}")
+    }
+    | {
+        f"robustness-{name}-majority": partial(majority_block, name)
+        for name in MAJORITY_COUNTED
+        if recorded(name)
     }
     | (
         {"fedstnn": fedstnn_block}
