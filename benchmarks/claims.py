@@ -5,6 +5,11 @@ record it rests on, the statistic, the test and the threshold the test must meet
 and fails naming each one that no longer holds, each id cited but not in the ledger, and
 each claim no sentence cites.
 
+Every claim of the ledger was written after the records it rests on, its threshold chosen
+with them in view: the ledger's claims are regression guards, not confirmatory tests. The
+confirmatory claims are pre-registered, in the same format, in benchmarks/preregistered.yaml
+(:mod:`benchmarks.preregistration`).
+
 Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
 
 - ``worst_case``: ``record`` (a matrix, e.g. ``digits`` or ``digits-filters``),

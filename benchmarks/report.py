@@ -2,8 +2,9 @@
 committed per-seed records, and the EMA Monte Carlo's (seeded, recomputed from code).
 
     python -m benchmarks.report            # rewrite the generated blocks
-    python -m benchmarks.report --check    # exit 1 naming every block that differs and
-                                           # every claim of the ledger that fails
+    python -m benchmarks.report --check    # exit 1 naming every block that differs,
+                                           # every claim of the ledger that fails and
+                                           # every pre-registered claim out of order
 
 A generated block sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``
 in docs/results.md; what is outside the markers (the reading of the numbers) is written
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from benchmarks import claims, ema_monte_carlo
+from benchmarks import claims, ema_monte_carlo, preregistration
 from benchmarks.claims import LedgerError
 from benchmarks.tables.ema import ema_paper_block, ema_pretest_block, noniid_cv_block
 from benchmarks.tables.faults import faults_block
@@ -38,6 +39,7 @@ from benchmarks.tables.federation import (
 )
 from benchmarks.tables.fedlag import fedlag_block
 from benchmarks.tables.fedstnn import FEDSTNN_CURVES, fedstnn_block, fedstnn_image_block
+from benchmarks.tables.majority import MAJORITY_COUNTED, majority_block
 from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_block_of
 from benchmarks.tables.pid_made import (
     PID_PAPER,
@@ -139,6 +141,11 @@ BLOCKS: dict[str, Callable[[], str]] = (
         for regime in GRID_REGIMES
         if recorded(f"{dataset}-{regime}")
     }
+    | {
+        f"robustness-{name}-majority": partial(majority_block, name)
+        for name in MAJORITY_COUNTED
+        if recorded(name)
+    }
     | (
         {"fedstnn": fedstnn_block}
         if all((RESULTS / f"fedstnn-{n}-seeds.csv").exists() for n in FEDSTNN_CURVES)
@@ -163,7 +170,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
         if (RESULTS / "pid-made-cusum-search.csv").exists()
         else {}
     )
-    | {"claims": claims_block}
+    | {"claims": claims_block, "preregistered": preregistration.block}
     | {
         f"robustness-{dataset}-filters": partial(filters_block, dataset)
         for dataset in HEADLINE
@@ -216,7 +223,8 @@ def problems(text: str, ledger: Path | None = None) -> list[str]:
     found = [f"generated blocks out of date: {', '.join(changed)}"] if changed else []
     found += [f"claim {v.claim} no longer holds: {v.statistic}; {v.test}"
               for v in claims.verdicts(ledger) if not v.holds]  # fmt: skip
-    return found + claims.citation_problems(text, claims.load_ledger(ledger))
+    found += claims.citation_problems(text, claims.load_ledger(ledger))
+    return found + preregistration.commit_order().problems
 
 
 def main() -> None:
@@ -236,6 +244,7 @@ def regenerate(check: bool) -> None:
     text = DOC.read_text()
     operations = OPERATIONS.read_text()
     if check:
+        print("\n".join(preregistration.commit_order().lines))
         found = problems(text)
         if found:
             sys.exit("docs/results.md: " + "; ".join(found) + " (run python -m benchmarks.report)")

@@ -275,3 +275,17 @@ def test_the_small_consortium_recommends_by_its_fixed_rule():
     four = [c for c in cells if c.params.partition.num_clients == 4]
     assert {c.params.aggregate.name for c in four} == {"median"}
     assert {round(c.fraction * 4) for c in four} == {1}
+
+
+def test_the_label_skewed_cnn_regime_is_the_cnn_on_the_logistic_regimes_clients():
+    cells = regime_cells("digits", "dirichlet-0.5-cnn")
+    logistic = regime_cells("digits", "dirichlet-0.5")
+
+    assert {c.params.model.name for c in cells} == {"small_cnn"}
+    assert {c.params.partition.model_dump_json() for c in cells} == {
+        c.params.partition.model_dump_json() for c in logistic
+    }
+    assert {c.params.partition.alpha for c in cells} == {0.5}
+    # 4 rules x (no attack, sign flipping and ALIE at a fifth): 12 scenarios, here 2 seeds
+    assert len(cells) == 12 * 2
+    assert {c.params.attack.fraction for c in cells if c.attack != "none"} == {0.2}
