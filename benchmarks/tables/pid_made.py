@@ -263,7 +263,9 @@ def convergence_block() -> str:
     count and method, the runs that reached the clean target (10 % above the clean FedAvg
     run's final test loss, same seed) and the median round they reached it in, the mean
     test loss over the rounds and its per-seed difference from the clean FedAvg run (mean
-    ± 95 % t-interval [seeds]), the final test loss and accuracy."""
+    ± 95 % t-interval [seeds]), the final test loss and accuracy, and, for the method that
+    bans (PID-MADE), the honest clients it banned and the attackers it caught (mean (range)
+    [seeds])."""
     rows = convergence_rows()
     clean = {r["seed"]: r["mean_loss"] for r in rows
              if r["attack"] == "none" and r["method"] == convergence.CLEAN_REFERENCE}  # fmt: skip
@@ -271,9 +273,10 @@ def convergence_block() -> str:
         "| attackers | method | f told | reached the clean target (runs) "
         "| round reached (median, range) | mean test loss over rounds "
         f"| minus the clean {convergence.CLEAN_REFERENCE} run's | final test loss "
-        "| final test ACC |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| final test ACC | honest clients banned | attackers caught |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    banning = {m for m, spec in convergence.method_specs(0).items() if spec.get("filters")}
     for (fraction, method), runs in convergence_groups(rows).items():
         attackers = round(fraction * convergence.CLIENTS)
         setting = f"{attackers} of {convergence.CLIENTS}" if attackers else "none"
@@ -283,13 +286,17 @@ def convergence_block() -> str:
             f"{statistics.median(reached):g} ({min(reached)}–{max(reached)})" if reached else "–"
         )
         done = [r for r in runs if not r["error"]]
+        bans = [
+            shown_counts([r[key] for r in done]) if method in banning else "–"
+            for key in ("honest_excluded", "attackers_caught")
+        ]
         lines.append(
             f"| {setting} | {method} | {', '.join(map(str, sorted(told))) or '–'} "
             f"| {len(reached)}/{len(runs)} | {rounds} "
             f"| {shown([r['mean_loss'] for r in done], 3)} "
             f"| {shown([r['mean_loss'] - clean[r['seed']] for r in done], 3)} "
             f"| {shown([r['loss_curve'][-1] for r in done], 3)} "
-            f"| {shown_share([r['acc_curve'][-1] for r in done], 3)} |"
+            f"| {shown_share([r['acc_curve'][-1] for r in done], 3)} | {' | '.join(bans)} |"
         )
     return "\n".join(lines) + "\n"
 
