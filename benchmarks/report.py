@@ -45,6 +45,7 @@ from benchmarks.tables.pid_made import (
     PID_PAPER,
     ablation_block,
     ablation_paired_block,
+    convergence_block,
     cusum_search_block,
     pid_paper_block,
 )
@@ -163,6 +164,11 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | (
         {"pid-made-ablation": ablation_block, "pid-made-ablation-paired": ablation_paired_block}
         if (RESULTS / "pid-made-ablation-seeds.csv").exists()
+        else {}
+    )
+    | (
+        {"pid-made-convergence": convergence_block}
+        if (RESULTS / "pid-made-convergence.json").exists()
         else {}
     )
     | (

@@ -277,7 +277,7 @@ def trained(cell: Any) -> tuple[Any, Any, Any]:
 
 
 def run_cell(cell: Any) -> dict[str, Any]:
-    """One cell: its final metrics and test accuracy per round, or its error."""
+    """One cell: its final metrics, its test accuracy and loss per round, or its error."""
     from tasks.evaluation import trained_results
 
     record: dict[str, Any] = {
@@ -291,6 +291,7 @@ def run_cell(cell: Any) -> dict[str, Any]:
         if cell.attack == "none":  # the trigger's hit rate on a model that never saw it
             record["metrics"]["backdoor_asr"] = clean_trigger_rate(federation, state, data)
         record["accuracy"] = [row["test_acc"] for row in state.history]
+        record["loss"] = [row["test_loss"] for row in state.history]
         record["excluded"] = excluded_clients(state.trail)
         record["exposure"] = exposure(cell, data)
     except Exception as error:  # recorded, never dropped: the summary says which cells failed

@@ -1,5 +1,6 @@
-"""docs/results.md's paired tables by block name: the robustness regimes' and FedLag's. The
-claims ledger names them too (a claim read off one is held to its Holm adjustment)."""
+"""docs/results.md's paired tables by block name: the robustness regimes', FedLag's and
+PID-MADE's convergence claim's. The claims ledger names them too (a claim read off one is
+held to its Holm adjustment)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from functools import cache, partial
 
 from benchmarks.tables.fedlag import fedlag_paired
 from benchmarks.tables.paired import Paired, against_block
-from benchmarks.tables.records import HEADLINE, recorded
+from benchmarks.tables.pid_made import convergence_paired
+from benchmarks.tables.records import HEADLINE, RESULTS, recorded
 from benchmarks.tables.robustness_regimes import (
     DIRICHLET,
     GRID_REGIMES,
@@ -41,6 +43,11 @@ PAIRED_TABLES: dict[str, Callable[[], Paired]] = (
         for dataset in HEADLINE
         if any(recorded(f"{dataset}-dirichlet-{alpha}") for alpha in DIRICHLET)
     }
+    | (
+        {"pid-made-convergence-paired": convergence_paired}
+        if (RESULTS / "pid-made-convergence.json").exists()
+        else {}
+    )
 )
 
 

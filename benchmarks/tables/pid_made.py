@@ -1,16 +1,21 @@
-"""PID-MADE's tables: the paper's experiments (benchmarks/pid_made_paper.py), the ablation of
-its exclusion test (benchmarks/pid_made_ablation.py) and the distance CUSUM's search."""
+"""PID-MADE's tables: the paper's experiments (benchmarks/pid_made_paper.py), its
+convergence claim (benchmarks/pid_made_convergence.py), the ablation of its exclusion test
+(benchmarks/pid_made_ablation.py) and the distance CUSUM's search."""
 
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass
 from functools import cache
 
 from statsmodels.stats.multitest import multipletests
 
+import numpy as np
+
 from benchmarks import pid_made_ablation as ablation
+from benchmarks import pid_made_convergence as convergence
 from benchmarks.pid_made_paper import EXPERIMENTS
 from benchmarks.tables.cells import (
     shown,
@@ -19,8 +24,9 @@ from benchmarks.tables.cells import (
     shown_seed_rates,
     shown_share,
 )
+from benchmarks.tables.paired import Paired
 from benchmarks.tables.records import HEADLINE, RESULTS, Row, chance, distinct, results_json
-from tasks.statistics import exact_mcnemar
+from tasks.statistics import exact_mcnemar, seed_difference
 
 PID_PAPER = {
     "table4": "poisoning rate",
@@ -248,3 +254,99 @@ def cusum_search_block() -> str:
         f"drift {pick['drift']:g}, h {pick['h']:g}."
     )
     return "\n".join(lines) + "\n"
+
+
+def rounds_to(losses: list[float], target: float) -> int | None:
+    """The first round (counted from 1) whose test loss is at most ``target``; None where
+    no round's is."""
+    return next((t for t, loss in enumerate(losses, 1) if loss <= target), None)
+
+
+def convergence_rows() -> list[Row]:
+    """benchmarks/pid_made_convergence.py's runs, curves as lists of floats (empty for a
+    run that failed), each with the measures of its module docstring: ``mean_loss`` over
+    the rounds and ``rounds_to_target``, the clean FedAvg run of its seed giving the
+    target (NaN and None for a failed run)."""
+    rows = [dict(r) for r in results_json(convergence.STEM.name)["rows"]]
+    for row in rows:
+        for key in ("loss_curve", "acc_curve"):
+            row[key] = [float(v) for v in row[key].split()] if not row["error"] else []
+    targets = {
+        r["seed"]: (1 + convergence.TOLERANCE) * r["loss_curve"][-1]
+        for r in rows
+        if r["attack"] == "none" and r["method"] == convergence.CLEAN_REFERENCE and not r["error"]
+    }
+    for row in rows:
+        losses = row["loss_curve"]
+        row["mean_loss"] = float(np.mean(losses)) if losses else math.nan
+        target = targets.get(row["seed"])
+        row["rounds_to_target"] = None if target is None else rounds_to(losses, target)
+    return rows
+
+
+def convergence_groups(rows: list[Row]) -> dict[tuple[float, str], list[Row]]:
+    """The runs by (attacker share, method): the clean runs first, then each share's in
+    the order of :func:`benchmarks.pid_made_convergence.method_specs`."""
+    order = list(convergence.method_specs(0))
+    groups: dict[tuple[float, str], list[Row]] = {}
+    for row in sorted(rows, key=lambda r: (r["fraction"], order.index(r["method"]), r["seed"])):
+        groups.setdefault((row["fraction"], row["method"]), []).append(row)
+    return groups
+
+
+def convergence_block() -> str:
+    """PID-MADE's convergence claim (benchmarks/pid_made_convergence.py): per attacker
+    count and method, the runs that reached the clean target (10 % above the clean FedAvg
+    run's final test loss, same seed) and the median round they reached it in, the mean
+    test loss over the rounds and its per-seed difference from the clean FedAvg run (mean
+    ± 95 % t-interval [seeds]), the final test loss and accuracy, and, for the method that
+    bans (PID-MADE), the honest clients it banned and the attackers it caught (mean (range)
+    [seeds])."""
+    rows = convergence_rows()
+    clean = {r["seed"]: r["mean_loss"] for r in rows
+             if r["attack"] == "none" and r["method"] == convergence.CLEAN_REFERENCE}  # fmt: skip
+    lines = [
+        "| attackers | method | f told | reached the clean target (runs) "
+        "| round reached (median, range) | mean test loss over rounds "
+        f"| minus the clean {convergence.CLEAN_REFERENCE} run's | final test loss "
+        "| final test ACC | honest clients banned | attackers caught |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    banning = {m for m, spec in convergence.method_specs(0).items() if spec.get("filters")}
+    for (fraction, method), runs in convergence_groups(rows).items():
+        attackers = round(fraction * convergence.CLIENTS)
+        setting = f"{attackers} of {convergence.CLIENTS}" if attackers else "none"
+        told = {r["f_told"] for r in runs if not r["error"]} - {None}
+        reached = [r["rounds_to_target"] for r in runs if r["rounds_to_target"] is not None]
+        rounds = (
+            f"{statistics.median(reached):g} ({min(reached)}–{max(reached)})" if reached else "–"
+        )
+        done = [r for r in runs if not r["error"]]
+        bans = [
+            shown_counts([r[key] for r in done]) if method in banning else "–"
+            for key in ("honest_excluded", "attackers_caught")
+        ]
+        lines.append(
+            f"| {setting} | {method} | {', '.join(map(str, sorted(told))) or '–'} "
+            f"| {len(reached)}/{len(runs)} | {rounds} "
+            f"| {shown([r['mean_loss'] for r in done], 3)} "
+            f"| {shown([r['mean_loss'] - clean[r['seed']] for r in done], 3)} "
+            f"| {shown([r['loss_curve'][-1] for r in done], 3)} "
+            f"| {shown_share([r['acc_curve'][-1] for r in done], 3)} | {' | '.join(bans)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def convergence_paired() -> Paired:
+    """The paper's claim tested: per attacker share, PID-MADE's mean test loss over the
+    rounds minus FedAvg's under the same attackers, seed by seed (exact sign-flip test),
+    Holm over the shares. Negative: PID-MADE's loss fell sooner or lower."""
+    groups = convergence_groups(convergence_rows())
+    tests = []
+    for fraction in convergence.FRACTIONS:
+        first, second = (
+            {("label_flip", r["seed"]): r["mean_loss"] for r in groups[(fraction, method)]}
+            for method in ("pid_made", "fedavg")
+        )
+        tests.append(("pid_made", f"{fraction:g}", seed_difference(first, second)))
+    return Paired(tests, "fedavg", "attacker share of 40", "mean test loss over rounds")

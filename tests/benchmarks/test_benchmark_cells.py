@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks import pid_made_ablation, robustness, small_consortium
+from benchmarks import pid_made_ablation, pid_made_convergence, robustness, small_consortium
 
 
 def trail_row(round_: int, client: int, malicious: bool, score: float, excluded: bool):
@@ -213,6 +213,21 @@ def test_the_matrix_rows_once_shown_as_pid_made_are_the_distance_cusum_with_the_
     assert {k: str(rerun[k]) for k in ("test_acc", "fp", "fn", "acc_curve")} == {
         k: row[k] for k in ("test_acc", "fp", "fn", "acc_curve")
     }
+
+
+@pytest.mark.usefixtures("as_a_benchmark_worker")
+def test_one_convergence_run_reruns_to_its_committed_curves():
+    import json
+
+    [cell] = [c for c in pid_made_convergence.cells_for(1)
+              if c.name == "pid_made-label_flip-f0.2-s0"]  # fmt: skip
+
+    rerun = pid_made_convergence.run_row(robustness.run_cell(cell))
+
+    record = json.loads(pid_made_convergence.STEM.with_suffix(".json").read_text())
+    [row] = [r for r in record["rows"]
+             if (r["method"], r["fraction"], r["seed"]) == ("pid_made", 0.2, 0)]  # fmt: skip
+    assert rerun == row
 
 
 def test_a_missing_dataset_stops_the_matrix_before_any_cell_runs(tmp_path, monkeypatch):
