@@ -10,9 +10,8 @@ import statistics
 from dataclasses import dataclass
 from functools import cache
 
-from statsmodels.stats.multitest import multipletests
-
 import numpy as np
+from statsmodels.stats.multitest import multipletests
 
 from benchmarks import pid_made_ablation as ablation
 from benchmarks import pid_made_convergence as convergence
