@@ -35,13 +35,19 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``lower`` (true): in benchmarks/fedlag_stability.py's record at that Dirichlet α,
   ``first``'s measure is higher (lower) than ``second``'s, an exact two-sided sign-flip
   test over seeds.
+- ``convergence``: ``table`` (``pid-made-convergence-paired``), ``row`` (the attacker
+  share as the table shows it, e.g. ``"0.1"``), ``fraction`` (the same share), ``first``,
+  ``second``, ``lower`` or ``higher`` (true): in benchmarks/pid_made_convergence.py's
+  record, with that share of the 40 clients flipping labels, ``first``'s mean test loss
+  over the rounds is lower (higher) than ``second``'s, an exact two-sided sign-flip test
+  over seeds (the measure of :func:`benchmarks.tables.pid_made.convergence_by_seed`).
 
-One multiple-testing policy. Every claim of the four test kinds (``better``, ``drop``,
-``ablation``, ``stability``) declares ``family`` (a name) and ``adjust`` (``holm`` or
-``none``; ``none`` needs a one-line ``reason``). It holds when its effect points the
-claimed way and its p, adjusted as declared, is below 0.05: for ``holm``, Holm's
-step-down adjustment over every test of the family (statsmodels). A family is the set of
-tests the reader saw:
+One multiple-testing policy. Every claim of the five test kinds (``better``, ``drop``,
+``ablation``, ``stability``, ``convergence``) declares ``family`` (a name) and ``adjust``
+(``holm`` or ``none``; ``none`` needs a one-line ``reason``). It holds when its effect
+points the claimed way and its p, adjusted as declared, is below 0.05: for ``holm``,
+Holm's step-down adjustment over every test of the family (statsmodels). A family is the
+set of tests the reader saw:
 
 - a claim read off a generated table takes that table as its family, every test of it,
   claims or not: a paired table (``table`` and ``row``, of
@@ -83,6 +89,8 @@ from benchmarks.tables.pid_made import (
     ablation_outcomes,
     ablation_rows,
     ablation_tests,
+    convergence_by_seed,
+    convergence_rows,
 )
 from benchmarks.tables.records import HEADLINE, load, results_json, with_halts
 from benchmarks.tables.robustness_matrix import worst_by_seed, worst_differences
@@ -91,9 +99,10 @@ from tasks.statistics import exact_mcnemar, seed_difference, smallest_p
 
 LEDGER = Path(__file__).resolve().parent / "claims.yaml"
 ALPHA = 0.05
-TEST_KINDS = frozenset({"better", "drop", "ablation", "stability"})
+TEST_KINDS = frozenset({"better", "drop", "ablation", "stability", "convergence"})
 ADJUSTMENTS = ("holm", "none")
 ABLATION_TABLE = "pid-made-ablation-paired"
+CONVERGENCE_TABLE = "pid-made-convergence-paired"
 CITATION = re.compile(r"\[(C\d+(?:,\s+C\d+)*)\]")  # [C3] or [C3, C4], wrapped or not
 
 
@@ -346,6 +355,25 @@ def stability(claim: dict[str, Any]) -> Tested:
     return _seed_tested(claim["measure"], differences, p, bool(claim.get("higher")))
 
 
+def convergence(claim: dict[str, Any]) -> Tested:
+    """Read off the convergence table, whose rows are attacker shares: ``row`` must name
+    ``fraction``, or the claim's p (equal at every share the table tests) could match a
+    row that tests another share."""
+    table, row, fraction = claim["table"], claim["row"], claim["fraction"]
+    share = f"{fraction:g}" if isinstance(fraction, int | float) else None
+    if table != CONVERGENCE_TABLE or row != share:
+        raise ValueError(
+            f"claim {claim['id']}: a convergence claim is read off {CONVERGENCE_TABLE} at the "
+            f"row of its attacker share, got table {table!r}, row {row!r}, fraction {fraction!r}"
+        )
+    rows = convergence_rows()
+    first, second = (
+        convergence_by_seed(rows, fraction, m) for m in (claim["first"], claim["second"])
+    )
+    differences, p = seed_difference(first, second)
+    return _seed_tested("mean test loss over rounds", differences, p, bool(claim.get("higher")))
+
+
 def _family_tests(claim: dict[str, Any], p: float) -> tuple[list[float], int]:
     """The raw p of every test of the generated table the claim is read from (within the
     family the table adjusts over), and the claim's place among them. The table must test
@@ -416,6 +444,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], Verdict | Tested]] = {
     "ablation": ablation,
     "at_most_seeds": at_most_seeds,
     "stability": stability,
+    "convergence": convergence,
 }
 
 

@@ -336,16 +336,24 @@ def convergence_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def convergence_by_seed(
+    rows: list[Row], fraction: float, method: str
+) -> dict[tuple[str, int], float]:
+    """One method's mean test loss over the rounds per seed under the attackers at
+    ``fraction``, keyed as :func:`tasks.statistics.seed_difference` pairs them: the paired
+    table and the claims ledger test this one measure."""
+    attack = convergence.ATTACK["name"]
+    return {(attack, r["seed"]): r["mean_loss"] for r in rows
+            if r["attack"] == attack and r["fraction"] == fraction and r["method"] == method}  # fmt: skip
+
+
 def convergence_paired() -> Paired:
     """The paper's claim tested: per attacker share, PID-MADE's mean test loss over the
     rounds minus FedAvg's under the same attackers, seed by seed (exact sign-flip test),
     Holm over the shares. Negative: PID-MADE's loss fell sooner or lower."""
-    groups = convergence_groups(convergence_rows())
+    rows = convergence_rows()
     tests = []
     for fraction in convergence.FRACTIONS:
-        first, second = (
-            {("label_flip", r["seed"]): r["mean_loss"] for r in groups[(fraction, method)]}
-            for method in ("pid_made", "fedavg")
-        )
+        first, second = (convergence_by_seed(rows, fraction, m) for m in ("pid_made", "fedavg"))
         tests.append(("pid_made", f"{fraction:g}", seed_difference(first, second)))
     return Paired(tests, "fedavg", "attacker share of 40", "mean test loss over rounds")

@@ -13,6 +13,7 @@ import yaml
 from statsmodels.stats.multitest import multipletests
 
 from benchmarks import claims
+from benchmarks.tables.paired_tables import paired_table
 
 # Label flipping by a fifth lowers FedAvg's accuracy on the digits CNN in all ten seeds
 # (sign-flip p = 2/2¹⁰), one of the 56 drops of robustness-digits-cnn.
@@ -144,3 +145,42 @@ def test_an_ablation_claim_the_table_does_not_test_is_refused(tmp_path):
 
     with pytest.raises(claims.LedgerError, match=r"pid-made-ablation-paired holds no test of "):
         claims.verdicts(written(tmp_path, [claim]))
+
+
+# With 8 of 40 clients flipping labels PID-MADE's mean test loss over the rounds is below
+# FedAvg's in all ten seeds (sign-flip p = 2/2¹⁰), one of the five attacker shares of
+# pid-made-convergence-paired.
+CONVERGED = {
+    "id": "C97", "text": "PID-MADE's loss falls lower than FedAvg's", "kind": "convergence",
+    "table": "pid-made-convergence-paired", "row": "0.2", "fraction": 0.2,
+    "first": "pid_made", "second": "fedavg", "lower": True,
+    "family": "pid-made-convergence-paired", "adjust": "holm",
+}  # fmt: skip
+
+
+def test_a_convergence_claim_is_judged_by_holm_over_its_table_and_only_the_way_it_points(
+    tmp_path,
+):
+    """The claim's difference is the table's row, judged over the table's five shares;
+    the same test claimed the other way (PID-MADE higher) fails."""
+    wrong_way = {k: v for k, v in CONVERGED.items() if k != "lower"} | {"higher": True}
+    table = paired_table("pid-made-convergence-paired")
+    row_mean = table.tests[table.index_of("pid_made", "0.2")][2][0].mean()
+
+    lower, higher = claims.verdicts(written(tmp_path, [CONVERGED, wrong_way | {"id": "C98"}]))
+
+    held = "sign-flip p = 0.00195, Holm over 5 tests of pid-made-convergence-paired = 0.00977"
+    assert lower.holds and held in lower.test
+    assert f"Δ mean test loss over rounds = {row_mean:+.3f} over 10 seeds" == lower.statistic
+    assert not higher.holds and held in higher.test
+
+
+def test_a_convergence_claim_needs_its_family_and_the_row_of_its_attacker_share(tmp_path):
+    undeclared = {k: v for k, v in CONVERGED.items() if k not in ("family", "adjust")}
+    assert "claim C97 (convergence) must declare family: (a name) and adjust" in refusal(
+        tmp_path, [undeclared]
+    )
+    with pytest.raises(claims.LedgerError, match=r"C97: a convergence claim is read off "
+                       r"pid-made-convergence-paired at the row of its attacker share, got "
+                       r"table 'pid-made-convergence-paired', row '0.3', fraction 0.2"):  # fmt: skip
+        claims.verdicts(written(tmp_path, [CONVERGED | {"row": "0.3"}]))
