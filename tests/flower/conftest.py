@@ -123,7 +123,7 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
     done = hub.fed.run_app(app, config, timeout=limit(600))
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
-    assert hub.fed.serverapps_left() == [], "a hub process outlived its run"
+    assert hub.fed.serverapps_left(timeout=limit(60)) == [], "a hub process outlived its run"
     saved = read_checkpoint(checkpoint, params_hash(params))
     assert saved is not None
     return ServerState.from_dict(saved["state"])
