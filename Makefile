@@ -81,7 +81,7 @@ run:
 # Two workers (pytest-xdist), a test file per worker at a time: most of the end-to-end
 # tests wait on servers, processes and federations, so CI's two cores run two of them.
 test:
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=40
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 lint:
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ import http.server  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
+from collections import Counter  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -170,10 +171,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end tests (real servers, processes and federations: minutes each) first,
-    so that under ``make test``'s two workers the long files start early and both workers
-    finish together; the order within each kind is kept. Every test gets pytest-timeout's
-    guard, scaled by ``FEDSIEVE_TEST_TIME_SCALE`` (tests/limits.py), unless it sets one."""
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    the files with the most of them first, so that under ``make test``'s two workers (one
+    file at a time each, in this order: ``--no-loadscope-reorder``) the long files start
+    early and the many short ones fill in at the end; the order within a file is kept.
+    Every test gets pytest-timeout's guard, scaled by ``FEDSIEVE_TEST_TIME_SCALE``
+    (tests/limits.py), unless it sets one."""
+    end_to_end = Counter(item.path for item in items if item.get_closest_marker("e2e"))
+    items.sort(key=lambda item: -end_to_end[item.path])
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit(TEST_LIMIT_S)))
