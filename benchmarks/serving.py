@@ -37,10 +37,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from federated.data import MedMNISTData
 
 NAME = "fedsieve-breastmnist"
 GOAL_P50_MS = 50.0
@@ -50,35 +53,37 @@ DIVERGE = ["train.rounds=2", "partition.num_clients=3", "privacy.mode=central",
            "privacy.noise_multiplier=50", "privacy.clip=10"]  # fmt: skip
 
 
-def _register(root: Path, medmnist_root: Path) -> tuple[str, Path]:
-    """A tracking store whose champion is the default model trained a few steps; its
-    URI and the classifier folder."""
+def register_champion(
+    root: Path, data: MedMNISTData, *, experiment: str, run_name: str, rows: int | None = None
+) -> tuple[str, Path]:
+    """A tracking store in ``root`` whose champion is the small CNN trained 20 full-batch
+    steps on ``data``'s first ``rows`` training images (all by default), registered as a
+    run registers it: its URI and the classifier folder. Raises when the store refused
+    the model."""
     import torch
     from mlflow import MlflowClient
 
-    from federated.data import load_medmnist
     from federated.inference import save_classifier
     from models import build_model
     from tasks.tracking import Tracker
 
-    data = load_medmnist("breastmnist", medmnist_root)
     torch.manual_seed(0)
     model = build_model("small_cnn", in_channels=1, num_classes=2, image_size=28)
-    images = torch.from_numpy(data.train.images).float().unsqueeze(1) / 127.5 - 1
-    targets = torch.from_numpy(data.train.targets).long()
+    images = torch.from_numpy(data.train.images[:rows]).float().unsqueeze(1) / 127.5 - 1
+    targets = torch.from_numpy(data.train.targets[:rows]).long()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
     for _ in range(20):
         optimiser.zero_grad()
         torch.nn.functional.cross_entropy(model(images), targets).backward()
         optimiser.step()
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    tracker = Tracker("serving-benchmark", uri)
-    tracker.start(run_id=None, run_name="served", tags={})
+    tracker = Tracker(experiment, uri)
+    tracker.start(run_id=None, run_name=run_name, tags={})
     classifier = save_classifier(root / "classifier", model, "small_cnn", data.info)
     version = tracker.log_model(classifier, data.info, registered_name=NAME)
     tracker.end()
     if version is None:
-        raise SystemExit(f"the model was not registered: {tracker.failed}")
+        raise RuntimeError(f"the model was not registered: {tracker.failed}")
     MlflowClient(uri).set_registered_model_alias(NAME, "champion", version)
     return uri, classifier
 
@@ -252,7 +257,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="serving-"))
     port = free_port()
     try:
-        uri, classifier = _register(root, medmnist_root)
+        from federated.data import load_medmnist
+
+        data = load_medmnist("breastmnist", medmnist_root)
+        uri, classifier = register_champion(
+            root, data, experiment="serving-benchmark", run_name="served"
+        )
         files = _dicoms(root / "dicom", max(args.batch, 64))
         server = _serve(uri, root, port)
         try:

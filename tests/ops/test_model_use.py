@@ -19,15 +19,14 @@ import mlflow.models
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from mlflow import MlflowClient
 from pydicom.data import get_testdata_file
 
+from benchmarks.serving import register_champion
 from federated.data import Split, load_medmnist
-from federated.inference import load_classifier, save_classifier
+from federated.inference import load_classifier
 from federated.own_data import write_image_folder
-from models import build_model
-from tasks.tracking import Tracker, fluent_tracking_at
+from tasks.tracking import fluent_tracking_at
 from tests.limits import limit
 
 NAME = "fedsieve-breastmnist"
@@ -39,23 +38,10 @@ def store(tmp_path_factory: pytest.TempPathFactory, medmnist_root: Path) -> dict
     registered as a run registers it; and a folder of test images (PNG and DICOM)."""
     root = tmp_path_factory.mktemp("model-use")
     data = load_medmnist("breastmnist", medmnist_root)
-    torch.manual_seed(0)
-    model = build_model("small_cnn", in_channels=1, num_classes=2, image_size=28)
-    images = torch.from_numpy(data.train.images[:256]).float().unsqueeze(1) / 127.5 - 1
-    targets = torch.from_numpy(data.train.targets[:256]).long()
-    optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(20):
-        optimiser.zero_grad()
-        torch.nn.functional.cross_entropy(model(images), targets).backward()
-        optimiser.step()
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    tracker = Tracker("model-use", uri)
-    tracker.start(run_id=None, run_name="trained", tags={})
-    classifier = save_classifier(root / "classifier", model, "small_cnn", data.info)
-    version = tracker.log_model(classifier, data.info, registered_name=NAME)
-    tracker.end()
-    assert tracker.failed is None and version == "1"
-    MlflowClient(uri).set_registered_model_alias(NAME, "champion", version)
+    uri, classifier = register_champion(
+        root, data, experiment="model-use", run_name="trained", rows=256
+    )
+    assert MlflowClient(uri).get_model_version_by_alias(NAME, "champion").version == 1
     test = Split(data.test.images[:12], data.test.labels[:12])
     write_image_folder(root / "png", {"test": test}, data.info.labels)
     write_image_folder(root / "dcm", {"test": test}, data.info.labels, image_format="dcm")
