@@ -221,16 +221,20 @@ def regenerated(
     return BLOCK.sub(fill, text), changed
 
 
-def problems(text: str, ledger: Path | None = None) -> list[str]:
+def problems(
+    text: str, ledger: Path | None = None, order: preregistration.CommitOrder | None = None
+) -> list[str]:
     """What ``--check`` fails on: generated blocks out of date, claims that no longer
-    hold, claim ids cited but not in the ledger and claims no sentence cites."""
+    hold, claim ids cited but not in the ledger, claims no sentence cites, and
+    pre-registered claims out of commit order (``order``, read from git when not given)."""
     ledger = ledger or claims.LEDGER
+    order = order or preregistration.commit_order()
     _, changed = regenerated(text)
     found = [f"generated blocks out of date: {', '.join(changed)}"] if changed else []
     found += [f"claim {v.claim} no longer holds: {v.statistic}; {v.test}"
               for v in claims.verdicts(ledger) if not v.holds]  # fmt: skip
     found += claims.citation_problems(text, claims.load_ledger(ledger))
-    return found + preregistration.commit_order().problems
+    return found + order.problems
 
 
 def main() -> None:
@@ -250,8 +254,9 @@ def regenerate(check: bool) -> None:
     text = DOC.read_text()
     operations = OPERATIONS.read_text()
     if check:
-        print("\n".join(preregistration.commit_order().lines))
-        found = problems(text)
+        order = preregistration.commit_order()  # git read once: shown, then checked
+        print("\n".join(order.lines))
+        found = problems(text, order=order)
         if found:
             sys.exit("docs/results.md: " + "; ".join(found) + " (run python -m benchmarks.report)")
         _, stale = regenerated(operations, OPERATIONS_BLOCKS, OPERATIONS)
