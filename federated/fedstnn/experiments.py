@@ -315,22 +315,16 @@ class Function1DConfig(RegressionConfig):
         ``n_groups`` consecutive intervals, one per client group."""
         x, f, y = make_function_1d_data(self, rng)
         if self.partition == "iid":
-            point_groups = np.zeros(self.n_points, dtype=np.int64)
-            indices = partition_iid(self.n_points, self.n_clients, self.main_points, rng)
-            groups = np.zeros(self.n_clients, dtype=np.int64)
-        else:
-            point_groups = np.arange(self.n_points) * self.n_groups // self.n_points
-            indices, groups = partition_grouped(
-                point_groups, self.n_clients, self.main_points, self.other_points, rng
+            return ExperimentData(
+                inputs=x.reshape(-1, 1),
+                truth=f,
+                observed=y,
+                point_groups=np.zeros(self.n_points, dtype=np.int64),
+                indices=partition_iid(self.n_points, self.n_clients, self.main_points, rng),
+                groups=np.zeros(self.n_clients, dtype=np.int64),
             )
-        return ExperimentData(
-            inputs=x.reshape(-1, 1),
-            truth=f,
-            observed=y,
-            point_groups=point_groups,
-            indices=indices,
-            groups=groups,
-        )
+        point_groups = np.arange(self.n_points) * self.n_groups // self.n_points
+        return _grouped_data(self, rng, x.reshape(-1, 1), f, y, point_groups)
 
     def evaluate(
         self, data: ExperimentData, predictions: Mapping[str, Prediction]
@@ -358,17 +352,7 @@ class Function2DConfig(RegressionConfig):
         """The noisy grid; one client group per quadrant."""
         inputs, f, y = make_function_2d_data(self, rng)
         point_groups = quadrant(inputs[:, 0], inputs[:, 1])
-        indices, groups = partition_grouped(
-            point_groups, self.n_clients, self.main_points, self.other_points, rng
-        )
-        return ExperimentData(
-            inputs=inputs,
-            truth=f,
-            observed=y,
-            point_groups=point_groups,
-            indices=indices,
-            groups=groups,
-        )
+        return _grouped_data(self, rng, inputs, f, y, point_groups)
 
     def evaluate(
         self, data: ExperimentData, predictions: Mapping[str, Prediction]
@@ -413,17 +397,7 @@ class ImageConfig(ExperimentConfig):
     def make_data(self, rng: np.random.Generator) -> ExperimentData:
         """The letter image (no noise); one client group per letter's section."""
         position, colour, section = make_image_data(self)
-        indices, groups = partition_grouped(
-            section, self.n_clients, self.main_points, self.other_points, rng
-        )
-        return ExperimentData(
-            inputs=position,
-            truth=colour,
-            observed=colour,
-            point_groups=section,
-            indices=indices,
-            groups=groups,
-        )
+        return _grouped_data(self, rng, position, colour, colour, section)
 
     def local_clients(self, data: ExperimentData) -> dict[str, int]:
         """The first client of each group ("client 1, 11, and 21")."""
@@ -588,6 +562,29 @@ def partition_grouped(
         )
         indices.append(np.sort(picked))
     return indices, client_groups
+
+
+def _grouped_data(
+    config: Function1DConfig | Function2DConfig | ImageConfig,
+    rng: np.random.Generator,
+    inputs: np.ndarray,
+    truth: np.ndarray,
+    observed: np.ndarray,
+    point_groups: np.ndarray,
+) -> ExperimentData:
+    """The points with :func:`partition_grouped`'s non-IID split by the ``config``'s
+    client counts: what each experiment's grouped ``make_data`` ends with."""
+    indices, groups = partition_grouped(
+        point_groups, config.n_clients, config.main_points, config.other_points, rng
+    )
+    return ExperimentData(
+        inputs=inputs,
+        truth=truth,
+        observed=observed,
+        point_groups=point_groups,
+        indices=indices,
+        groups=groups,
+    )
 
 
 def _clients(
