@@ -71,6 +71,19 @@ class Judgement:
     cusum: Tensor | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class RoundRows:
+    """The round's rows as a subclass judges them: each row's client id, its distance from
+    the centroid and its robust ``z`` over the ``pool`` rows (those the round's statistics
+    are over), and the ``active`` rows (those that may be kept)."""
+
+    ids: list[int]
+    distance: Tensor
+    z: Tensor
+    active: Tensor
+    pool: Tensor
+
+
 @dataclass(frozen=True, kw_only=True)
 class CentroidHistoryFilter(Filter):
     """Distances from the round's centroid, a history per client id, exclusion."""
@@ -119,7 +132,7 @@ class CentroidHistoryFilter(Filter):
         active = finite & ~banned  # the rows that may be kept
         pool = finite & ~outside  # the rows the round's statistics are over
         z = robust_z(distance, pool)
-        verdict = self._judge(state, ids, distance, z, active, pool)
+        verdict = self._judge(state, RoundRows(ids, distance, z, active, pool))
         exclude = active & verdict.exclude
         note = verdict.note
         if self.round_cut is not None:  # too far out for one round: left out, not banned
@@ -139,15 +152,7 @@ class CentroidHistoryFilter(Filter):
         ban = active & verdict.exclude
         return decision, self._next_state(state, ids, distance, finite, ban, verdict.cusum)
 
-    def _judge(
-        self,
-        state: State,
-        ids: list[int],
-        distance: Tensor,
-        z: Tensor,
-        active: Tensor,
-        pool: Tensor,
-    ) -> Judgement:
+    def _judge(self, state: State, rows: RoundRows) -> Judgement:
         """The verdict on the ``active`` rows (those that may be kept), with statistics
         over the ``pool`` rows (``z`` is already over them)."""
         raise NotImplementedError

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import Tensor
-
 from aggregation.filters.centroid_history import (
     CUSUM_H,
     DRIFT,
     CentroidHistoryFilter,
     Judgement,
+    RoundRows,
     State,
     cusum_judgement,
 )
@@ -54,15 +53,8 @@ class DistanceCUSUM(CentroidHistoryFilter):
 
     name = "distance_cusum"
 
-    def _judge(
-        self,
-        state: State,
-        ids: list[int],
-        distance: Tensor,
-        z: Tensor,
-        active: Tensor,
-        pool: Tensor,
-    ) -> Judgement:
+    def _judge(self, state: State, rows: RoundRows) -> Judgement:
         return cusum_judgement(
-            state["history"], ids, z, active, pool, drift=self.drift, h=self.h, of="distance"
-        )
+            state["history"], rows.ids, rows.z, rows.active, rows.pool,
+            drift=self.drift, h=self.h, of="distance",
+        )  # fmt: skip

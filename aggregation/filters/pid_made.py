@@ -124,6 +124,7 @@ from aggregation.filters.centroid_history import (
     MAD_TO_STD,
     CentroidHistoryFilter,
     Judgement,
+    RoundRows,
     State,
     above,
     cusum_judgement,
@@ -244,17 +245,10 @@ class PIDMADE(CentroidHistoryFilter):
         assert self.k is not None
         return float(self.k)
 
-    def _judge(
-        self,
-        state: State,
-        ids: list[int],
-        distance: Tensor,
-        z: Tensor,
-        active: Tensor,
-        pool: Tensor,
-    ) -> Judgement:
+    def _judge(self, state: State, rows: RoundRows) -> Judgement:
         history: dict[int, dict[str, Any]] = state["history"]
-        p_term, i_term, d_term = self._pid_terms(history, ids, distance)
+        ids, active, pool = rows.ids, rows.active, rows.pool
+        p_term, i_term, d_term = self._pid_terms(history, ids, rows.distance)
         u = p_term + i_term + d_term
         columns = {"p_term": p_term, "i_term": i_term, "d_term": d_term}
         none = torch.zeros(len(ids), dtype=torch.bool)
