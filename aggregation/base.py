@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from registry.constraints import Interval, check
+from registry.constraints import Interval, check, check_fields
 
 __all__ = [
     "AggregationRule",
@@ -66,6 +66,7 @@ __all__ = [
     "PreAggregation",
     "PreAggregator",
     "RoundInputs",
+    "RoundSeededRule",
     "TolerantPreAggregator",
     "check_int",
     "check_minority",
@@ -318,6 +319,31 @@ class AggregationRule:
             oracle=oracle,
         )
         return result
+
+
+class RoundSeededRule(AggregationRule):
+    """Base for rules whose random draws are seeded by their ``seed`` field and the round:
+    the state counts the rounds (``{"round": r}``, from 0), so a resumed run draws what an
+    unbroken one would. Subclasses are frozen dataclasses; their fields are checked here."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def init_state(self) -> State:
+        return {"round": 0}
+
+    def advance(
+        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
+    ) -> tuple[Tensor, State, Diagnostics]:
+        round_ = int(state.get("round", 0))
+        result, diagnostics = self.advance_round(round_, updates, weights, inputs)
+        return result, {"round": round_ + 1}, diagnostics
+
+    def advance_round(
+        self, round_: int, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
+    ) -> tuple[Tensor, Diagnostics]:
+        """Round ``round_`` on finite rows: the result and its diagnostics."""
+        raise NotImplementedError
 
 
 @dataclass

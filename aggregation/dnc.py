@@ -42,16 +42,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, RoundInputs, State, row_mean
+from aggregation.base import Diagnostics, RoundInputs, RoundSeededRule, row_mean
 from aggregation.ops import centered_gram, ranking
 from aggregation.registry import register_aggregator
-from registry.constraints import Interval, allowed, check_fields
+from registry.constraints import Interval, allowed
 
 __all__ = ["DnC", "projection_scores"]
 
@@ -66,7 +65,7 @@ def projection_scores(gram: Tensor) -> Tensor:
 
 @register_aggregator("dnc")
 @dataclass(frozen=True, kw_only=True)
-class DnC(AggregationRule):
+class DnC(RoundSeededRule):
     """Mean of the clients never among the top projections on a random subspace."""
 
     f: int = field(metadata=allowed(Interval(int, 0)))  # Byzantine clients tolerated
@@ -79,15 +78,9 @@ class DnC(AggregationRule):
     # seeds the parameter draws together with the round counter
     seed: int = field(default=0, metadata=allowed(Interval(int)))
 
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-    def init_state(self) -> State:
-        return {"round": 0}
-
-    def advance(
-        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
-    ) -> tuple[Tensor, State, dict[str, Any]]:
+    def advance_round(
+        self, round_: int, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
+    ) -> tuple[Tensor, Diagnostics]:
         n = updates.shape[0]
         removed = math.floor(self.filter_frac * self.f)
         if n <= removed:
@@ -95,7 +88,6 @@ class DnC(AggregationRule):
                 f"dnc with f={self.f}, filter_frac={self.filter_frac} removes {removed} clients "
                 f"per iteration but only {n} sent updates: lower f or filter_frac"
             )
-        round_ = int(state.get("round", 0))
         kept = torch.ones(n, dtype=torch.bool)
         score = torch.zeros(n, dtype=torch.float64)
         flagged = torch.zeros(n, dtype=torch.float64)
@@ -117,7 +109,7 @@ class DnC(AggregationRule):
             "effective_weight": weight,
             "columns": {"dnc_score": score / self.n_iters, "dnc_flagged": flagged},
         }
-        return result, {"round": round_ + 1}, diagnostics
+        return result, diagnostics
 
     def _subsample(self, updates: Tensor, round_: int, iteration: int) -> Tensor:
         """The columns drawn for one iteration (all when ``sub_dim >= d``)."""

@@ -62,10 +62,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, RoundInputs, State, normalised_weights
+from aggregation.base import Diagnostics, RoundInputs, RoundSeededRule, normalised_weights
 from aggregation.ops import block_columns, column_blocks, fedlag_kernel_for, sort_columns
 from aggregation.registry import register_aggregator
-from registry.constraints import POSITIVE, Interval, allowed, check_fields
+from registry.constraints import POSITIVE, Interval, allowed
 
 __all__ = ["FedLag", "direct_scores", "fedlag_direct"]
 
@@ -177,7 +177,7 @@ def _fedlag_sampled(values: Tensor, weights: Tensor, eps: float, pairs: Tensor) 
 
 @register_aggregator("fedlag")
 @dataclass(frozen=True, kw_only=True)
-class FedLag(AggregationRule):
+class FedLag(RoundSeededRule):
     """Most likely pairwise midpoint under the clients' shared-sigma Gaussians."""
 
     # added to the population variance (squared update units)
@@ -187,17 +187,10 @@ class FedLag(AggregationRule):
     # seeds the subsample together with the round counter
     seed: int = field(default=0, metadata=allowed(Interval(int)))
 
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-    def init_state(self) -> State:
-        return {"round": 0}
-
-    def advance(
-        self, state: State, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
-    ) -> tuple[Tensor, State, dict[str, Any]]:
+    def advance_round(
+        self, round_: int, updates: Tensor, weights: Tensor | None, inputs: RoundInputs
+    ) -> tuple[Tensor, Diagnostics]:
         n, d = updates.shape
-        round_ = int(state.get("round", 0))
         w = normalised_weights(updates, weights).to(torch.float64)
         n_pairs = n * (n - 1) // 2
         pairs = None
@@ -209,7 +202,7 @@ class FedLag(AggregationRule):
         kernel = fedlag_kernel_for(updates)
         if kernel is not None and pairs is None and screen == torch.float32 and n > 1:
             out = self._on_gpu(kernel, updates, w)
-            return out, {"round": round_ + 1}, self._attribution(updates, out, w)
+            return out, self._attribution(updates, out, w)
         if pairs is not None:
             per_column = 8 * n * (3 * pairs.shape[1] + 4)
         elif screen is not None:
@@ -228,7 +221,7 @@ class FedLag(AggregationRule):
             else:
                 fused = fedlag_direct(values, w, self.eps)
             out[columns] = fused.to(updates.dtype)
-        return out, {"round": round_ + 1}, self._attribution(updates, out, w)
+        return out, self._attribution(updates, out, w)
 
     def _attribution(self, updates: Tensor, out: Tensor, w: Tensor) -> dict[str, Any]:
         """The clients' responsibilities for the fused values, averaged over the
