@@ -11,7 +11,8 @@ Two executors train in this process: :class:`SequentialExecutor` (one
 :func:`~federated.client.train_client` call per client) and :class:`BatchedExecutor` (all
 in one :func:`~federated.batched.train_clients_batched` call, the same updates up to
 rounding, falling back to one client at a time if the batched call raises, so a broken
-client fails alone).
+client fails alone). Both, like FedStNN's and the remote one, are :class:`RoundExecutor`
+subclasses: the round prepared once, then each client's result in turn.
 
 Sites score the global model where their held-out splits live: a :class:`SiteScorer`
 answers a :class:`ScoreRequest` with one :class:`SiteEvaluation` per site that answered
@@ -23,6 +24,7 @@ simulated one (:class:`LocalSiteScorer`) alike, so both give the same numbers.
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +52,8 @@ __all__ = [
     "NextRound",
     "OnResult",
     "Outcome",
+    "ResultOf",
+    "RoundExecutor",
     "ScoreRequest",
     "SequentialExecutor",
     "SiteEvaluation",
@@ -78,11 +82,12 @@ class ClientResult:
 
 
 OnResult = Callable[[ClientResult], None]  # told of each result as it comes (progress)
+ResultOf = Callable[[int], ClientResult]  # a client id -> its result
 
 
 def collect_results(
     client_ids: Sequence[int],
-    result_of: Callable[[int], ClientResult],
+    result_of: ResultOf,
     on_result: OnResult | None = None,
 ) -> list[ClientResult]:
     """``result_of`` each id, in order, each told to ``on_result`` as it is made (a
@@ -107,6 +112,28 @@ class ClientExecutor(Protocol):
     ) -> list[ClientResult]:
         """One result per id, in the order given."""
         ...
+
+
+class RoundExecutor(abc.ABC):
+    """Base for this project's executors: the round is prepared once (a batched call, the
+    messages to the sites, the round's learning rate), then each id's result is made in
+    the order asked and told to ``on_result`` (:func:`collect_results`)."""
+
+    def train(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        result_of = self.round_results(global_vector, round_number, client_ids)
+        return collect_results(client_ids, result_of, on_result)
+
+    @abc.abstractmethod
+    def round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
+    ) -> ResultOf:
+        """What the round needs before any result, done now; then each id's result."""
 
 
 SPLITS = ("test", "val")  # the held-out splits a site may be asked to summarise
@@ -247,7 +274,7 @@ SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle
 
 
 @dataclass(frozen=True, kw_only=True)
-class SequentialExecutor:
+class SequentialExecutor(RoundExecutor):
     """Each client trained alone on the shared workspace ``model``, one after another."""
 
     model: nn.Module  # the workspace: loaded with the global vector for each client
@@ -256,16 +283,10 @@ class SequentialExecutor:
     loss_fn: nn.Module
     seed_of: SeedOf
 
-    def train(
-        self,
-        global_vector: Tensor,
-        round_number: int,
-        client_ids: Sequence[int],
-        on_result: OnResult | None = None,
-    ) -> list[ClientResult]:
-        return collect_results(
-            client_ids, lambda i: self.train_one(global_vector, round_number, i), on_result
-        )
+    def round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
+    ) -> ResultOf:
+        return lambda client_id: self.train_one(global_vector, round_number, client_id)
 
     def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
         try:
@@ -279,19 +300,15 @@ class SequentialExecutor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BatchedExecutor:
+class BatchedExecutor(RoundExecutor):
     """All clients in one batched call; client by client (``sequential``) if it raises."""
 
     sequential: SequentialExecutor
     max_parallel: int | None = None  # clients trained at once (None: sized to memory)
 
-    def train(
-        self,
-        global_vector: Tensor,
-        round_number: int,
-        client_ids: Sequence[int],
-        on_result: OnResult | None = None,
-    ) -> list[ClientResult]:
+    def round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
+    ) -> ResultOf:
         one = self.sequential
         try:
             updates = train_clients_batched(
@@ -304,9 +321,9 @@ class BatchedExecutor:
                 "round %d: batched training failed (%s: %s); training clients one by one",
                 round_number, type(error).__name__, error,
             )  # fmt: skip
-            return one.train(global_vector, round_number, client_ids, on_result)
+            return one.round_results(global_vector, round_number, client_ids)
         by_id = {u.client_id: u for u in updates}
-        return collect_results(client_ids, lambda i: ClientResult(i, "ok", by_id[i]), on_result)
+        return lambda client_id: ClientResult(client_id, "ok", by_id[client_id])
 
 
 def local_executor(

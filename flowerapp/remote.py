@@ -53,10 +53,10 @@ from federated.client import ClientUpdate
 from federated.execution import (
     ClientResult,
     NextRound,
-    OnResult,
+    ResultOf,
+    RoundExecutor,
     ScoreRequest,
     SiteEvaluation,
-    collect_results,
 )
 from federated.metrics import ModelDiverged, SplitSummary, summary_from
 from flowerapp.lineage import SiteLineage
@@ -110,7 +110,7 @@ def exchange_record(
     return {"kind": kind, "round": round_number, "wall_s": wall_s, "sites": sites}
 
 
-class RemoteExecutor:
+class RemoteExecutor(RoundExecutor):
     """Trains and scores the sampled clients at their sites (client id -> Flower node)."""
 
     def __init__(
@@ -240,13 +240,9 @@ class RemoteExecutor:
             time.sleep(PULL_INTERVAL_S)
         return replies
 
-    def train(
-        self,
-        global_vector: Tensor,
-        round_number: int,
-        client_ids: Sequence[int],
-        on_result: OnResult | None = None,
-    ) -> list[ClientResult]:
+    def round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
+    ) -> ResultOf:
         ready = self._take_trained(global_vector, round_number)
         missing = [i for i in client_ids if i not in ready]
         replies = self._send("train", global_vector, round_number, missing) if missing else {}
@@ -256,7 +252,7 @@ class RemoteExecutor:
                 return ready[client_id]
             return self._result(client_id, replies.get(client_id), global_vector)
 
-        return collect_results(client_ids, result, on_result)
+        return result
 
     def _take_trained(self, global_vector: Tensor, round_number: int) -> dict[int, ClientResult]:
         """The updates trained with the last scoring, if they are for this model and round

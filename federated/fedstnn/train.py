@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from aggregation import AggregationRule, build_aggregator
 from aggregation.base import RoundInputs
 from federated.client import ClientUpdate, RegisteredClient
-from federated.execution import ClientResult, OnResult, collect_results
+from federated.execution import ClientResult, ResultOf, RoundExecutor
 from federated.fedstnn.losses import build_loss
 from federated.fedstnn.smp import smp_gradients
 from federated.loop import train
@@ -294,7 +294,7 @@ class NetworkRules(AggregationRule):
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class SNNExecutor:
+class SNNExecutor(RoundExecutor):
     """FedStNN's clients (the paper's Algorithm 3): each trains a copy of the global SNN
     on its own data with round r's learning rate (``local.lr * lr_decay**(r - 1)``) and
     noise from its own generator (:func:`client_generator`), and returns its update."""
@@ -304,20 +304,12 @@ class SNNExecutor:
     config: SNNFederationConfig
     seed: int
 
-    def train(
-        self,
-        global_vector: Tensor,
-        round_number: int,
-        client_ids: Sequence[int],
-        on_result: OnResult | None = None,
-    ) -> list[ClientResult]:
+    def round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
+    ) -> ResultOf:
         decay = self.config.lr_decay ** (round_number - 1)
         local = dataclasses.replace(self.config.local, lr=self.config.local.lr * decay)
-
-        def result_of(client_id: int) -> ClientResult:
-            return self._train_one(global_vector, round_number, client_id, local)
-
-        return collect_results(client_ids, result_of, on_result)
+        return lambda client_id: self._train_one(global_vector, round_number, client_id, local)
 
     def _train_one(
         self, global_vector: Tensor, round_number: int, client_id: int, local: LocalTrainConfig
