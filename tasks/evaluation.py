@@ -331,7 +331,8 @@ def log_final_results(
     version: list[str | None] = [None]
 
     def record() -> None:
-        version[0] = _record_final_results(tracker, params, paths, results, model, gate)
+        _log_final_reports(tracker, paths, results)
+        version[0] = _log_model(tracker, params, model, gate)
 
     record()
     if not tracker.retried("the final results and the model", record):
@@ -344,14 +345,9 @@ def log_final_results(
     return version[0]
 
 
-def _record_final_results(
-    tracker: Tracker,
-    params: Params,
-    paths: ProjectPaths,
-    results: dict[str, Any],
-    model: torch.nn.Module,
-    gate: GateDecision,
-) -> str | None:
+def _log_final_reports(tracker: Tracker, paths: ProjectPaths, results: dict[str, Any]) -> None:
+    """The final metrics, the metric, calibration and per-site reports, and the pre-test's
+    rates and reports where it ran."""
     tracker.log_metrics({f"final_{k}": v for k, v in results.items() if v is not None})
     tracker.log_artifact(paths.metrics, "reports")
     if paths.calibration.exists():
@@ -368,6 +364,13 @@ def _record_final_results(
         )
         for path in (paths.pretest, paths.pretest_plot):
             tracker.log_artifact(path, "pretest")
+
+
+def _log_model(
+    tracker: Tracker, params: Params, model: torch.nn.Module, gate: GateDecision
+) -> str | None:
+    """The gate's decision and the model, registered when the gate passed it: the
+    registered version, or None (comparison cells log no model)."""
     if not params.tracking.register_model:
         return None
     record_decision(tracker, "registration", gate)
