@@ -304,6 +304,31 @@ class Loopback:
                 return left
             time.sleep(0.1)
 
+    def serverapp_stacks(self, timeout: float = STOP_GRACE) -> str:
+        """Where each ServerApp process still alive waits: SIGUSR1 has each write every
+        thread's stack to its stderr (:mod:`flowerapp.server_app` registers it), which is
+        the SuperLink's log; the lines the log gained (a dump per process, or what came
+        by ``timeout``)."""
+        if self.superlink is None:
+            return ""
+        log = self.work / "superlink.log"
+        start = log.stat().st_size
+        left = [
+            pid for pid in _group_members(self.superlink.pid)
+            if "flwr-serverapp" in _command_line(pid)
+        ]  # fmt: skip
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while True:
+            with log.open("rb") as file:
+                file.seek(start)
+                gained = file.read().decode(errors="replace")
+            if gained.count("Current thread") >= len(left) or time.monotonic() >= deadline:
+                return gained
+            time.sleep(0.1)
+
     def stop_superlink(self, grace: float = STOP_GRACE) -> int | None:
         """Stop the SuperLink gracefully (SIGTERM, SIGKILL after `grace` seconds)."""
         if self.superlink is None:

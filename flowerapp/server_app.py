@@ -15,7 +15,9 @@ reason when it ended early) and what data each site said it answered from
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -39,6 +41,10 @@ __all__ = ["app", "run_hub", "run_pretest"]
 
 log = logging.getLogger("flwr")
 app = ServerApp()
+
+# `kill -USR1 <pid>` writes every thread's stack to the process's stderr (the SuperLink's
+# log): where a hub process that outlived its run is waiting
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 @app.main()

@@ -39,6 +39,17 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_kept() -> Iterator[None]:
+    """A test leaves torch's thread count as it found it: the next test in this worker
+    (which one depends on how files were dealt to workers) may hold its in-process results
+    equal, bit for bit, to those of a process it starts."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    assert after == before, f"the test left torch at {after} threads (it found {before})"
+
+
 class _BrokenClient(ClientData):
     """Client data whose access fails, as a corrupt local dataset would."""
 

@@ -35,7 +35,15 @@ from tasks.partition import split_partition
 from tasks.sites import APP_DIR
 from tasks.stats import collect_client_updates, test_normality
 from tasks.training import trained_model_noniid
-from tests.flower.conftest import FLIPPER, FLOWER_BIN, REPO, Hub, run_at_sites, site_names
+from tests.flower.conftest import (
+    FLIPPER,
+    FLOWER_BIN,
+    REPO,
+    Hub,
+    assert_no_serverapp_left,
+    run_at_sites,
+    site_names,
+)
 from tests.limits import limit
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
@@ -174,9 +182,7 @@ def test_the_pretest_at_the_sites_tests_what_the_simulation_tests(
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
     assert outcome["rounds"] == after and outcome["missing"] == []
-    assert hub.fed.serverapps_left(timeout=limit(60)) == [], (
-        "the pre-test's ServerApp outlived its run"
-    )
+    assert_no_serverapp_left(hub, "the pre-test's ServerApp outlived its run")
     saved = torch.load(files.pretest_updates, weights_only=True)
 
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
@@ -292,7 +298,7 @@ def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:
         "ModelDiverged: site 1: the model's outputs are NaN or infinite for "
     ), outcome
     assert not files.rounds.exists()  # no round was journaled with NaN scores
-    assert hub.fed.serverapps_left(timeout=limit(60)) == [], "a failed run's ServerApp outlived it"
+    assert_no_serverapp_left(hub, "a failed run's ServerApp outlived it")
     hub.fed.stop_site("diverging-site")
 
 
