@@ -103,6 +103,7 @@ TEST_KINDS = frozenset({"better", "drop", "ablation", "stability", "convergence"
 ADJUSTMENTS = ("holm", "none")
 ABLATION_TABLE = "pid-made-ablation-paired"
 CONVERGENCE_TABLE = "pid-made-convergence-paired"
+STABILITY_TABLE = "fedlag-stability-paired"
 CITATION = re.compile(r"\[(C\d+(?:,\s+C\d+)*)\]")  # [C3] or [C3, C4], wrapped or not
 
 
@@ -346,7 +347,18 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
 
 
 def stability(claim: dict[str, Any]) -> Tested:
-    key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[claim["measure"]]
+    """Read off the stability table, whose rows are α and measure: ``row`` must name the
+    claim's ``alpha`` and ``measure``, or its p could match a row that tests another."""
+    table, row, alpha, measure = claim["table"], claim["row"], claim["alpha"], claim["measure"]
+    label = {"acc": "ACC", "wobble": "wobble"}.get(measure)
+    expected = f"{alpha:g}, {label}" if isinstance(alpha, int | float) and label else None
+    if table != STABILITY_TABLE or row != expected:
+        raise ValueError(
+            f"claim {claim['id']}: a stability claim is read off {STABILITY_TABLE} at the row "
+            f"of its α and measure (acc or wobble), got table {table!r}, row {row!r}, "
+            f"alpha {alpha!r}, measure {measure!r}"
+        )
+    key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[measure]
     rows = results_json("fedlag-stability")["rows"]
     first, second = (
         fedlag_by_seed(rows, claim["alpha"], m, key) for m in (claim["first"], claim["second"])

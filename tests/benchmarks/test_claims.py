@@ -184,3 +184,21 @@ def test_a_convergence_claim_needs_its_family_and_the_row_of_its_attacker_share(
                        r"pid-made-convergence-paired at the row of its attacker share, got "
                        r"table 'pid-made-convergence-paired', row '0.3', fraction 0.2"):  # fmt: skip
         claims.verdicts(written(tmp_path, [CONVERGED | {"row": "0.3"}]))
+
+
+# At Dirichlet α = 0.1 FedLag ends below FedAvg's accuracy: a row of fedlag-stability-paired.
+STEADIER = {
+    "id": "C96", "text": "FedLag ends lower than FedAvg at α = 0.1", "kind": "stability",
+    "table": "fedlag-stability-paired", "row": "0.1, ACC", "alpha": 0.1, "first": "fedlag",
+    "second": "fedavg", "measure": "acc", "lower": True,
+    "family": "fedlag-stability-paired", "adjust": "holm",
+}  # fmt: skip
+
+
+def test_a_stability_claim_is_read_off_the_row_of_its_alpha_and_measure(tmp_path):
+    [verdict] = claims.verdicts(written(tmp_path, [STEADIER]))
+    assert verdict.holds and "Holm over 12 tests of fedlag-stability-paired" in verdict.test
+    for wrong in ({"row": "0.5, ACC"}, {"row": "0.1, wobble"}):
+        with pytest.raises(claims.LedgerError, match=r"C96: a stability claim is read off "
+                           r"fedlag-stability-paired at the row of its α and measure"):  # fmt: skip
+            claims.verdicts(written(tmp_path, [STEADIER | wrong]))
