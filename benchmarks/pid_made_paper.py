@@ -128,49 +128,63 @@ def cells_for(experiment: str, seeds: int) -> list[Any]:
     return cells
 
 
-def summarise(cells_file: Path) -> None:
+def summarise(cells_file: Path, stem: Path = RESULTS / "pid-made-paper") -> None:
+    """``<stem>.{json,md}``: a row per experiment, method and attacker share from the
+    finished cells; the rows already in ``<stem>.json`` of experiments the cells file does
+    not hold are kept (a rerun of some experiments, or a checkout without the cells file,
+    keeps the others' committed rows)."""
+    import json
+
     from tasks.comparison import shown_over_seeds as shown
 
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for record in finished(cells_file).values():
         if "error" not in record:
             groups.setdefault((record["method"], record["fraction"]), []).append(record)
-
-    rows, lines = (
-        [],
-        [
-            "| experiment | method | attackers | seeds | test ACC | test loss | FP | FN "
-            "| honest clients excluded | attackers caught | last attacker caught in round |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ],
-    )
-    for (method, fraction), records in sorted(groups.items()):
-        experiment, _, name = method.rpartition(".")
-        metrics = [r["metrics"] for r in records]
-        caught = [len(r["excluded"]["malicious_first_round"]) for r in records]
-        last = [max(r["excluded"]["malicious_first_round"].values(), default=float("nan"))
-                for r in records]  # fmt: skip
-        row = {
-            "experiment": experiment, "method": name, "fraction": fraction,
-            "seeds": len(records),
-            "acc": [m["test_acc"] for m in metrics], "loss": [m["test_loss"] for m in metrics],
-            "fp": [m["total_false_positives"] for m in metrics],
-            "fn": [m["total_false_negatives"] for m in metrics],
-            "honest_excluded": [len(r["excluded"]["honest"]) for r in records],
-            "attackers_caught": caught, "last_caught_round": last,
-            **{key: [r["exposure"][key] for r in records]
-               for key in ("attackers", "honest_rounds", "attacker_rounds")},
-        }  # fmt: skip
-        rows.append(row)
+    rows = [
+        summary_row(method, fraction, records)
+        for (method, fraction), records in sorted(groups.items())
+    ]
+    rerun = {row["experiment"] for row in rows}
+    committed = stem.with_suffix(".json")
+    if committed.exists():  # the other experiments' rows first, in their committed order
+        kept = json.loads(committed.read_text())["rows"]
+        rows = [r for r in kept if r["experiment"] not in rerun] + rows
+    lines = [
+        "| experiment | method | attackers | seeds | test ACC | test loss | FP | FN "
+        "| honest clients excluded | attackers caught | last attacker caught in round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        last = [v for v in row["last_caught_round"] if v == v]  # NaN: none caught
         lines.append(
-            f"| {experiment} | {name} | {fraction:g} | {len(records)} | {shown(row['acc'])} "
-            f"| {shown(row['loss'])} | {shown(row['fp'], 1)} | {shown(row['fn'], 1)} "
-            f"| {shown(row['honest_excluded'], 1)} | {shown(caught, 1)} "
-            f"| {shown([v for v in last if v == v], 1)} |"
+            f"| {row['experiment']} | {row['method']} | {row['fraction']:g} | {row['seeds']} "
+            f"| {shown(row['acc'])} | {shown(row['loss'])} | {shown(row['fp'], 1)} "
+            f"| {shown(row['fn'], 1)} | {shown(row['honest_excluded'], 1)} "
+            f"| {shown(row['attackers_caught'], 1)} | {shown(last, 1)} |"
         )
-    stem = RESULTS / "pid-made-paper"
     payload = {"command": "python -m benchmarks.pid_made_paper", "rows": rows}
     write_summary(stem, payload, lines)
+
+
+def summary_row(method: str, fraction: float, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method at one attacker share over its seeds: every seed's outcome."""
+    experiment, _, name = method.rpartition(".")
+    metrics = [r["metrics"] for r in records]
+    caught = [len(r["excluded"]["malicious_first_round"]) for r in records]
+    last = [max(r["excluded"]["malicious_first_round"].values(), default=float("nan"))
+            for r in records]  # fmt: skip
+    return {
+        "experiment": experiment, "method": name, "fraction": fraction,
+        "seeds": len(records),
+        "acc": [m["test_acc"] for m in metrics], "loss": [m["test_loss"] for m in metrics],
+        "fp": [m["total_false_positives"] for m in metrics],
+        "fn": [m["total_false_negatives"] for m in metrics],
+        "honest_excluded": [len(r["excluded"]["honest"]) for r in records],
+        "attackers_caught": caught, "last_caught_round": last,
+        **{key: [r["exposure"][key] for r in records]
+           for key in ("attackers", "honest_rounds", "attacker_rounds")},
+    }  # fmt: skip
 
 
 def main() -> None:

@@ -90,3 +90,40 @@ def test_the_pinned_pid_made_is_the_papers_algorithm_as_pid_made_defaults_it():
     assert spec["aggregate"] == {"name": "fedavg"}
     assert build_filter(**spec["filters"][0]) == build_filter("pid_made")
     assert build_filter("pid_made").threshold == "gaussian"
+
+
+def test_a_rerun_of_some_experiments_keeps_the_other_experiments_committed_rows(tmp_path):
+    """``--experiments figure4`` (or a checkout without the cells file) rewrites the
+    summary with figure4's rows from the cells and every other experiment's committed
+    rows, not figure4's alone."""
+    import json
+
+    from benchmarks import pid_made_paper
+    from benchmarks.robustness import RESULTS
+
+    committed = RESULTS / "pid-made-paper.json"
+    stem = tmp_path / "pid-made-paper"
+    stem.with_suffix(".json").write_text(committed.read_text())
+
+    pid_made_paper.summarise(tmp_path / "no-cells.jsonl", stem)
+
+    assert stem.with_suffix(".json").read_text() == committed.read_text()
+    assert stem.with_suffix(".md").read_text() == committed.with_suffix(".md").read_text()
+
+    cell = {
+        "name": "figure4.fedavg-label_flip-f0.3-s0", "method": "figure4.fedavg", "fraction": 0.3,
+        "metrics": {"test_acc": 0.5, "test_loss": 1.5, "total_false_positives": 0.0,
+                    "total_false_negatives": 12.0},
+        "excluded": {"malicious_first_round": {}, "honest": []},
+        "exposure": {"attackers": 12, "honest_rounds": 560, "attacker_rounds": 240},
+    }  # fmt: skip
+    (tmp_path / "cells.jsonl").write_text(json.dumps(cell) + "\n")
+
+    pid_made_paper.summarise(tmp_path / "cells.jsonl", stem)
+
+    rows = json.loads(stem.with_suffix(".json").read_text())["rows"]
+    [rerun] = [r for r in rows if r["experiment"] == "figure4"]
+    assert (rerun["method"], rerun["seeds"], rerun["acc"]) == ("fedavg", 1, [0.5])
+    others = [r for r in json.loads(committed.read_text())["rows"] if r["experiment"] != "figure4"]
+    assert json.dumps([r for r in rows if r["experiment"] != "figure4"]) == json.dumps(others)
+    assert "| figure4 | fedavg | 0.3 | 1 |" in stem.with_suffix(".md").read_text()
