@@ -212,20 +212,22 @@ def build_federation(work: Workload) -> tuple[Any, float]:
 def engine_run(workload: dict[str, Any], threads: int) -> dict[str, Any]:
     """fedsieve's engine on the workload (a :class:`Workload`'s fields; run in a
     subprocess, prints JSON): accuracy per round, the seconds of the partition and of the
-    rounds, peak resident memory."""
+    rounds, peak resident memory. ``threads`` torch threads for the run only: a caller in
+    this process keeps its own count."""
     import torch
 
     from federated.loop import train
+    from tasks.grid import cell_threads
 
-    torch.set_num_threads(threads)
     work = Workload(**workload)
-    federation, partition_s = build_federation(work)
     accuracy: list[float] = []
-    started = time.perf_counter()
-    train(
-        federation, federation.initial_state(), work.rounds,
-        on_round=lambda report, _state: accuracy.append(report.metrics["test_acc"]),
-    )  # fmt: skip
+    with cell_threads(threads):
+        federation, partition_s = build_federation(work)
+        started = time.perf_counter()
+        train(
+            federation, federation.initial_state(), work.rounds,
+            on_round=lambda report, _state: accuracy.append(report.metrics["test_acc"]),
+        )  # fmt: skip
     result = {
         "batched": federation.batched,
         "acc": accuracy,
