@@ -304,15 +304,13 @@ class Loopback:
                 return left
             time.sleep(0.1)
 
-    def serverapp_stacks(self, timeout: float = STOP_GRACE) -> str:
-        """Where each ServerApp process still alive waits: SIGUSR1 has each write every
-        thread's stack to its stderr (:mod:`flowerapp.server_app` registers it), which is
-        the SuperLink's log; the lines the log gained (a dump per process, or what came
-        by ``timeout``)."""
+    def serverapp_stacks(self, stacks: Path, timeout: float = STOP_GRACE) -> str:
+        """Where each ServerApp process still alive waits: SIGUSR1 has each append every
+        thread's stack to its run's ``stacks`` file (:attr:`flowerapp.hub.HubFiles.stacks`);
+        what the file gained (a dump per process, or what came by ``timeout``)."""
         if self.superlink is None:
             return ""
-        log = self.work / "superlink.log"
-        start = log.stat().st_size
+        start = stacks.stat().st_size if stacks.exists() else 0
         left = [
             pid for pid in _group_members(self.superlink.pid)
             if "flwr-serverapp" in _command_line(pid)
@@ -322,9 +320,7 @@ class Loopback:
                 os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + timeout
         while True:
-            with log.open("rb") as file:
-                file.seek(start)
-                gained = file.read().decode(errors="replace")
+            gained = stacks.read_bytes()[start:].decode(errors="replace") if stacks.exists() else ""
             if gained.count("Current thread") >= len(left) or time.monotonic() >= deadline:
                 return gained
             time.sleep(0.1)

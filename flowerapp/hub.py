@@ -199,6 +199,12 @@ class HubFiles:
         ``updates`` stacked ``(n_sites, d)``, ``token``)."""
         return self.folder / "pretest-updates.pt"
 
+    @property
+    def stacks(self) -> Path:
+        """Where the ServerApp writes every thread's stack on ``kill -USR1 <pid>``: where a
+        hub process that outlived its run waits (Flower sends its output to /dev/null)."""
+        return self.folder / "stacks.txt"
+
     def record_exchange(self, exchange: dict[str, Any], token: str) -> None:
         with self.exchanges.open("a") as out:
             out.write(json.dumps({"run": token, **exchange}) + "\n")

@@ -37,14 +37,10 @@ from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, si
 from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
 
-__all__ = ["app", "run_hub", "run_pretest"]
+__all__ = ["app", "run_hub", "run_pretest", "stacks_on_sigusr1"]
 
 log = logging.getLogger("flwr")
 app = ServerApp()
-
-# `kill -USR1 <pid>` writes every thread's stack to the process's stderr (the SuperLink's
-# log): where a hub process that outlived its run is waiting
-faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 @app.main()
@@ -52,6 +48,7 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     files = HubFiles(Path(str(config["hub-folder"])))
     token = str(config.get("run-token", ""))
+    stacks_on_sigusr1(files.stacks)
     try:
         if config.get("stage", "train") == "pretest":
             outcome = run_pretest(
@@ -70,6 +67,13 @@ def main(grid: Grid, context: Context) -> None:
         files.write_outcome(token, outcome)
         raise
     files.write_outcome(token, outcome)
+
+
+def stacks_on_sigusr1(path: Path) -> None:
+    """``kill -USR1 <pid>`` appends every thread's stack to ``path``, also after ``main``
+    returns (faulthandler keeps the file open): where a process that outlived its run
+    waits. Not stderr: Flower sends a ServerApp's output to /dev/null."""
+    faulthandler.register(signal.SIGUSR1, file=path.open("a"), all_threads=True)
 
 
 def run_hub(

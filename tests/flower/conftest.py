@@ -123,16 +123,17 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
     done = hub.fed.run_app(app, config, timeout=limit(600))
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
-    assert_no_serverapp_left(hub, "a hub process outlived its run")
+    assert_no_serverapp_left(hub, files, "a hub process outlived its run")
     saved = read_checkpoint(checkpoint, params_hash(params))
     assert saved is not None
     return ServerState.from_dict(saved["state"])
 
 
-def assert_no_serverapp_left(hub: Hub, what: str) -> None:
-    """No ServerApp process outlives its run; one that does is shown with its stacks."""
+def assert_no_serverapp_left(hub: Hub, files: HubFiles, what: str) -> None:
+    """No ServerApp process outlives its run (``files``); one that does is shown with its
+    stacks."""
     left = hub.fed.serverapps_left(timeout=limit(60))
-    assert left == [], f"{what}: {left}\n{hub.fed.serverapp_stacks()[-8000:]}"
+    assert left == [], f"{what}: {left}\n{hub.fed.serverapp_stacks(files.stacks)[-8000:]}"
 
 
 def site_names(count: int = SITES) -> list[str]:

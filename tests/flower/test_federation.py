@@ -182,7 +182,7 @@ def test_the_pretest_at_the_sites_tests_what_the_simulation_tests(
     outcome = json.loads(files.outcome.read_text()) if files.outcome.exists() else None
     assert outcome is not None and outcome["status"] == "finished", (outcome, done.stdout[-3000:])
     assert outcome["rounds"] == after and outcome["missing"] == []
-    assert_no_serverapp_left(hub, "the pre-test's ServerApp outlived its run")
+    assert_no_serverapp_left(hub, files, "the pre-test's ServerApp outlived its run")
     saved = torch.load(files.pretest_updates, weights_only=True)
 
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
@@ -298,7 +298,7 @@ def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:
         "ModelDiverged: site 1: the model's outputs are NaN or infinite for "
     ), outcome
     assert not files.rounds.exists()  # no round was journaled with NaN scores
-    assert_no_serverapp_left(hub, "a failed run's ServerApp outlived it")
+    assert_no_serverapp_left(hub, files, "a failed run's ServerApp outlived it")
     hub.fed.stop_site("diverging-site")
 
 
