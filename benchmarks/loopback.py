@@ -296,13 +296,17 @@ class Loopback:
             return []
         deadline = time.monotonic() + timeout
         while True:
-            left = [
-                line for line in map(_command_line, _group_members(self.superlink.pid))
-                if "flwr-serverapp" in line
-            ]  # fmt: skip
+            left = list(self._serverapps(self.superlink.pid).values())
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(0.1)
+
+    @staticmethod
+    def _serverapps(superlink: int) -> dict[int, str]:
+        """The ServerApp processes (``flwr-serverapp``) alive in the SuperLink's group: each
+        PID and its command line."""
+        lines = {pid: _command_line(pid) for pid in _group_members(superlink)}
+        return {pid: line for pid, line in lines.items() if "flwr-serverapp" in line}
 
     def serverapp_stacks(self, stacks: Path, timeout: float = STOP_GRACE) -> str:
         """Where each ServerApp process still alive waits: SIGUSR1 has each append every
@@ -311,10 +315,7 @@ class Loopback:
         if self.superlink is None:
             return ""
         start = stacks.stat().st_size if stacks.exists() else 0
-        left = [
-            pid for pid in _group_members(self.superlink.pid)
-            if "flwr-serverapp" in _command_line(pid)
-        ]  # fmt: skip
+        left = list(self._serverapps(self.superlink.pid))
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
