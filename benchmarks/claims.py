@@ -82,7 +82,7 @@ import yaml
 from statsmodels.stats.multitest import multipletests
 
 from benchmarks import pid_made_ablation
-from benchmarks.tables.fedlag import fedlag_by_seed
+from benchmarks.tables.fedlag import STABILITY_MEASURES, fedlag_by_seed
 from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_table
 from benchmarks.tables.pid_made import (
     ABLATION_REFERENCE,
@@ -350,7 +350,7 @@ def stability(claim: dict[str, Any]) -> Tested:
     """Read off the stability table, whose rows are α and measure: ``row`` must name the
     claim's ``alpha`` and ``measure``, or its p could match a row that tests another."""
     table, row, alpha, measure = claim["table"], claim["row"], claim["alpha"], claim["measure"]
-    label = {"acc": "ACC", "wobble": "wobble"}.get(measure)
+    label = STABILITY_MEASURES.get(measure, (None, None))[0]
     expected = f"{alpha:g}, {label}" if isinstance(alpha, int | float) and label else None
     if table != STABILITY_TABLE or row != expected:
         raise ValueError(
@@ -358,7 +358,7 @@ def stability(claim: dict[str, Any]) -> Tested:
             f"of its α and measure (acc or wobble), got table {table!r}, row {row!r}, "
             f"alpha {alpha!r}, measure {measure!r}"
         )
-    key = {"acc": "acc", "wobble": "last_rounds_acc_std"}[measure]
+    key = STABILITY_MEASURES[measure][1]
     rows = results_json("fedlag-stability")["rows"]
     first, second = (
         fedlag_by_seed(rows, claim["alpha"], m, key) for m in (claim["first"], claim["second"])

@@ -8,6 +8,9 @@ from benchmarks.tables.paired import Paired
 from benchmarks.tables.records import Row, results_json
 from tasks.statistics import seed_difference
 
+# A stability measure: its label in the paired table and its key in the record's rows
+STABILITY_MEASURES = {"acc": ("ACC", "acc"), "wobble": ("wobble", "last_rounds_acc_std")}
+
 
 def fedlag_block() -> str:
     """FedLag's stability claim (benchmarks/fedlag_stability.py): final test accuracy and
@@ -50,7 +53,7 @@ def fedlag_paired() -> Paired:
                 fedlag_by_seed(rows, alpha, method, key), fedlag_by_seed(rows, alpha, "fedavg", key)
             ),
         )
-        for measure, key in (("ACC", "acc"), ("wobble", "last_rounds_acc_std"))
+        for measure, key in STABILITY_MEASURES.values()
         for alpha in sorted({r["alpha"] for r in rows})
         for method in ("fedlag", "fedprox")
     ]
