@@ -27,6 +27,11 @@ from federated.server import EvaluationSets, Execution, Federation, RoundReport
 from flowerapp.site_data import load_site_data
 from flowerapp.task import SiteTask
 
+# Flower's own exit of a ServerApp (push the output, stop the log uploader and heartbeat)
+# takes seconds; one still alive this long after its ``main`` returned is stuck on its way
+# out, and ends itself (:func:`flowerapp.server_app.end_if_exit_hangs`).
+SERVERAPP_EXIT_GRACE_S = 60.0
+
 __all__ = [
     "HubFiles",
     "hub_federation",

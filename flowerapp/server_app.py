@@ -33,11 +33,24 @@ from federated.checkpoint import read_checkpoint, save_checkpoint
 from federated.driver import RunDriver
 from federated.loop import train
 from federated.server import Federation, RoundReport, ServerState
-from flowerapp.hub import HubFiles, hub_federation, shuffle_seed, site_nodes, site_task
+from flowerapp.hub import (
+    SERVERAPP_EXIT_GRACE_S,
+    HubFiles,
+    hub_federation,
+    shuffle_seed,
+    site_nodes,
+    site_task,
+)
 from flowerapp.plan import plan_digest
 from flowerapp.remote import RemoteExecutor
 
-__all__ = ["app", "run_hub", "run_pretest", "stacks_on_sigusr1"]
+__all__ = [
+    "app",
+    "end_if_exit_hangs",
+    "run_hub",
+    "run_pretest",
+    "stacks_on_sigusr1",
+]
 
 log = logging.getLogger("flwr")
 app = ServerApp()
@@ -50,23 +63,29 @@ def main(grid: Grid, context: Context) -> None:
     token = str(config.get("run-token", ""))
     stacks_on_sigusr1(files.stacks)
     try:
+        files.write_outcome(token, _stage_outcome(grid, config, files, token))
+    finally:
+        end_if_exit_hangs(files.stacks)
+
+
+def _stage_outcome(grid: Grid, config: Any, files: HubFiles, token: str) -> dict[str, Any]:
+    """The run config's stage (the pre-test or the rounds) run to its outcome; a failure is
+    written as the outcome for the hub's pipeline, then raised."""
+    data_root = Path(str(config["data-root"]))
+    try:
         if config.get("stage", "train") == "pretest":
-            outcome = run_pretest(
-                grid, files, data_root=Path(str(config["data-root"])), token=token
-            )
-        else:
-            outcome = run_hub(
-                grid, files, data_root=Path(str(config["data-root"])),
-                checkpoint=Path(str(config["checkpoint"])),
-                run_id=str(config.get("run-id", "")) or None,
-                resume=bool(config.get("resume", False)), token=token,
-            )  # fmt: skip
-    except Exception as error:  # said in outcome.json for the hub's pipeline, then raised
-        outcome = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+            return run_pretest(grid, files, data_root=data_root, token=token)
+        return run_hub(
+            grid, files, data_root=data_root, checkpoint=Path(str(config["checkpoint"])),
+            run_id=str(config.get("run-id", "")) or None,
+            resume=bool(config.get("resume", False)), token=token,
+        )  # fmt: skip
+    except Exception as error:
         log.error("hub failed: %s", traceback.format_exc())
-        files.write_outcome(token, outcome)
+        files.write_outcome(
+            token, {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+        )
         raise
-    files.write_outcome(token, outcome)
 
 
 def stacks_on_sigusr1(path: Path) -> None:
@@ -74,6 +93,19 @@ def stacks_on_sigusr1(path: Path) -> None:
     returns (faulthandler keeps the file open): where a process that outlived its run
     waits. Not stderr: Flower sends a ServerApp's output to /dev/null."""
     faulthandler.register(signal.SIGUSR1, file=path.open("a"), all_threads=True)
+
+
+def end_if_exit_hangs(stacks: Path, grace: float = SERVERAPP_EXIT_GRACE_S) -> None:
+    """If the process is still alive ``grace`` seconds from now, append every thread's stack
+    to ``stacks`` and end it (exit code 1), whatever holds it.
+
+    Called as ``main`` returns, once the run's outcome is written. Flower 1.32.1 can
+    deadlock on its way out: a call refused after its token was revoked sends the process
+    SIGINT, whose handler waits for the exit-handler lock that the exiting thread holds
+    (flwrlabs/flower#7919), and a hub would gather such processes. faulthandler's watchdog
+    is a C thread, so it fires even if the stuck thread holds the interpreter; a process
+    that exits in time cancels it on the way out."""
+    faulthandler.dump_traceback_later(grace, exit=True, file=stacks.open("a"))
 
 
 def run_hub(

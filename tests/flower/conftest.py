@@ -23,7 +23,7 @@ from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo, dataset_info, load_digits
 from federated.server import ServerState
 from flowerapp.certs import SiteKey, make_site_key
-from flowerapp.hub import HubFiles, site_task, write_params
+from flowerapp.hub import SERVERAPP_EXIT_GRACE_S, HubFiles, site_task, write_params
 from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition
@@ -130,9 +130,9 @@ def run_at_sites(hub: Hub, raw: dict[str, Any], name: str, app: Path = APP_DIR) 
 
 
 def assert_no_serverapp_left(hub: Hub, files: HubFiles, what: str) -> None:
-    """No ServerApp process outlives its run (``files``); one that does is shown with its
-    stacks."""
-    left = hub.fed.serverapps_left(timeout=limit(60))
+    """No ServerApp process outlives its run (``files``) by more than its exit grace (one
+    whose exit deadlocked ends itself then); one that does is shown with its stacks."""
+    left = hub.fed.serverapps_left(timeout=SERVERAPP_EXIT_GRACE_S + limit(60))
     assert left == [], f"{what}: {left}\n{hub.fed.serverapp_stacks(files.stacks)[-8000:]}"
 
 

@@ -1,6 +1,7 @@
 """A hub process that outlives its run can be asked where it waits: ``kill -USR1 <pid>``
 has the ServerApp append every thread's stack to its run's ``stacks.txt`` (Flower sends
-its output to /dev/null), and it goes on running."""
+its output to /dev/null), and it goes on running. One still alive a grace period after its
+``main`` returned (Flower's exit deadlocked) writes its stacks there and ends."""
 
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ from flowerapp.server_app import stacks_on_sigusr1
 stacks_on_sigusr1(Path(sys.argv[1]))
 print("ready", flush=True)
 time.sleep(600)
+"""
+
+HANGS = """
+import sys, threading
+from pathlib import Path
+from flowerapp.server_app import end_if_exit_hangs
+end_if_exit_hangs(Path(sys.argv[1]), grace=float(sys.argv[2]))
+held = threading.Lock()
+held.acquire()
+if sys.argv[3] == "hang":
+    held.acquire()  # the thread waits for a lock it holds, as Flower's exit can
 """
 
 
@@ -43,3 +55,22 @@ def test_sigusr1_has_the_serverapp_write_its_stacks_to_its_file_and_go_on(
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_process_stuck_on_its_way_out_writes_its_stacks_and_ends(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks.txt"
+    stuck = subprocess.run(
+        [str(FLOWER_BIN / "python"), "-c", HANGS, str(stacks), "1", "hang"], cwd=REPO,
+        capture_output=True, text=True, timeout=limit(120),
+    )  # fmt: skip
+    assert stuck.returncode == 1, stuck.stderr
+    assert 'File "<string>", line 9 in <module>' in stacks.read_text(), stacks.read_text()
+
+
+def test_a_process_that_exits_in_time_exits_as_it_would(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks.txt"
+    done = subprocess.run(
+        [str(FLOWER_BIN / "python"), "-c", HANGS, str(stacks), "600", "exit"], cwd=REPO,
+        capture_output=True, text=True, timeout=limit(120),
+    )  # fmt: skip
+    assert (done.returncode, stacks.read_text()) == (0, ""), done.stderr
