@@ -28,9 +28,14 @@ endif
 # these machines), the pinned stack (pyproject.toml's dependencies), medmnist without its
 # torchvision dependency, then the project itself with the dev tools. The image runs the
 # same steps, `deps project` (no dev tools), before the source is copied: the editable
-# install needs only pyproject.toml, so source edits keep those layers.
-setup: deps setup-flower
+# install needs only pyproject.toml, so source edits keep those layers. The two
+# environments are independent and each install is mostly one core's work, so they are
+# built at once. The project's own modules are compiled once: processes that may not write
+# bytecode (PYTHONDONTWRITEBYTECODE, set on these machines) read it instead of compiling.
+setup:
+	$(MAKE) --no-print-directory -j2 -Otarget deps setup-flower
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[hub,dev]"
+	$(BIN)/python -m compileall -q aggregation benchmarks config federated fedsieve flowerapp flows models registry tasks >/dev/null
 	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
 	@# only where apt-get runs as root, and the test says so when the browser is missing.
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
