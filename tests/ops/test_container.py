@@ -112,7 +112,7 @@ def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(doc
     # the CPU image refuses a torch built for CUDA (a fallback from an unreachable index)
     assert "torch.version.cuda" in steps[deps][1] and "PIP_EXTRA_INDEX_URL" in steps[deps][1]
     recipe = make_recipe("setup")
-    assert "setup: deps setup-flower" in (REPO / "Makefile").read_text()
+    assert recipe[0].endswith("deps setup-flower")  # the image's steps, both environments
     assert any('-e ".[hub,dev]"' in line for line in recipe)
     deps_recipe = make_recipe("deps")
     assert "torch==2.13.0" in deps_recipe[1] and "requirements.txt" in deps_recipe[3]
