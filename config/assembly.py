@@ -19,6 +19,7 @@ __all__ = [
     "build_defence",
     "build_global_model",
     "dataset_info_of",  # from config.dataset, beside the parts built from it
+    "device_problem",
     "federation_config",
     "local_training",
     "noniid_check",
@@ -27,13 +28,18 @@ __all__ = [
 ]
 
 
+def device_problem(choice: str) -> str | None:
+    """Why ``train.device = choice`` cannot run on this machine; None when it can."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        return "train.device is 'cuda' but no CUDA device is available; use auto or cpu"
+    return None
+
+
 def resolve_device(choice: str) -> torch.device:
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "train.device is 'cuda' but no CUDA device is available; use auto or cpu"
-        )
+    if problem := device_problem(choice):
+        raise RuntimeError(problem)
     return torch.device(choice)
 
 

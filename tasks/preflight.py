@@ -25,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
 from aggregation.defence import Rows, run_rule
+from config.assembly import device_problem
 from config.errors import ConfigError
 from config.params import Params, population
 from federated.data import DataError, unwritable
@@ -72,6 +73,8 @@ def check_writable(workdir: Path) -> None:
 def check_params(params: Params, workdir: Path, *, source: str = "params") -> None:
     """Raise :class:`ConfigError` naming what cannot work, before anything is written."""
     check_writable(workdir)
+    if problem := device_problem(params.train.device):  # the hub's process resolves it too
+        raise ConfigError(f"{source}: {problem}")
     if params.federation.runtime == "flower" and not params.federation.sites:
         raise ConfigError(
             f"{source}: federation.sites is empty: name each site (name, node_id from `flwr "

@@ -1,11 +1,13 @@
 """Preflight at real sites: the rule is probed with the clients a round samples from the
-registered sites (``federation.sites``), not from the simulated partition's clients."""
+registered sites (``federation.sites``), not from the simulated partition's clients. A
+device the machine lacks is refused before anything runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from config.errors import ConfigError
 from config.params import validate_params
@@ -31,3 +33,16 @@ def test_a_rule_that_needs_more_clients_than_the_sites_is_refused_before_anythin
         check_params(params, tmp_path)
     assert str(error.value).startswith("params: aggregate (krum) with 3 clients per round: ")
     assert "\n" not in str(error.value)
+
+
+def test_cuda_on_a_machine_without_one_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
+    params = validate_params({"data": {"dataset": "digits"}, "train": {"device": "cuda"}}, "p.yaml")
+    with pytest.raises(ConfigError) as error:
+        check_params(params, tmp_path, source="p.yaml")
+    assert str(error.value) == (
+        "p.yaml: train.device is 'cuda' but no CUDA device is available; use auto or cpu"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing written
