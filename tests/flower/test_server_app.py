@@ -57,20 +57,22 @@ def test_sigusr1_has_the_serverapp_write_its_stacks_to_its_file_and_go_on(
         process.wait()
 
 
-def test_a_process_stuck_on_its_way_out_writes_its_stacks_and_ends(tmp_path: Path) -> None:
-    stacks = tmp_path / "stacks.txt"
-    stuck = subprocess.run(
-        [str(FLOWER_BIN / "python"), "-c", HANGS, str(stacks), "1", "hang"], cwd=REPO,
+def run_exit_guarded(stacks: Path, grace: str, then: str) -> subprocess.CompletedProcess[str]:
+    """:data:`HANGS` run to its end: the guard armed with ``grace``, then a hang or an exit."""
+    return subprocess.run(
+        [str(FLOWER_BIN / "python"), "-c", HANGS, str(stacks), grace, then], cwd=REPO,
         capture_output=True, text=True, timeout=limit(120),
     )  # fmt: skip
+
+
+def test_a_process_stuck_on_its_way_out_writes_its_stacks_and_ends(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks.txt"
+    stuck = run_exit_guarded(stacks, "1", "hang")
     assert stuck.returncode == 1, stuck.stderr
     assert 'File "<string>", line 9 in <module>' in stacks.read_text(), stacks.read_text()
 
 
 def test_a_process_that_exits_in_time_exits_as_it_would(tmp_path: Path) -> None:
     stacks = tmp_path / "stacks.txt"
-    done = subprocess.run(
-        [str(FLOWER_BIN / "python"), "-c", HANGS, str(stacks), "600", "exit"], cwd=REPO,
-        capture_output=True, text=True, timeout=limit(120),
-    )  # fmt: skip
+    done = run_exit_guarded(stacks, "600", "exit")
     assert (done.returncode, stacks.read_text()) == (0, ""), done.stderr
