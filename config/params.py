@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -722,15 +723,20 @@ def params_warnings(params: Params) -> list[str]:
     return warnings
 
 
-def _format_error(error: ValidationError, source: str) -> str:
+def _format_error(
+    error: ValidationError, source: str, overridden: Sequence[str] = (), option: str = "--set"
+) -> str:
     """The error in one line; an unknown key first (a misspelt key also leaves the key it
-    meant missing: ``node-id`` for ``node_id``)."""
+    meant missing: ``node-id`` for ``node_id``). A key an override set (``overridden``, the
+    keys of ``option``: ``--set``, DVC's ``-S``) is named as the option's, not the file's."""
     errors = error.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if not key:  # a check across sections: its message names the keys
-        return f"{source}: {message}"
+        return f"{given_source(source, overridden, option)}: {message}"
+    if any(_overlaps(key, set_key) for set_key in overridden):
+        source = option
     if first["type"] == "extra_forbidden":
         section = ".".join(str(p) for p in first["loc"][:-1]) or "the top level"
         allowed = ", ".join(_section_keys(first["loc"][:-1]))
@@ -739,6 +745,22 @@ def _format_error(error: ValidationError, source: str) -> str:
     shown = json.dumps(value, default=str)
     extra = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{source}: {key} = {shown}: {message}{extra}"
+
+
+def override_keys(overrides: Sequence[str] | None) -> list[str]:
+    """The dotted keys ``key=value`` overrides set."""
+    return [override.partition("=")[0].strip() for override in overrides or []]
+
+
+def given_source(path: str, overridden: Sequence[str], option: str = "--set") -> str:
+    """Where params came from, for an error that spans several keys: the file, and the keys
+    ``option`` changed in it."""
+    return f"{path} with {option} {', '.join(overridden)}" if overridden else path
+
+
+def _overlaps(key: str, set_key: str) -> bool:
+    """Whether the dotted ``key`` lies in, or holds, the dotted ``set_key``."""
+    return key == set_key or key.startswith(f"{set_key}.") or set_key.startswith(f"{key}.")
 
 
 def _section_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -763,15 +785,18 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_params(path: Path | str = "params.yaml", overrides: list[str] | None = None) -> Params:
-    """Read and validate ``path`` with ``key.sub=value`` overrides (values parsed as YAML)."""
+def load_params(
+    path: Path | str = "params.yaml", overrides: list[str] | None = None, option: str = "--set"
+) -> Params:
+    """Read and validate ``path`` with ``key.sub=value`` overrides (values parsed as YAML),
+    given by ``option`` (named in an error)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(error)})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     for override in overrides or []:
@@ -788,15 +813,27 @@ def load_params(path: Path | str = "params.yaml", overrides: list[str] | None = 
                 "--set 'compare.seeds=[0, 1]'"
             ) from None
         _set_dotted(raw, key.strip(), value)
-    return validate_params(raw, str(path))
+    return validate_params(raw, str(path), override_keys(overrides), option)
 
 
-def validate_params(raw: dict[str, Any], source: str) -> Params:
-    """Validate a params tree; a bad value is a one-line :class:`ConfigError`."""
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What the YAML parser found wrong, and where (line and column, counted from 1)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def validate_params(
+    raw: dict[str, Any], source: str, overridden: Sequence[str] = (), option: str = "--set"
+) -> Params:
+    """Validate a params tree; a bad value is a one-line :class:`ConfigError` naming
+    ``source``, or ``option`` where one of the ``overridden`` keys holds it."""
     try:
         return Params.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(_format_error(error, source)) from None
+        raise ConfigError(_format_error(error, source, overridden, option)) from None
 
 
 def params_hash(params: Params) -> str:

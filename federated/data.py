@@ -179,9 +179,20 @@ def file_md5(path: Path, chunk_size: int = 1 << 20) -> str:
 def download_medmnist(info: DatasetInfo, root: Path, *, progress: bool = True) -> Path:
     """Fetch ``<root>/<file name>`` from its official URL, checking the md5 before the file
     is moved into place (so a broken download never lands as the real file)."""
+    created = [folder for folder in (root, *root.parents) if not folder.exists()]
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return _fetch_checked(info, root, progress=progress)
+    except BaseException:
+        for folder in created:  # deepest first: a failed download leaves no empty folder
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _fetch_checked(info: DatasetInfo, root: Path, *, progress: bool) -> Path:
     from tqdm import tqdm
 
-    root.mkdir(parents=True, exist_ok=True)
     target = root / info.file_name
     with tempfile.NamedTemporaryFile(dir=root, suffix=".part", delete=False) as tmp:
         tmp_path = Path(tmp.name)

@@ -64,13 +64,17 @@ def checked_params(args: argparse.Namespace, workdir: Path) -> Params:
     return params
 
 
-def checked_params_file(path: str, overrides: list[str] | None, workdir: Path) -> Params:
-    """``path`` with ``key=value`` overrides, validated and preflight-checked (data,
-    partition, rules against the clients per round). (Imported here: commands that take no
-    params, ``fedsieve dvc`` and ``list``, need neither torch nor Prefect.)"""
-    from config.params import load_params
+def checked_params_file(
+    path: str, overrides: list[str] | None, workdir: Path, option: str = "--set"
+) -> Params:
+    """``path`` with ``key=value`` overrides (given by ``option``), validated and
+    preflight-checked (data, partition, rules against the clients per round). (Imported
+    here: commands that take no params, ``fedsieve dvc`` and ``list``, need neither torch
+    nor Prefect.)"""
+    from config.params import given_source, load_params, override_keys
     from tasks.preflight import check_params
 
-    params = load_params(Path(path), overrides)
-    check_params(params, workdir, source=path)
+    params = load_params(Path(path), overrides, option)
+    source = given_source(path, override_keys(overrides), option)
+    check_params(params, workdir, source=source)
     return params

@@ -177,7 +177,7 @@ def _check_pipeline_params(options: list[str], workdir: Path) -> None:
         if option in ("-S", "--set-param")
     ]
     ours = [o for o in overrides if ":" not in o.partition("=")[0]]  # not other.yaml:key=…
-    checked_params_file("params.yaml", ours, workdir)  # named as the stages name it
+    checked_params_file("params.yaml", ours, workdir, option="-S")
 
 
 STAGE_STOP_SECONDS = 30  # a stopping stage's exit hooks: closing its MLflow run, Prefect's

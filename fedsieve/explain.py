@@ -112,9 +112,14 @@ def explain(args: argparse.Namespace, workdir: Path) -> int:
     if not trail.exists():
         raise OpsError(f"no exclusion trail at {trail}: run the pipeline (or the grid) first")
     with trail.open() as handle:
-        rows = [r for r in csv.DictReader(handle) if _number(r.get("round")) == args.round]
+        trail_rows = list(csv.DictReader(handle))
+    rows = [r for r in trail_rows if _number(r.get("round")) == args.round]
     if not rows:
-        raise OpsError(f"{trail} has no round {args.round}")
+        held = sorted({int(n) for r in trail_rows if (n := _number(r.get("round"))) is not None})
+        if not held:
+            raise OpsError(f"{trail} holds no round yet")
+        rounds = f"rounds {held[0]} to {held[-1]}" if len(held) > 1 else f"round {held[0]}"
+        raise OpsError(f"{trail} has no round {args.round}; it holds {rounds}")
     if args.site is not None:
         row = next((r for r in rows if r.get("site") == args.site), None)
     else:

@@ -80,6 +80,7 @@ RETRY_S = 2.0  # between tries while the old node is still online (a try takes s
 STOP_GRACE = 10.0  # after Ctrl-C or a revoked key: SIGTERM, then SIGKILL this much later
 QUIET_S = 0.2  # how long the output must be quiet before an exited child is done with
 HOLD_S = 10.0  # a child not joined by then is waiting on the hub: its lines are shown as they come
+TRACEBACK_QUIET_S = 10.0  # a held traceback without a new line this long is shown
 
 _JOINED = re.compile(r"SuperNode ID: (\d+)")
 _STILL_ONLINE = re.compile(r"SuperNode with node ID (\d+) could not be activated")
@@ -115,6 +116,7 @@ class _Attempt:
     revoked: bool = False
     refused_at: float | None = None  # when the hub's refusal was read (the child should end)
     traceback: list[str] = field(default_factory=list)  # held once joined, until it is read
+    traceback_at: float = 0.0  # when its last line came
     returncode: int = 0
 
 
@@ -234,19 +236,29 @@ class _Supervisor:
     def _joined_line(self, attempt: _Attempt, line: str) -> None:
         """Pass a joined node's lines through, but hold a traceback until it is read: the
         one flower-supernode prints when the hub unregistered its key says so only midway
-        (:data:`_REVOKED`), and is then left out for the site's one line."""
+        (:data:`_REVOKED`), and is then left out for the site's one line. A log line does
+        not end a held traceback: the SuperExec shares the output and, started late on a
+        busy machine, logs in the middle of one. The traceback is shown when the next one
+        starts, when it has had no line for TRACEBACK_QUIET_S, or when the child ends."""
         if attempt.revoked:
             return
-        if attempt.traceback and _LOG_LINE.match(line):
-            self._release_traceback(attempt)  # it ended, and was not a revocation
-        if not attempt.traceback and not line.startswith(_TRACEBACK):
-            self.say(line)
-            return
-        attempt.traceback.append(line)
         if _REVOKED in line:
             attempt.revoked = True
             attempt.traceback.clear()
             self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
+            return
+        if line.startswith(_TRACEBACK):
+            self._release_traceback(attempt)  # the one before ended, and was not a revocation
+        elif not attempt.traceback or _LOG_LINE.match(line):
+            self.say(line)
+            return
+        attempt.traceback.append(line)
+        attempt.traceback_at = time.monotonic()
+
+    def _release_quiet_traceback(self, attempt: _Attempt) -> None:
+        """A held traceback that had no new line for TRACEBACK_QUIET_S was no revocation."""
+        if attempt.traceback and time.monotonic() - attempt.traceback_at >= TRACEBACK_QUIET_S:
+            self._release_traceback(attempt)
 
     def _release_traceback(self, attempt: _Attempt) -> None:
         for held in attempt.traceback:
@@ -289,6 +301,7 @@ class _Supervisor:
                 self._line(attempt, line)
             if attempt.node is None and time.monotonic() - attempt.started > HOLD_S:
                 self._show_held(attempt)  # still not in: the hub is slow or away, say so
+            self._release_quiet_traceback(attempt)
         attempt.returncode = child.wait()
         self._release_traceback(attempt)
         return attempt

@@ -60,6 +60,9 @@ class AppliedModel:
     version: str
 
 
+MODEL_FORMS = "give a models:/ URI, a run's model (runs:/<id>/model) or a model folder"
+
+
 def load_applied_model(spec: str) -> AppliedModel:
     """The model ``spec`` names: a ``models:/`` or ``runs:/`` URI (from the tracking
     store), an MLflow model folder (copied to a site: a folder downloaded from the
@@ -70,6 +73,8 @@ def load_applied_model(spec: str) -> AppliedModel:
     path = Path(spec).expanduser()
     if path.is_dir() and (path / CLASSIFIER_FILE).is_file():
         return AppliedModel(load_classifier(path), path.name, "")
+    if ":" not in spec and not path.exists():  # a folder's name, not a URI
+        raise ValueError(f"--model {spec}: no such folder; {MODEL_FORMS}")
     with tempfile.TemporaryDirectory(prefix="fedsieve-model-") as scratch:
         try:
             local = path if path.is_dir() else Path(
@@ -80,8 +85,7 @@ def load_applied_model(spec: str) -> AppliedModel:
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise ValueError(
                 f"--model {spec}: not a fedsieve model that takes image files "
-                f"({type(error).__name__}: {first[:200]}); give a models:/ URI, a run's "
-                "model (runs:/<id>/model) or a model folder"
+                f"({type(error).__name__}: {first[:200]}); {MODEL_FORMS}"
             ) from None
         meta_file = local / REGISTERED_MODEL_META
         meta = yaml.safe_load(meta_file.read_text()) if meta_file.is_file() else {}

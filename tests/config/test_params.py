@@ -74,11 +74,25 @@ def test_each_bad_value_is_one_line_naming_key_and_what_is_allowed(override, key
     assert key in message and allowed in message
 
 
+def test_a_bad_value_is_named_where_it_was_given(tmp_path):
+    # a value --set gave is --set's; one the file holds is the file's, --set or not
+    (tmp_path / "params.yaml").write_text("train:\n  rounds: 0\n")
+    with pytest.raises(ConfigError) as given:
+        load_params(PARAMS, ["train={rounds: 0}"])
+    with pytest.raises(ConfigError) as held:
+        load_params(tmp_path / "params.yaml", ["train.lr=0.1"])
+
+    assert str(given.value) == "--set: train.rounds = 0: must be an integer >= 1"
+    assert (
+        str(held.value) == f"{tmp_path / 'params.yaml'}: train.rounds = 0: must be an integer >= 1"
+    )
+
+
 def test_unreadable_params_files_are_clear(tmp_path):
     (tmp_path / "bad.yaml").write_text("train: [rounds\n")
     (tmp_path / "list.yaml").write_text("- 1\n")
 
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match=r"not valid YAML \(line 2, column 1: expected"):
         load_params(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="mapping"):
         load_params(tmp_path / "list.yaml")

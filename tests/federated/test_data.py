@@ -121,9 +121,10 @@ def test_a_download_with_the_wrong_md5_never_lands(file_server, tmp_path):
     )
     root = tmp_path / "root"
 
+    root.mkdir()
     with pytest.raises(DataError, match="expected 0000"):
         download_medmnist(info, root, progress=False)
-    assert list(Path(root).iterdir()) == []
+    assert list(Path(root).iterdir()) == []  # a folder that was there stays
 
 
 def test_an_unreachable_download_is_one_clear_error(tmp_path, monkeypatch):
@@ -134,7 +135,8 @@ def test_an_unreachable_download_is_one_clear_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(data_module.urllib.request, "urlopen", refuse)
     with pytest.raises(DataError, match=r"download failed.*750601b1f35ba3300ea97c75c52ff8f6"):
-        ensure_medmnist("breastmnist", tmp_path, download=True, progress=False)
+        ensure_medmnist("breastmnist", tmp_path / "new" / "root", download=True, progress=False)
+    assert list(tmp_path.iterdir()) == []  # the folders it made for the file are gone
 
 
 def test_digits_is_a_dataset_like_any_flag_with_a_seeded_stratified_split(tmp_path):

@@ -70,16 +70,16 @@ def servers_for(home: Path) -> list[int]:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["run", "--set", "train.rounds=-1"], "train.rounds = -1"),
+        (["run", "--set", "train.rounds=-1"], "--set: train.rounds = -1"),
         (["run", "--set", "seed=-3"], "seed = -3"),
         (["run", "--set", "partition.num_clients=600"], "fewer clients"),
-        (["run", "--set", "aggregate={name: krum, f: 4}"], "needs n_clients > 2f + 2"),
+        (["run", "--set", "aggregate={name: krum, f: 4}"], "params.yaml with --set aggregate: "),
         (["train", "--set", "aggregate={name: bulyan, f: 2}"], "aggregate (bulyan)"),
         (["run", "--set", "train.min_clients=11"], "every round would be skipped"),
         (["partition", "--set", "compare.seeds=[0, -1]"], "compare.seeds.1"),
         (["train", "--params", "nope.yaml"], "nope.yaml: file not found"),
         # through DVC too, before the Prefect server and before DVC deletes any output
-        (["dvc", "exp", "run", "-S", "train.rounds=-1"], "train.rounds = -1"),
+        (["dvc", "exp", "run", "-S", "train.rounds=-1"], "-S: train.rounds = -1"),
         (["dvc", "exp", "run", "-S", "params.yaml:aggregate.name=nope"], "unknown aggregator"),
         (["dvc", "repro", "train", "--set-param", "seed=-3"], "seed = -3"),
         (["dvc", "exp", "run", "-n", "try", "-S", "train.lr=0"], "train.lr = 0"),
@@ -135,7 +135,7 @@ def test_a_command_with_bad_input_starts_no_server_and_writes_nothing(medmnist_r
 
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "fedsieve: error: params.yaml: train.rounds = -1: must be an integer >= 1"
+        "fedsieve: error: --set: train.rounds = -1: must be an integer >= 1"
     )
     assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]
     assert not (tmp_path / "prefect-home" / "prefect.db").exists()

@@ -41,6 +41,8 @@ def test_the_command_reads_the_trail_and_refuses_a_client_not_sampled(tmp_path, 
     assert "pid_made" in capsys.readouterr().out
     assert main(["explain", "--round", "1", "--client", "7", "--trail", str(trail)]) == 2
     assert "client 7 was not sampled in round 1; sampled: 0, 1, 2" in capsys.readouterr().err
+    assert main(["explain", "--round", "99", "--client", "1", "--trail", str(trail)]) == 2
+    assert f"{trail} has no round 99; it holds round 1\n" in capsys.readouterr().err
 
 
 def test_at_real_sites_a_site_is_named_and_no_ground_truth_is_claimed(tmp_path, capsys):

@@ -161,14 +161,20 @@ def test_predict_at_a_site_from_a_model_folder_copied_there(
     assert "scored against" not in done.stdout  # a folder of files without a table
 
 
-def test_a_model_that_is_not_there_is_one_line(store: dict[str, Any], ops: Any, tmp_path: Path):
+@pytest.mark.parametrize(
+    ("model", "problem"),
+    [("models:/fedsieve-nothing@champion", "not a fedsieve model"), ("no-model", "no such folder")],
+)
+def test_a_model_that_is_not_there_is_one_line(
+    store: dict[str, Any], ops: Any, tmp_path: Path, model: str, problem: str
+) -> None:
     done = run_predict(
-        ops, [str(store["root"] / "png"), "--model", "models:/fedsieve-nothing@champion"],
-        tmp_path, MLFLOW_TRACKING_URI=store["uri"],
+        ops, [str(store["root"] / "png"), "--model", model], tmp_path,
+        MLFLOW_TRACKING_URI=store["uri"],
     )  # fmt: skip
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith("fedsieve: error: --model models:/fedsieve-nothing@champion: not a")
+    assert line.startswith(f"fedsieve: error: --model {model}: {problem}"), line
 
 
 @pytest.fixture(scope="module")
