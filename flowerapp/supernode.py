@@ -238,8 +238,8 @@ class _Supervisor:
         one flower-supernode prints when the hub unregistered its key says so only midway
         (:data:`_REVOKED`), and is then left out for the site's one line. A log line does
         not end a held traceback: the SuperExec shares the output and, started late on a
-        busy machine, logs in the middle of one. The traceback is shown when the next one
-        starts, when it has had no line for TRACEBACK_QUIET_S, or when the child ends."""
+        busy machine, logs in the middle of one. A chained traceback is held whole. It is
+        shown once it has had no line for TRACEBACK_QUIET_S, or when the child ends."""
         if attempt.revoked:
             return
         if _REVOKED in line:
@@ -247,9 +247,8 @@ class _Supervisor:
             attempt.traceback.clear()
             self.stop_at = time.monotonic() - STOP_GRACE  # stop it now
             return
-        if line.startswith(_TRACEBACK):
-            self._release_traceback(attempt)  # the one before ended, and was not a revocation
-        elif not attempt.traceback or _LOG_LINE.match(line):
+        held = attempt.traceback or line.startswith(_TRACEBACK)
+        if not held or _LOG_LINE.match(line):
             self.say(line)
             return
         attempt.traceback.append(line)

@@ -140,9 +140,14 @@ JOINED_THEN = textwrap.dedent(
 # the SuperExec shares the SuperNode's output; started late on a busy machine, it logs in
 # the middle of the SuperNode's traceback (seen in CI)
 SUPEREXEC_MIDWAY = 'print("INFO :      Starting Flower SuperExec", flush=True)'
+# a chained traceback: the revocation is read in its last part
+CHAINED = (
+    'print("During handling of the above exception, another exception occurred:", flush=True); '
+    'print("Traceback (most recent call last):", flush=True)'
+)
 
 
-@pytest.mark.parametrize("midway", ["", SUPEREXEC_MIDWAY])
+@pytest.mark.parametrize("midway", ["", SUPEREXEC_MIDWAY, CHAINED])
 def test_a_revoked_key_is_one_line_without_flowers_traceback(tmp_path: Path, midway: str) -> None:
     script = JOINED_THEN.format(details="Invalid node ID", after="", midway=midway)
     code, out = supervise(script, tmp_path)
