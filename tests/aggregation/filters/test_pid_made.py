@@ -448,7 +448,7 @@ def test_a_bad_banned_updates_in_params_yaml_is_refused_in_one_line() -> None:
         load_params(PARAMS, ["filters=[{name: pid_made, banned_updates: ignored}]"])
 
     message = str(error.value)
-    assert "\n" not in message and "params.yaml: filters.0" in message
+    assert "\n" not in message and "--set: filters.0" in message
     assert "banned_updates must be one of 'counted', 'left_out', got 'ignored'" in message
 
 
