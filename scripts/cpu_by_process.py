@@ -78,8 +78,9 @@ def report(readings: Path, under: str) -> list[str]:
     count: Counter[str] = Counter()
     for cpu, command in seen.values():
         if under in command:
-            seconds[kind_of(command)] += cpu
-            count[kind_of(command)] += 1
+            kind = kind_of(command)
+            seconds[kind] += cpu
+            count[kind] += 1
     total = sum(seconds.values()) or 1.0
     lines = [
         f"{cpu:7.0f} s {100 * cpu / total:5.1f} % {count[kind]:5d} processes  {kind}"

@@ -52,13 +52,18 @@ HUB_AWAY = textwrap.dedent(
 )
 
 
-def supervise(script: str, tmp_path: Path, rejoin_timeout: float = 0.0) -> tuple[int, str]:
+def supervise(
+    script: str, tmp_path: Path, rejoin_timeout: float = 0.0, *args: str,
+    out: io.StringIO | None = None,
+) -> tuple[int, str]:  # fmt: skip
+    """The stand-in ``script`` (given ``args``) run as fedsieve-site runs flower-supernode:
+    its exit code and what the site said (into ``out`` as it goes, when given)."""
     stand_in = tmp_path / "flower_supernode.py"
     stand_in.write_text(script)
-    out = io.StringIO()
+    out = out if out is not None else io.StringIO()
     site = Site("127.0.0.1:9092", tmp_path / "ca.crt", tmp_path / "site.key")
     code = run_supernode(
-        [sys.executable, str(stand_in)], {}, site, rejoin_timeout=rejoin_timeout, out=out
+        [sys.executable, str(stand_in), *args], {}, site, rejoin_timeout=rejoin_timeout, out=out
     )
     return code, out.getvalue()
 
@@ -203,8 +208,7 @@ def test_the_traceback_of_a_node_that_runs_on_is_shown_once_it_is_quiet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(supernode, "TRACEBACK_QUIET_S", 0.3)
-    stand_in, go_on = tmp_path / "flower_supernode.py", tmp_path / "go-on"
-    stand_in.write_text(JOINED_GOES_ON)
+    go_on = tmp_path / "go-on"
     out, shown_while_running = io.StringIO(), threading.Event()
 
     def let_it_go_on_once_shown() -> None:
@@ -218,13 +222,10 @@ def test_the_traceback_of_a_node_that_runs_on_is_shown_once_it_is_quiet(
 
     watcher = threading.Thread(target=let_it_go_on_once_shown, daemon=True)
     watcher.start()
-    site = Site("127.0.0.1:9092", tmp_path / "ca.crt", tmp_path / "site.key")
-    code = run_supernode(
-        [sys.executable, str(stand_in), str(go_on)], {}, site, rejoin_timeout=0.0, out=out
-    )
+    code, said = supervise(JOINED_GOES_ON, tmp_path, 0.0, str(go_on), out=out)
     watcher.join()
-    assert code == 0 and shown_while_running.is_set(), out.getvalue()
-    assert out.getvalue().splitlines() == [
+    assert code == 0 and shown_while_running.is_set(), said
+    assert said.splitlines() == [
         "INFO :      SuperNode ID: 7",
         "Traceback (most recent call last):",
         "ConnectionResetError: a transient fault",
