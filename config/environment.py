@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_TRACKING_URI",
     "FLOWER_TELEMETRY_OFF",
+    "MLFLOW_SERVER_NO_JOBS",
     "PORTABLE_NUMERICS",
     "PORTABLE_NUMERICS_SWITCH",
     "configure_environment",
@@ -50,6 +51,11 @@ MLFLOW_HTTP_FAIL_FAST = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
 
+# An `mlflow server` otherwise starts a job runner and its huey consumers beside itself, for
+# MLflow's GenAI jobs (prompt optimisation, scorers), which fedsieve does not use: about as
+# much CPU again as the server's own while it idles (MLflow's own switch, read by the server)
+MLFLOW_SERVER_NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
 
 # Portable CPU numerics. Each library picks its kernels by the CPU it finds (AVX-512 where
 # there is one), and a float sum's bits depend on the kernel and on how the work is split
@@ -73,7 +79,7 @@ PORTABLE_NUMERICS_SWITCH = "FEDSIEVE_PORTABLE_NUMERICS"
 
 
 def configure_environment(project: Path | None = None) -> None:
-    for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST).items():
+    for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST | MLFLOW_SERVER_NO_JOBS).items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
     # MLflow's bar for each model download (fedsieve predict, the gate): a log full of bars

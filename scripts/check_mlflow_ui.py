@@ -49,7 +49,12 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--window-size=1400,900",
 ]
-TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+# telemetry off, and no job runner (MLflow's GenAI jobs, which the UI check does not need)
+SERVER_ENV = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+}
 
 
 class CheckError(Exception):
@@ -113,7 +118,7 @@ def start_server(store: str, port: int, artifacts: Path, log: Path) -> subproces
             command,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **TELEMETRY_OFF},
+            env={**os.environ, **SERVER_ENV},
             start_new_session=True,  # its workers are stopped with it, as one group
         )
 

@@ -145,6 +145,20 @@ def mlflow_server(module_mlflow_server: MlflowServer) -> MlflowServer:
     return module_mlflow_server
 
 
+def test_a_server_started_with_fedsieves_environment_runs_no_job_runner(
+    mlflow_server: MlflowServer,
+) -> None:
+    """MLflow's job runner and its huey consumers (for GenAI jobs fedsieve does not use)
+    are not started beside the server: they cost as much CPU as the server while it idles.
+    MLflow launches them before its workers answer /health."""
+    import psutil
+
+    descendants = psutil.Process(mlflow_server.process.pid).children(recursive=True)
+    commands = [" ".join(child.cmdline()) for child in descendants]
+    assert commands, "the server started no worker"
+    assert not [c for c in commands if "huey" in c or "jobs._job_runner" in c], commands
+
+
 def test_a_model_the_store_missed_is_logged_and_registered_once_when_it_answers(
     mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
