@@ -802,15 +802,14 @@ def load_params(
     for override in overrides or []:
         key, sep, text = override.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set {override!r}: expected key=value, e.g. train.rounds=3")
+            raise ConfigError(f"{option} {override!r}: expected key=value, e.g. train.rounds=3")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            problem = str(error).splitlines()[0]
             raise ConfigError(
-                f"--set {key.strip()}: the value {text!r} is not valid YAML ({problem}); "
-                "quote the whole option and close every bracket, e.g. "
-                "--set 'compare.seeds=[0, 1]'"
+                f"{option} {key.strip()}: the value {text!r} is not valid YAML "
+                f"({_yaml_problem(error)}); quote the whole option and close every bracket, "
+                f"e.g. {option} 'compare.seeds=[0, 1]'"
             ) from None
         _set_dotted(raw, key.strip(), value)
     return validate_params(raw, str(path), override_keys(overrides), option)

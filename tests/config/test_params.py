@@ -88,6 +88,16 @@ def test_a_bad_value_is_named_where_it_was_given(tmp_path):
     )
 
 
+def test_a_value_that_is_not_yaml_is_named_with_where_the_parser_stopped():
+    with pytest.raises(ConfigError) as given:
+        load_params(PARAMS, ["compare.methods={fedavg: {}"], option="-S")
+
+    assert str(given.value).startswith(
+        "-S compare.methods: the value '{fedavg: {}' is not valid YAML (line 1, column 12: "
+        "expected ',' or '}', but got '<stream end>'); quote the whole option"
+    )
+
+
 def test_unreadable_params_files_are_clear(tmp_path):
     (tmp_path / "bad.yaml").write_text("train: [rounds\n")
     (tmp_path / "list.yaml").write_text("- 1\n")
