@@ -51,9 +51,11 @@ MLFLOW_HTTP_FAIL_FAST = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
 
-# An `mlflow server` otherwise starts a job runner and its huey consumers beside itself, for
-# MLflow's GenAI jobs (prompt optimisation, scorers), which fedsieve does not use: about as
-# much CPU again as the server's own while it idles (MLflow's own switch, read by the server)
+# For an `mlflow server` (the compose service, the servers the tests start): otherwise it
+# starts a job runner and its huey consumers beside itself, for MLflow's GenAI jobs (prompt
+# optimisation, scorers), which fedsieve does not use: about as much CPU again as the
+# server's own while it idles (MLflow's own switch, read by the server). No fedsieve
+# command starts an MLflow server, so configure_environment does not set it.
 MLFLOW_SERVER_NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
@@ -79,7 +81,7 @@ PORTABLE_NUMERICS_SWITCH = "FEDSIEVE_PORTABLE_NUMERICS"
 
 
 def configure_environment(project: Path | None = None) -> None:
-    for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST | MLFLOW_SERVER_NO_JOBS).items():
+    for key, value in (TELEMETRY_OFF | MLFLOW_HTTP_FAIL_FAST).items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("PREFECT_HOME", str((project or Path.cwd()) / ".prefect"))
     # MLflow's bar for each model download (fedsieve predict, the gate): a log full of bars

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from config.environment import TELEMETRY_OFF
+from config.environment import MLFLOW_SERVER_NO_JOBS, TELEMETRY_OFF
 from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,14 +115,14 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 
 def _base_env(**extra: str) -> dict[str, str]:
-    """The test process's environment with telemetry off, minus anything pointing at the
-    session's Prefect harness or tracking store."""
+    """The test process's environment with telemetry off and no MLflow job runner, minus
+    anything pointing at the session's Prefect harness or tracking store."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "FEDSIEVE_HOME")
     }
-    env.update(TELEMETRY_OFF)
+    env.update(TELEMETRY_OFF | MLFLOW_SERVER_NO_JOBS)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env

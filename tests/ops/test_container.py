@@ -18,7 +18,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from config.environment import FLOWER_TELEMETRY_OFF
+from config.environment import FLOWER_TELEMETRY_OFF, MLFLOW_SERVER_NO_JOBS
 from fedsieve.cli import COMMANDS
 from tests.limits import limit
 
@@ -241,6 +241,12 @@ def test_compose_volumes_are_declared_and_hold_the_state(compose):
     }
     assert "/srv/mlflow" in mounts["mlflow"] and "/srv/prefect" in mounts["prefect-server"]
     assert "/var/lib/postgresql/data" in mounts["postgres"]
+
+
+def test_the_compose_mlflow_server_runs_without_mlflows_job_runner(compose):
+    """The switch itself is exercised on loopback (tests/ops/test_tracking_failure.py)."""
+    environment = compose["services"]["mlflow"]["environment"]
+    assert {key: environment.get(key) for key in MLFLOW_SERVER_NO_JOBS} == MLFLOW_SERVER_NO_JOBS
 
 
 def test_both_servers_store_their_state_in_one_postgresql_with_a_database_each(compose):

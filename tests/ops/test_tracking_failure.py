@@ -145,10 +145,9 @@ def mlflow_server(module_mlflow_server: MlflowServer) -> MlflowServer:
     return module_mlflow_server
 
 
-def test_a_server_started_with_fedsieves_environment_runs_no_job_runner(
-    mlflow_server: MlflowServer,
-) -> None:
-    """MLflow's job runner and its huey consumers (for GenAI jobs fedsieve does not use)
+def test_a_server_with_the_job_switch_off_runs_no_job_runner(mlflow_server: MlflowServer) -> None:
+    """With ``MLFLOW_SERVER_NO_JOBS`` (as the compose service and the tests' servers have
+    it), MLflow's job runner and its huey consumers (for GenAI jobs fedsieve does not use)
     are not started beside the server: they cost as much CPU as the server while it idles.
     MLflow launches them before its workers answer /health."""
     import psutil
