@@ -405,11 +405,19 @@ def console(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:  # Ctrl-C: Prefect has logged the crash; no traceback
         print("fedsieve: interrupted", file=sys.stderr)
         code = 130
+    except Terminated as stopped:  # its exit hooks have run: the run is closed, its server gone
+        print("fedsieve: terminated (SIGTERM)", file=sys.stderr)
+        code = stopped.code
     sys.exit(code)
 
 
+class Terminated(SystemExit):
+    """SIGTERM's exit: a SystemExit, so that it unwinds through every exit hook as an
+    error does, and a type of its own, so that the command's last line can say why."""
+
+
 def _terminated(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
 
 
 if __name__ == "__main__":

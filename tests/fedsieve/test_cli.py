@@ -414,6 +414,14 @@ def test_a_terminated_command_stops_its_server_and_closes_its_run_killed(medmnis
     assert ended_with(command, tmp_path) == 128 + signal.SIGTERM
     assert not wait_for_no_server(tmp_path / ".prefect")
     assert list(mlflow_run_statuses(tmp_path).values()) == ["KILLED"]
+    said_terminated(tmp_path)
+
+
+def said_terminated(project: Path) -> None:
+    """The command's last line says it was terminated, and no traceback came before it."""
+    stderr = (project / "stderr.log").read_text(errors="replace")
+    assert stderr.strip().splitlines()[-1] == "fedsieve: terminated (SIGTERM)", stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
 
 
 def test_an_interrupted_command_says_one_line_and_closes_its_run(medmnist_root, tmp_path):
@@ -500,3 +508,4 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
         "fedavg-none-f0-s0": "KILLED",
         "median-none-f0-s0": "KILLED",
     }
+    said_terminated(tmp_path)
