@@ -589,12 +589,17 @@ class Loopback:
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop every process started here (runs, sites, SuperLink), each by its PID."""
-        for proc, _ in self.app_runs.values():
-            if proc.pid in self._logs:
-                self._reap(proc, signal.SIGTERM, STOP_GRACE)
-        for name in list(self.sites):
-            self.stop_site(name)
+        """Stop every process started here, each by its PID: the runs and the sites all
+        signalled at once, so that their shutdowns overlap, then the SuperLink, which the
+        sites' SuperNodes tell as they deactivate."""
+        running = [proc for proc, _ in self.app_runs.values() if proc.pid in self._logs]
+        running += [self.sites.pop(name) for name in list(self.sites)]
+        for proc in running:
+            if proc.poll() is None or _group_members(proc.pid):
+                _signal_group(proc.pid, signal.SIGTERM)
+        for proc in running:
+            _wait_group(proc, STOP_GRACE)
+            self._reap(proc, signal.SIGTERM, STOP_GRACE)  # gone: closes its log; else SIGKILL
         self.stop_superlink()
         if self._own_work and not self.keep:
             shutil.rmtree(self.work, ignore_errors=True)

@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from federated.client import ClientData  # noqa: E402
+from tests import prefect_homes  # noqa: E402
 from tests.limits import TEST_LIMIT_S, limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +91,13 @@ def medmnist_root() -> Path:
     for flag in TEST_DATASETS:
         ensure_medmnist(flag, root, download=True, progress=False)
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_database_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Where this worker makes, when a test first needs it, the Prefect database that the
+    homes of tests starting their own server copy (tests/prefect_homes.py)."""
+    prefect_homes.make_under(tmp_path_factory.mktemp("prefect-database"))
 
 
 @pytest.fixture(scope="session", autouse=True)

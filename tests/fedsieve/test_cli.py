@@ -20,6 +20,7 @@ import pytest
 
 from fedsieve.local_server import DELIVERY_SECONDS
 from tests.limits import limit
+from tests.prefect_homes import made_home
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -341,7 +342,7 @@ def started_command(
         command = subprocess.Popen(
             [FEDSIEVE, *args],
             cwd=project,
-            env=project_environment(project, medmnist_root, project / ".prefect")
+            env=project_environment(project, medmnist_root, made_home(project / ".prefect"))
             | {"PYTHONFAULTHANDLER": "1"},
             stdout=subprocess.DEVNULL,
             stderr=stderr if stderr is not None else log,

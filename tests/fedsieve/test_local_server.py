@@ -13,6 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 from tests.limits import limit
+from tests.prefect_homes import made_home
 
 REPO = Path(__file__).resolve().parents[2]
 LINES = 12_000  # more than a 5-second flush delivers on a 2-core machine
@@ -33,7 +34,7 @@ with prefect_server():
 
 
 def test_every_line_a_flow_logged_reaches_the_server_before_it_stops(tmp_path):
-    home = tmp_path / "prefect-home"
+    home = made_home(tmp_path / "prefect-home")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env |= {"PREFECT_HOME": str(home)}
 

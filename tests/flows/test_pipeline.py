@@ -31,6 +31,7 @@ from flows.pipeline import pipeline_flow
 from flows.pretest import pretest_flow
 from flows.train import train_flow
 from tests.limits import limit
+from tests.prefect_homes import made_home
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["partition.num_clients=3", "train.local_epochs=1", "eval.target_acc=0.5"]
@@ -314,6 +315,7 @@ def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, d
     _git(repo, "init", "-q")
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "add", "-A")
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "pipeline")
+    made_home(repo / ".prefect")  # where `fedsieve` keeps it, ignored by git: a clone has none
     env = {
         **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

@@ -22,6 +22,7 @@ from config.params import load_params
 from fedsieve import ops as fedsieve_ops
 from fedsieve.cli import main
 from tests.limits import limit
+from tests.prefect_homes import made_home
 
 TINY = [  # three rounds: the first model that passes the registration gate (federated/gate.py)
     "partition.num_clients=3",
@@ -49,7 +50,7 @@ def prefect_api(ops, processes, tmp_path_factory) -> Iterator[dict[str, str]]:
             "--no-ui",
         ],
         name="prefect-server",
-        env=ops.base_env(PREFECT_HOME=str(server_home)),
+        env=ops.base_env(PREFECT_HOME=str(made_home(server_home))),
         cwd=server_home,
     )
     url = f"http://127.0.0.1:{port}/api"

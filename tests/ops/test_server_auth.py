@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.limits import limit
+from tests.prefect_homes import made_home
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,9 @@ def test_prefect_refuses_a_client_without_the_auth_string(ops, processes, tmp_pa
         [str(ops.bin / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
          "--no-ui"],
         name="prefect-auth", cwd=tmp_path,
-        env=ops.base_env(PREFECT_HOME=str(tmp_path / "server"), PREFECT_SERVER_API_AUTH_STRING=auth),
+        env=ops.base_env(
+            PREFECT_HOME=str(made_home(tmp_path / "server")), PREFECT_SERVER_API_AUTH_STRING=auth
+        ),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api"
     ops.wait_http(f"{url}/health", timeout=limit(600), process=server)  # the probe needs no login
