@@ -5,8 +5,9 @@ migrations, about 7 CPU-seconds here, which every such test would pay again. Eac
 worker makes one database, once, with Prefect's own command (``prefect server database
 upgrade``), and such a test's home starts from a copy of it, as a user's home does on
 every command after the first. The first start in a new home keeps tests of its own:
-``make run`` in a fresh clone (tests/flows/test_pipeline.py) and the session's Prefect
-server (tests/conftest.py).
+``make run`` in a fresh clone (tests/flows/test_pipeline.py), the session's Prefect
+server (tests/conftest.py), and the commands given bad input, which must leave no
+database behind (tests/fedsieve/test_cli.py).
 """
 
 from __future__ import annotations
