@@ -597,9 +597,9 @@ class Loopback:
         for proc in running:
             if proc.poll() is None or _group_members(proc.pid):
                 _signal_group(proc.pid, signal.SIGTERM)
-        for proc in running:
-            _wait_group(proc, STOP_GRACE)
-            self._reap(proc, signal.SIGTERM, STOP_GRACE)  # gone: closes its log; else SIGKILL
+        for proc in running:  # one grace for each, as stop_group gives, then SIGKILL
+            ended = _wait_group(proc, STOP_GRACE)
+            self._reap(proc, signal.SIGTERM if ended else signal.SIGKILL, STOP_GRACE)
         self.stop_superlink()
         if self._own_work and not self.keep:
             shutil.rmtree(self.work, ignore_errors=True)
