@@ -82,6 +82,12 @@ class Hub:
         self.fed.start_site(name, self.keys[name], self.node_config(name, **node_config))
         self.fed.wait_connected(name)
 
+    def remove(self, name: str) -> None:
+        """Stop a site a test added, and its warm trainer: the session's hub goes on with
+        its own four sites, with nothing idle beside them."""
+        self.fed.stop_site(name)
+        self.fed.stop_site(f"{name}.trainer")
+
     def node_config(self, name: str, **extra: str) -> dict[str, str]:
         """What ``fedsieve-site`` gives its SuperNode: the data file, the approved plan and
         its warm trainer's directory."""

@@ -268,7 +268,7 @@ def test_broken_lying_and_misfit_sites_are_handled_with_their_reasons(
     garbled_lineage_left_out(HubFiles(hub.folder / "faults"))
     assert torch.isfinite(state.global_vector).all()
     for name in names[2:]:
-        hub.fed.stop_site(name)
+        hub.remove(name)
 
 
 def garbled_lineage_left_out(files: HubFiles) -> None:
@@ -299,7 +299,7 @@ def test_a_divergence_at_a_site_stops_the_run_naming_it(hub: Hub) -> None:
     ), outcome
     assert not files.rounds.exists()  # no round was journaled with NaN scores
     assert_no_serverapp_left(hub, files, "a failed run's ServerApp outlived it")
-    hub.fed.stop_site("diverging-site")
+    hub.remove("diverging-site")
 
 
 def test_an_unregistered_or_revoked_key_is_refused_and_a_key_is_replaced_alone(
@@ -609,7 +609,7 @@ def test_sites_noise_their_own_updates_account_their_own_epsilon_and_stop_at_its
     assert abs(moved.norm().item() - z * clip * moved.numel() ** 0.5) <= clip + 4 * z * clip
 
     for name in names:
-        hub.fed.stop_site(name)
+        hub.remove(name)
 
 
 def fedsieve_run(project: Path, env: dict[str, str], raw: dict[str, Any]) -> str:

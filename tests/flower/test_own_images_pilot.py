@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -66,15 +67,25 @@ def pilot_params(hub: Hub, names: list[str]) -> dict:
     return raw
 
 
-def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
-    hub: Hub, tmp_path: Path, prefect_server: str
-) -> None:
+@pytest.fixture
+def hospitals(hub: Hub, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """The hospitals' folders, each a site of the session's hub that approved the pilot's
+    plan; stopped at the end, with their warm trainers."""
     folders = hospital_folders(tmp_path / "hospitals")
     plan = tmp_path / "plan.json"
     own = Params.model_validate(pilot_params(hub, []))  # a plan names no site
     write_plan(plan, site_task(own, dataset_info_of(own.data)))
     for name, folder in folders.items():
         hub.add_site(name, folder, dataset_info_of(own.data), **{"approved-plan": str(plan)})
+    yield folders
+    for name in folders:
+        hub.remove(name)
+
+
+def test_the_pilot_trains_on_own_folders_with_a_hub_that_holds_no_images(
+    hub: Hub, hospitals: dict[str, Path], tmp_path: Path, prefect_server: str
+) -> None:
+    folders = hospitals
     names = list(folders)
     raw = pilot_params(hub, names)
     project = tmp_path / "hub"
