@@ -77,9 +77,7 @@ def test_mlflow_refuses_a_client_without_credentials_and_records_no_secret(
     )
     port = ops.free_port()
     server = processes.start(
-        [str(ops.bin / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-         "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+        ops.mlflow_server(port, tmp_path, "--app-name", "basic-auth"),
         name="mlflow-auth", cwd=tmp_path,
         env=ops.base_env(
             MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_USERNAME="fedsieve",

@@ -103,8 +103,7 @@ def test_the_failure_is_stated_once(unreachable_run):
 class MlflowServer:
     """``mlflow server`` on a loopback port with its store in ``folder``; stopped (by its
     PID) and started again on the same port and store: an outage a client cannot tell
-    from a database gone away. One worker: each of MLflow's default four imports MLflow
-    before the server answers (19 s to /health here, 9 s with one)."""
+    from a database gone away."""
 
     def __init__(self, ops: Any, processes: Any, folder: Path) -> None:
         self.ops, self.processes, self.folder = ops, processes, folder
@@ -116,9 +115,7 @@ class MlflowServer:
         self.starts += 1
         port = self.url.rsplit(":", 1)[1]
         self.process = self.processes.start(
-            [str(self.ops.bin / "mlflow"), "server", "--host", "127.0.0.1", "--port", port,
-             "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
-             "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"],
+            self.ops.mlflow_server(port, self.folder),
             name=f"mlflow-{self.starts}", cwd=self.folder, env=self.ops.base_env(),
         )  # fmt: skip
         self.ops.wait_http(f"{self.url}/health", timeout=limit(600), process=self.process)
