@@ -404,7 +404,8 @@ class Loopback:
         """Wait until the SuperLink reports every node in `status`; returns the seconds waited.
 
         "online" after a (re)connect; "offline" once a crashed SuperNode's heartbeat has
-        lapsed (up to 2 x 30 s), which is when the same key may connect again.
+        lapsed (up to 2 x 30 s), which is when the same key may connect again. Each look
+        starts a ``flwr`` process (about a CPU-second): one every 2 s, not back to back.
         """
         wanted = set(node_ids)
         start = time.monotonic()
@@ -414,7 +415,7 @@ class Loopback:
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"nodes {sorted(wanted - there)} not {status} in {timeout} s")
-            time.sleep(0.5)
+            time.sleep(2)
 
     # -- SuperNodes ------------------------------------------------------------------------
 

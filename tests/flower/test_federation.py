@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -476,77 +478,6 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     assert metrics["rounds"] == 3 and metrics["site_acc_worst"] == min(r["acc"] for r in scored)
 
 
-def test_a_scheduled_deployment_trains_at_the_sites(
-    hub: Hub, tmp_path: Path, prefect_server: str
-) -> None:
-    """``fedsieve serve --cron`` with ``runtime: flower`` (what an operator schedules): the
-    deployment carries the sites, its schedule makes runs, and a run of it trains at the
-    sites into its own MLflow run and model version, with the sites' own scores."""
-    import httpx
-    from mlflow import MlflowClient
-    from prefect.deployments import run_deployment
-
-    names = site_names()
-    raw = hub.flower_params(names, eval={"every": 2})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = hub.fed.flwr_env() | {
-        "PREFECT_API_URL": prefect_server,
-        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
-        "MLFLOW_TRACKING_URI": tracking,
-    }
-    command = [sys.executable, "-m", "fedsieve.cli", "serve", "--cron", "0 3 * * *",
-               "--name", "at-sites"]  # fmt: skip
-    with (tmp_path / "serve.log").open("wb") as log:
-        serve = subprocess.Popen(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + limit(120)
-        while True:
-            assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            found = httpx.get(
-                f"{prefect_server}/deployments/name/pipeline/at-sites", timeout=limit(30)
-            )
-            if found.status_code == 200:
-                break
-            assert time.monotonic() < deadline, "the deployment was not served in 120 s"
-            time.sleep(1)
-        deployment = found.json()
-        flow_run = run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)
-        again = run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)
-    finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=limit(60))
-
-    served_params = deployment["parameters"]["params"]["federation"]
-    assert served_params["runtime"] == "flower" and len(served_params["sites"]) == len(names)
-    assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
-    log = (tmp_path / "serve.log").read_text()
-    assert flow_run.state is not None and flow_run.state.is_completed(), log[-4000:]
-    assert again.state is not None and again.state.is_completed(), log[-4000:]
-    client = MlflowClient(tracking)
-    experiment = client.get_experiment_by_name("fedsieve").experiment_id
-    first, run = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
-    for mlflow_run, prefect_run in ((first, flow_run), (run, again)):
-        assert mlflow_run.info.status == "FINISHED"
-        assert mlflow_run.data.params["federation.runtime"] == "flower"
-        assert mlflow_run.data.tags["prefect_flow_run_id"] == str(prefect_run.id)  # its own
-        assert sorted(logged_rounds(client, mlflow_run.info.run_id)) == [1, 2]  # once each
-    assert client.search_model_versions(f"run_id = '{run.info.run_id}'")
-    with (tmp_path / "reports" / "rounds.csv").open() as rounds:  # the second run's own
-        assert logged_rounds(client, run.info.run_id) == pytest.approx(
-            {int(float(row["round"])): float(row["test_acc"]) for row in csv.DictReader(rounds)}
-        )
-    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    assert metrics["rounds"] == 2 and run.data.metrics["final_test_acc"] == pytest.approx(
-        metrics["test_acc"]
-    )
-    assert_sites_hold_the_data(tmp_path)
-    sites = json.loads((tmp_path / "reports" / "sites.json").read_text())["sites"]
-    assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))
-
-
 def write_site_plan(hub: Hub, path: Path, **sections: Any) -> Path:
     """The training plan of ``hub.flower_params(..., **sections)``, for sites that are
     not registered yet (a plan names no site)."""
@@ -645,68 +576,155 @@ def reported_rounds(project: Path) -> dict[int, float]:
         return {int(float(row["round"])): float(row["test_acc"]) for row in csv.DictReader(rounds)}
 
 
-def test_runs_in_one_checkout_each_log_only_their_own_rounds(
+@contextmanager
+def serving(project: Path, env: dict[str, str], prefect_server: str, name: str) -> Iterator[Any]:
+    """``fedsieve serve --cron`` in ``project`` (what an operator schedules) while the block
+    runs; the deployment as the Prefect server holds it. Stopped by its PID."""
+    import httpx
+
+    command = [sys.executable, "-m", "fedsieve.cli", "serve", "--cron", "0 3 * * *",
+               "--name", name]  # fmt: skip
+    log = project / "serve.log"
+    with log.open("wb") as out:
+        serve = subprocess.Popen(
+            command, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + limit(120)
+        while True:
+            assert serve.poll() is None, log.read_text()[-3000:]
+            found = httpx.get(
+                f"{prefect_server}/deployments/name/pipeline/{name}", timeout=limit(30)
+            )
+            if found.status_code == 200:
+                break
+            assert time.monotonic() < deadline, "the deployment was not served in 120 s"
+            time.sleep(1)
+        yield found.json()
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=limit(60))
+
+
+@contextmanager
+def approved(hub: Hub, raw: dict[str, Any]) -> Iterator[None]:
+    """The sites' operators approve ``raw``'s plan while the block runs, then their own."""
+    before = hub.plan.read_bytes()
+    write_plan(hub.plan, site_task(Params.model_validate(raw), dataset_info("digits")))
+    try:
+        yield
+    finally:
+        hub.plan.write_bytes(before)
+
+
+def centrally_private(hub: Hub, names: list[str], **sections: Any) -> dict[str, Any]:
+    """Params with central DP whose target ε lets round 1 through and stops round 2, scored
+    for accuracy only each round."""
+    private = hub.flower_params(
+        names, filters=[], eval={"every": 1, "round_scores": "accuracy"},
+        privacy={"mode": "central", "noise_multiplier": 1.0}, **sections,
+    )  # fmt: skip
+    budget = privacy_budget(Params.model_validate(private))
+    private["privacy"]["target_epsilon"] = (budget.epsilon(1) + budget.epsilon(2)) / 2
+    return private
+
+
+def assert_only_the_sites_pretest_logged(client: Any, run: Any) -> None:
+    """A ``make run`` at the sites logs the pre-test of what the sites sent, and nothing
+    its partition stage could have simulated."""
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "partition" not in artifacts
+    assert "pretest" in artifacts
+    assert "pretest_shapiro_rate" in run.data.metrics
+
+
+def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_rounds(
     hub: Hub, tmp_path: Path, prefect_server: str, medmnist_root: Path
 ) -> None:
-    """Three runs in one checkout (a git repository with the DVC pipeline) at the same
-    sites: a ``fedsieve run`` that fails (closed by ``train.max_excluded: 0`` once the
-    flipper is left out), a second ``fedsieve run``, and a third by ``make run`` (``dvc
-    repro``), whose partition and pre-test stages only say that the sites hold the data.
-    Each MLflow run holds its own rounds, once each, as its reports/rounds.csv has them;
-    none reads the journal another run left. The second's rounds are scored for accuracy
-    only (no AUC before the last round) and its privacy budget ends it after round 1: it
-    finishes, tagged ``stopped_early``."""
+    """Four runs in one checkout (a git repository with the DVC pipeline) at the same sites:
+
+    - a ``fedsieve run`` that fails (closed by ``train.max_excluded: 0`` once the flipper
+      is left out);
+    - two runs of a scheduled deployment (``fedsieve serve --cron`` with ``runtime:
+      flower``: the deployment carries the sites). The first trains at the sites with the
+      sites' own scores and registers its model. The second is started with other params
+      (central DP, which the sites approved): scored for accuracy only (no AUC before the
+      last round), its privacy budget ends it after round 1, and it finishes, tagged
+      ``stopped_early``;
+    - a ``make run`` (``dvc repro``), whose partition and pre-test stages only say that the
+      sites hold the data.
+
+    Each MLflow run holds its own rounds, once each, as its reports/rounds.csv has them (a
+    deployment's run is tagged with its own Prefect flow run); none reads the journal
+    another run left."""
     from mlflow import MlflowClient
+    from prefect.deployments import run_deployment
 
     from tests.flows.test_pipeline import pipeline_repo
 
     names = site_names()
     project, env = pipeline_repo(tmp_path, medmnist_root, rounds=1)
-    tracking = env["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     env |= hub.fed.flwr_env() | {
         "PREFECT_API_URL": prefect_server,
         "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
     }
     # one-round models, not ones the registration gate passes: these runs register none
     unregistered = {"register_model": False}
-    private = hub.flower_params(
-        names, filters=[], eval={"every": 1, "round_scores": "accuracy"},
-        privacy={"mode": "central", "noise_multiplier": 1.0}, tracking=unregistered,
-    )  # fmt: skip
-    budget = privacy_budget(Params.model_validate(private))
-    private["privacy"]["target_epsilon"] = (budget.epsilon(1) + budget.epsilon(2)) / 2
-    runs = {
-        "failed": (fedsieve_run, hub.flower_params(names, train={"max_excluded": 0},
-                                                   tracking=unregistered)),
-        "second": (fedsieve_run, private),
-        "third": (make_run, hub.flower_params(names, train={"rounds": 1},
-                                              tracking=unregistered)),
-    }  # fmt: skip
-    client, reported = MlflowClient(tracking), {}
-    approved = hub.plan.read_bytes()
-    for name, (command, raw) in runs.items():
-        if name == "second":  # the sites' operators approve the plan with central DP
-            write_plan(hub.plan, site_task(Params.model_validate(raw), dataset_info("digits")))
-        try:
-            said = command(project, env, raw)
-        finally:
-            hub.plan.write_bytes(approved)
-        assert ("rc 0:" in said) == (name != "failed"), said
-        assert "no round was aggregated" not in said, said  # the sites trained each run
-        assert "JSONDecodeError" not in said, said
-        reported[name] = reported_rounds(project)
+    private = centrally_private(hub, names, tracking=unregistered)
+    failing = hub.flower_params(names, train={"max_excluded": 0}, tracking=unregistered)
+    said = [fedsieve_run(project, env, failing)]
+    reported = {"failed": reported_rounds(project)}
+    (project / "params.yaml").write_text(
+        yaml.safe_dump(hub.flower_params(names, eval={"every": 2}))
+    )
+    with serving(project, env, prefect_server, "at-sites") as deployment:
+        flow_runs = [run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)]
+        reported["scheduled"] = reported_rounds(project)
+        metrics = json.loads((project / "reports" / "metrics.json").read_text())
+        sites = json.loads((project / "reports" / "sites.json").read_text())["sites"]
+        with approved(hub, private):
+            flow_runs.append(
+                run_deployment(
+                    "pipeline/at-sites", parameters={"params": private}, timeout=limit(600),
+                    poll_interval=2,
+                )
+            )  # fmt: skip
+        reported["private"] = reported_rounds(project)
+    said.append(make_run(project, env, hub.flower_params(names, train={"rounds": 1},
+                                                         tracking=unregistered)))  # fmt: skip
+    reported["third"] = reported_rounds(project)
 
+    log = (project / "serve.log").read_text()
+    assert "rc 0:" not in said[0] and "rc 0:" in said[1], said
+    for output in (*said, log):  # the sites trained each run
+        assert "no round was aggregated" not in output and "JSONDecodeError" not in output, output
     experiment = client.get_experiment_by_name("fedsieve").experiment_id
     logged = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
-    assert [run.info.status for run in logged] == ["FAILED", "FINISHED", "FINISHED"]
-    for run, name in zip(logged, runs, strict=True):
+    assert [run.info.status for run in logged] == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
+    for run, name in zip(logged, reported, strict=True):
         assert logged_rounds(client, run.info.run_id) == pytest.approx(reported[name]), name
-    assert list(reported["second"]) == [1] and list(reported["third"]) == [1]
-    assert "test_auc" not in client.get_run(logged[1].info.run_id).data.metrics
-    assert logged[1].data.tags["stopped_early"].startswith("privacy budget: round 2 would")
-    assert "stopped_early" not in logged[2].data.tags
+    assert [list(reported[name]) for name in ("scheduled", "private", "third")] == [
+        [1, 2],
+        [1],
+        [1],
+    ]
     assert_sites_hold_the_data(project)
-    artifacts = {a.path for a in client.list_artifacts(logged[2].info.run_id)}
-    assert "partition" not in artifacts  # nothing simulated logged into it
-    assert "pretest" in artifacts  # the pre-test of what the sites sent
-    assert "pretest_shapiro_rate" in logged[2].data.metrics
+
+    scheduled, private_run, third = logged[1:]
+    served = deployment["parameters"]["params"]["federation"]
+    assert served["runtime"] == "flower" and len(served["sites"]) == len(names)
+    assert deployment["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+    for mlflow_run, flow_run in zip((scheduled, private_run), flow_runs, strict=True):
+        assert flow_run.state is not None and flow_run.state.is_completed(), log[-4000:]
+        assert mlflow_run.data.params["federation.runtime"] == "flower"
+        assert mlflow_run.data.tags["prefect_flow_run_id"] == str(flow_run.id)  # its own
+    assert client.search_model_versions(f"run_id = '{scheduled.info.run_id}'")
+    assert metrics["rounds"] == 2
+    assert scheduled.data.metrics["final_test_acc"] == pytest.approx(metrics["test_acc"])
+    assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))  # their own
+
+    assert "test_auc" not in client.get_run(private_run.info.run_id).data.metrics
+    assert private_run.data.tags["stopped_early"].startswith("privacy budget: round 2 would")
+    assert "stopped_early" not in third.data.tags
+    assert_only_the_sites_pretest_logged(client, third)
