@@ -9,6 +9,11 @@ at :data:`TEST_LIMIT_S` (scaled) is ended by pytest-timeout with its stack shown
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 SCALE_VARIABLE = "FEDSIEVE_TEST_TIME_SCALE"
 TEST_LIMIT_S = 900.0  # one test's guard; the longest takes about a third of it on CI
@@ -31,3 +36,15 @@ SCALE = _scale()
 def limit(seconds: float) -> float:
     """``seconds`` scaled by :data:`SCALE`: a guard against a hang, never a wait."""
     return seconds * SCALE
+
+
+def poll(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    """What ``check()`` returns once it is truthy, looked at every ``interval`` seconds;
+    the test fails naming ``what`` if ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")

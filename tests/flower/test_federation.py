@@ -46,7 +46,7 @@ from tests.flower.conftest import (
     run_at_sites,
     site_names,
 )
-from tests.limits import limit
+from tests.limits import limit, poll
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
 
@@ -589,18 +589,14 @@ def serving(project: Path, env: dict[str, str], prefect_server: str, name: str) 
         serve = subprocess.Popen(
             command, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )  # fmt: skip
+
+    def deployment() -> dict[str, Any] | None:
+        assert serve.poll() is None, log.read_text()[-3000:]
+        found = httpx.get(f"{prefect_server}/deployments/name/pipeline/{name}", timeout=limit(30))
+        return found.json() if found.status_code == 200 else None
+
     try:
-        deadline = time.monotonic() + limit(120)
-        while True:
-            assert serve.poll() is None, log.read_text()[-3000:]
-            found = httpx.get(
-                f"{prefect_server}/deployments/name/pipeline/{name}", timeout=limit(30)
-            )
-            if found.status_code == 200:
-                break
-            assert time.monotonic() < deadline, "the deployment was not served in 120 s"
-            time.sleep(1)
-        yield found.json()
+        yield poll("the served deployment", deployment, timeout=limit(120))
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=limit(60))

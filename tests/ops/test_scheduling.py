@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from mlflow import MlflowClient
 from config.params import load_params
 from fedsieve import ops as fedsieve_ops
 from fedsieve.cli import main
-from tests.limits import limit
+from tests.limits import limit, poll
 from tests.prefect_homes import made_home
 
 TINY = [  # three rounds: the first model that passes the registration gate (federated/gate.py)
@@ -70,16 +69,6 @@ def api(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
     )
     response.raise_for_status()
     return response.json()
-
-
-def poll(what: str, check: Any, timeout: float, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 # -- bad input: one line, exit code 2, nothing served ----------------------------------------
