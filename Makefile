@@ -21,7 +21,7 @@ ifneq ($(wildcard $(SHARED_DATA)/breastmnist.npz),)
 export MEDMNIST_ROOT ?= $(SHARED_DATA)
 endif
 
-.PHONY: setup setup-flower deps deps-flower project project-flower flower-cli run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
+.PHONY: setup setup-flower browser deps deps-flower project project-flower flower-cli run test lint bench bench-aggregation bench-pretest bench-pid bench-speed \
 	bench-flower bench-federation bench-overhead bench-numerics bench-fidelity bench-resnet18 bench-own-images bench-serving compose-env container-smoke container-faults federation-smoke clean
 
 # The install recipe of ../shared/ENVIRONMENT.md, in order: torch first (the CPU wheel on
@@ -30,18 +30,21 @@ endif
 # same steps, `deps project` (no dev tools), before the source is copied: the editable
 # install needs only pyproject.toml, so source edits keep those layers. The two
 # environments are independent and each install is mostly one core's work, so they are
-# built at once. The project's own modules are compiled once: processes that may not write
-# bytecode (PYTHONDONTWRITEBYTECODE, set on these machines) read it instead of compiling.
+# built at once, and the browser is installed in the slot the shorter one frees. The
+# project's own modules are compiled once: processes that may not write bytecode
+# (PYTHONDONTWRITEBYTECODE, set on these machines) read it instead of compiling.
 setup:
-	$(MAKE) --no-print-directory -j2 -Otarget deps setup-flower
+	$(MAKE) --no-print-directory -j2 -Otarget deps setup-flower browser
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[hub,dev]"
 	$(BIN)/python -m compileall -q aggregation benchmarks config federated fedsieve flowerapp flows models registry tasks >/dev/null
-	@# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
-	@# only where apt-get runs as root, and the test says so when the browser is missing.
+	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
+
+# Headless Chromium for the MLflow UI check (tests/ops/test_mlflow_ui.py); best effort:
+# only where apt-get runs as root, and the test says so when the browser is missing.
+browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the MLflow UI check will be skipped"
-	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
 
 deps:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

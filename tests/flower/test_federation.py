@@ -68,79 +68,25 @@ def decisions(state: ServerState) -> list[tuple[int, int, bool, str]]:
     ]
 
 
-def test_sites_end_where_the_simulation_ends_and_the_flipper_is_caught(hub: Hub) -> None:
-    names = site_names()
-    raw = hub.flower_params(names, eval={"every": 1})  # the sites score every round's model
-    cold = names[-1]  # its warm trainer is down: its ClientApps run the tasks themselves
-    hub.fed.stop_site(f"{cold}.trainer")
-    try:
-        remote = run_at_sites(hub, raw, "equivalence")
-    finally:
-        hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
-    local = simulated(raw, hub, names)
-
-    assert remote.round == local.round == 2
-    diff = (remote.global_vector - local.global_vector).abs().max().item()
-    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
-    assert decisions(remote) == decisions(local)
-    caught = {row["client"] for row in remote.trail if row["excluded"]}
-    assert caught == {FLIPPER}, remote.trail
-    assert all(row["reason"] == "pid_made" for row in remote.trail if row["excluded"])
-    # the sites scored each round's model on their own held-out splits, as simulated
-    assert {(row["round"], int(row["site"])) for row in remote.sites} == {
-        (t, k) for t in (1, 2) for k in range(len(names))
-    }
-    for at_site, here in zip(remote.sites, local.sites, strict=True):
-        assert at_site.keys() == here.keys()
-        assert all(abs(at_site[k] - here[k]) <= TOLERANCE for k in here), (at_site, here)
-    # where a round's time went: each exchange's wall time at the hub, and every answering
-    # site's phases, which its process spent within that wall time; a site's warm trainer
-    # did every task (the ClientApp only handed it over), but where none answered
-    # one exchange a round: round 1's model scored with round 2's training, the last alone
-    files = HubFiles(hub.folder / "equivalence")
-    exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
-    assert [(e["kind"], e["round"]) for e in exchanges] == [
-        ("train", 1), ("evaluate+train", 2), ("evaluate", 0),
-    ]  # fmt: skip
-    for exchange in exchanges:
-        assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
-        for site, phases in exchange["sites"].items():
-            assert phases.pop("warm") == float(site != str(names.index(cold))), exchange
-            assert set(phases) == {
-                "start_s", "imports_s", "flower_s", "handoff_s", "data_s", "work_s",
-            }  # fmt: skip
-            assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
-            assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
-
-
-def screened_round(number: int) -> list[tuple[str, int]]:
-    """A round screened before it trains: its screen, its training, its scores."""
-    return [("evaluate", 0), ("train", number), ("evaluate", 0)]
-
-
-EXCHANGES = {
-    # verdict only: the losses come with the exchange that trains, and the round's
-    # scoring brings the next round's, so a checked round costs no exchange of its own
-    False: [("evaluate+train", 1), ("evaluate+train", 2), ("evaluate", 0), ("evaluate", 0)],
-    # excluding: a site is screened before it trains (a left-out site never trains)
-    True: [*screened_round(1), *screened_round(2), ("evaluate", 0)],
-}
-
-
-@pytest.mark.parametrize("exclude", [False, True])
-def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub, exclude: bool) -> None:
-    """EMA's CV check at real sites (every round, and on the trained model; excluding or
-    not): each site sends its loss of the model it received on its own training data, one
-    number; the hub's losses, CVs, exclusions and final verdict equal the simulation's,
-    which computes them on the same data in one process."""
-    names = site_names()
+def noniid_checked(hub: Hub, exclude: bool) -> dict[str, Any]:
+    """The sites score every round's model; EMA's CV check runs every round and on the
+    trained model, excluding or not."""
     checked = {"every": 1, "final": True, "exclude": exclude} | ({"z": 1.2} if exclude else {})
-    raw = hub.flower_params(names, noniid=checked, eval={"every": 1})
-    remote = run_at_sites(hub, raw, f"noniid-{exclude}")
+    return hub.flower_params(site_names(), noniid=checked, eval={"every": 1})
+
+
+def assert_noniid_as_simulated(
+    hub: Hub, raw: dict[str, Any], remote: ServerState, folder: str, exclude: bool
+) -> list[dict[str, Any]]:
+    """EMA's CV check at real sites: each site sends its loss of the model it received on
+    its own training data, one number; the hub's losses, CVs, exclusions and final verdict
+    equal the simulation's, which computes them on the same data in one process. The
+    run's exchanges, in order."""
     params = Params.model_validate(raw)
-    federation = simulated_federation(params, load_digits(), [hub.files[n] for n in names])
+    federation = simulated_federation(params, load_digits(), [hub.files[n] for n in site_names()])
     local = train(federation, federation.initial_state(), params.train.rounds)
 
+    assert remote.round == local.round == 2
     assert decisions(remote) == decisions(local)
     left_out = [row for row in remote.trail if row["reason"] == "noniid_loss"]
     assert bool(left_out) == exclude, remote.trail
@@ -150,7 +96,11 @@ def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub, exclude
         assert abs(at_site["noniid_cv"] - here["noniid_cv"]) <= TOLERANCE
     diff = (remote.global_vector - local.global_vector).abs().max().item()
     assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
-    files = HubFiles(hub.folder / f"noniid-{exclude}")
+    # the sites scored each round's model on their own held-out splits, as simulated
+    for at_site, here in zip(remote.sites, local.sites, strict=True):
+        assert at_site.keys() == here.keys()
+        assert all(abs(at_site[k] - here[k]) <= TOLERANCE for k in here), (at_site, here)
+    files = HubFiles(hub.folder / folder)
     trained = json.loads(files.outcome.read_text())["trained_noniid"]
     expected = trained_model_noniid(federation, federation.selected_model(local), params)
     assert expected is not None and trained["verdict"] == expected["verdict"]
@@ -165,6 +115,64 @@ def test_the_non_iid_check_at_the_sites_equals_the_simulations(hub: Hub, exclude
                 e for e in exchanges if e["kind"] == "train" and e["round"] == row["round"]
             )
             assert str(row["client"]) not in trained_in["sites"], trained_in
+    return exchanges
+
+
+def screened_round(number: int) -> list[tuple[str, int]]:
+    """A round screened before it trains: its screen, its training, its scores."""
+    return [("evaluate", 0), ("train", number), ("evaluate", 0)]
+
+
+EXCHANGES = {
+    # verdict only: the losses come with the exchange that trains, and the round's
+    # scoring brings the next round's, so a checked round costs no exchange of its own;
+    # the last two score the final model and check the trained model
+    False: [("evaluate+train", 1), ("evaluate+train", 2), ("evaluate", 0), ("evaluate", 0)],
+    # excluding: a site is screened before it trains (a left-out site never trains)
+    True: [*screened_round(1), *screened_round(2), ("evaluate", 0)],
+}
+
+
+def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid_as_simulated(
+    hub: Hub,
+) -> None:
+    """One run at the sites (EMA's non-IID check not excluding) ends where its simulation
+    ends, with the simulation's exclusions, scores, losses and verdicts; one site's warm
+    trainer is down, and its ClientApps run the tasks themselves."""
+    names = site_names()
+    raw = noniid_checked(hub, exclude=False)
+    cold = names[-1]
+    hub.fed.stop_site(f"{cold}.trainer")
+    try:
+        remote = run_at_sites(hub, raw, "noniid-False")
+    finally:
+        hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
+
+    exchanges = assert_noniid_as_simulated(hub, raw, remote, "noniid-False", exclude=False)
+    caught = {row["client"] for row in remote.trail if row["excluded"]}
+    assert caught == {FLIPPER}, remote.trail
+    assert all(row["reason"] == "pid_made" for row in remote.trail if row["excluded"])
+    assert {(row["round"], int(row["site"])) for row in remote.sites} == {
+        (t, k) for t in (1, 2) for k in range(len(names))
+    }
+    # where a round's time went: each exchange's wall time at the hub, and every answering
+    # site's phases, which its process spent within that wall time; a site's warm trainer
+    # did every task (the ClientApp only handed it over), but where none answered
+    for exchange in exchanges:
+        assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
+        for site, phases in exchange["sites"].items():
+            assert phases.pop("warm") == float(site != str(names.index(cold))), exchange
+            assert set(phases) == {
+                "start_s", "imports_s", "flower_s", "handoff_s", "data_s", "work_s",
+            }  # fmt: skip
+            assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
+            assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
+
+
+def test_the_non_iid_check_that_excludes_at_the_sites_equals_the_simulations(hub: Hub) -> None:
+    raw = noniid_checked(hub, exclude=True)
+    remote = run_at_sites(hub, raw, "noniid-True")
+    assert_noniid_as_simulated(hub, raw, remote, "noniid-True", exclude=True)
 
 
 @pytest.mark.parametrize(("mode", "after"), [("gradient", 1), ("delta", 0)])

@@ -30,7 +30,7 @@ from flows.partition import partition_flow
 from flows.pipeline import pipeline_flow
 from flows.pretest import pretest_flow
 from flows.train import train_flow
-from tests.limits import limit
+from tests.limits import limit, poll
 from tests.prefect_homes import made_home
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,10 +325,12 @@ def pipeline_repo(root: Path, medmnist_root: Path, rounds: int) -> tuple[Path, d
     return repo, env
 
 
-def test_a_terminated_make_run_stops_the_stage_it_was_running(tmp_path, medmnist_root):
-    # `fedsieve dvc repro` stopped by SIGTERM (kill, a scheduler): the stage dvc was running
-    # used to train on, orphaned, against the server its parent had stopped.
-    repo, env = pipeline_repo(tmp_path, medmnist_root, rounds=500)
+def terminated_in_its_train_stage(repo: Path, env: dict[str, str]) -> None:
+    """`fedsieve dvc repro` stopped by SIGTERM (kill, a scheduler) in its train stage, 500
+    rounds long: the stage ends with it (it used to train on, orphaned, against the server
+    its parent had stopped) and its MLflow run is closed as KILLED."""
+    committed = (repo / "params.yaml").read_text()
+    (repo / "params.yaml").write_text(committed.replace("  rounds: 2\n", "  rounds: 500\n"))
     command = subprocess.Popen(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
         cwd=repo,
@@ -337,10 +339,13 @@ def test_a_terminated_make_run_stops_the_stage_it_was_running(tmp_path, medmnist
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + limit(240)
-        while not (repo / "artifacts" / "checkpoints").exists():  # in the train stage
-            assert time.monotonic() < deadline and command.poll() is None
-            time.sleep(0.2)
+        poll(
+            "the train stage",
+            lambda: command.poll() is not None or (repo / "artifacts" / "checkpoints").exists(),
+            timeout=limit(240),
+            interval=0.2,
+        )
+        assert command.poll() is None, f"make run ended before its train stage ({command.poll()})"
         command.terminate()
         assert command.wait(timeout=limit(60)) == 128 + signal.SIGTERM
     finally:
@@ -353,6 +358,7 @@ def test_a_terminated_make_run_stops_the_stage_it_was_running(tmp_path, medmnist
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "KILLED"
+    (repo / "params.yaml").write_text(committed)
 
 
 def _cwd_of(pid: str) -> Path | None:
@@ -366,8 +372,10 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     repo, shared_server_env = pipeline_repo(tmp_path, medmnist_root, rounds=2)
     env = {**shared_server_env, "PREFECT_API_URL": prefect_server}
     dvc = [str(Path(sys.executable).parent / "dvc")]
+    terminated_in_its_train_stage(repo, shared_server_env)
 
-    # `make run`: no PREFECT_API_URL, one server shared by the four stages
+    # `make run` again: no PREFECT_API_URL, one server shared by the stages it runs (the
+    # partition the terminated one made is kept; the others depend on the rounds)
     repro = subprocess.run(
         [str(Path(sys.executable).parent / "fedsieve"), "dvc", "repro"],
         cwd=repo,
@@ -380,7 +388,8 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     assert repro.returncode == 0, output[-6000:]
     assert "Prefect server for every stage: http://127.0.0.1" in output, output[-6000:]
     assert "Starting temporary server" not in output, output[-6000:]  # no stage started one
-    assert all(f"Running stage '{stage}'" in output for stage in ("partition", "train"))
+    assert "Stage 'partition' didn't change, skipping" in output, output[-6000:]
+    assert all(f"Running stage '{st}'" in output for st in ("pretest", "train", "evaluate"))
     first = json.loads((repo / "reports" / "metrics.json").read_text())
     assert first["rounds"] == 2
     again = subprocess.run(
