@@ -34,7 +34,7 @@ endif
 # project's own modules are compiled once: processes that may not write bytecode
 # (PYTHONDONTWRITEBYTECODE, set on these machines) read it instead of compiling.
 setup:
-	$(MAKE) --no-print-directory -j2 -Otarget deps setup-flower browser
+	$(MAKE) --no-print-directory -j2 -Otarget deps setup-flower browser EXTRAS="hub dev"
 	$(BIN)/pip install --disable-pip-version-check -q --config-settings editable_mode=compat -e ".[hub,dev]"
 	$(BIN)/python -m compileall -q aggregation benchmarks config federated fedsieve flowerapp flows models registry tasks >/dev/null
 	$(BIN)/python -c "import torch, prefect, mlflow, dvc, medmnist, fedsieve; print('fedsieve ready: torch', torch.__version__, '| prefect', prefect.__version__, '| mlflow', mlflow.__version__)"
@@ -46,10 +46,13 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the MLflow UI check will be skipped"
 
+# The pinned stack with the extras named (the image: the hub's; `make setup`: the dev
+# tools too, resolved in the same install).
+EXTRAS ?= hub
 deps:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *p["optional-dependencies"]["hub"], sep="\n")' > $(VENV)/requirements.txt
+	$(BIN)/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(*p["dependencies"], *(d for e in "$(EXTRAS)".split() for d in p["optional-dependencies"][e]), sep="\n")' > $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r $(VENV)/requirements.txt
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps medmnist==3.0.2
 

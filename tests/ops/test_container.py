@@ -112,7 +112,10 @@ def test_dependencies_install_before_the_source_with_the_makefiles_own_steps(doc
     # the CPU image refuses a torch built for CUDA (a fallback from an unreachable index)
     assert "torch.version.cuda" in steps[deps][1] and "PIP_EXTRA_INDEX_URL" in steps[deps][1]
     recipe = make_recipe("setup")
-    assert recipe[0].endswith("deps setup-flower")  # the image's steps, both environments
+    # the image's steps, both environments; the dev tools only in `make setup`'s, resolved
+    # with the pinned stack (the image's `make deps` installs the hub's extras alone)
+    assert "deps setup-flower browser" in recipe[0] and recipe[0].endswith('EXTRAS="hub dev"')
+    assert "EXTRAS ?= hub" in (REPO / "Makefile").read_text().splitlines()
     assert any('-e ".[hub,dev]"' in line for line in recipe)
     deps_recipe = make_recipe("deps")
     assert "torch==2.13.0" in deps_recipe[1] and "requirements.txt" in deps_recipe[3]
