@@ -89,10 +89,11 @@ flower-cli:
 run:
 	$(BIN)/fedsieve dvc repro
 
-# Two workers (pytest-xdist), a test file per worker at a time: most of the end-to-end
-# tests wait on servers, processes and federations, so CI's two cores run two of them.
+# Two workers (pytest-xdist), a group of tests per worker at a time (a file; the files on
+# the session's loopback hub together: tests/conftest.py): most of the end-to-end tests
+# wait on servers, processes and federations, so CI's two cores run two of them.
 test:
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=40
 
 lint:
 	$(BIN)/ruff check .

@@ -193,15 +193,34 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, interrupted)
 
 
+HUB_GROUP = "flower-hub"
+
+
+def scheduling_group(item: pytest.Item, hub_files: set[Path]) -> str:
+    """The unit ``make test``'s workers are dealt (``--dist loadgroup``): the test's file
+    (as ``--dist loadfile`` deals them), but one group for every file using the session's
+    loopback hub, so that one worker starts it (a SuperLink and four sites, each a
+    SuperNode, a SuperExec and a warm trainer, that poll while they wait) and stops it
+    after their last test (tests/flower/conftest.py)."""
+    return HUB_GROUP if item.path in hub_files else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end tests (real servers, processes and federations: minutes each) first,
-    the files with the most of them first, so that under ``make test``'s two workers (one
-    file at a time each, in this order: ``--no-loadscope-reorder``) the long files start
-    early and the many short ones fill in at the end; the order within a file is kept.
+    the groups with the most of them first, so that under ``make test``'s two workers (one
+    group at a time each, in this order: ``--no-loadscope-reorder``) the long ones start
+    early and the many short files fill in at the end; the order within a file is kept.
     Every test gets pytest-timeout's guard, scaled by ``FEDSIEVE_TEST_TIME_SCALE``
     (tests/limits.py), unless it sets one."""
-    end_to_end = Counter(item.path for item in items if item.get_closest_marker("e2e"))
-    items.sort(key=lambda item: -end_to_end[item.path])
+    hub_files = {item.path for item in items if "hub" in getattr(item, "fixturenames", ())}
+    groups = {item: scheduling_group(item, hub_files) for item in items}
+    end_to_end = Counter(groups[item] for item in items if item.get_closest_marker("e2e"))
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(groups[item], index)
+    items.sort(key=lambda item: (-end_to_end[groups[item]], first[groups[item]]))
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit(TEST_LIMIT_S)))

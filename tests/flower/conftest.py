@@ -162,11 +162,42 @@ def site_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: out / f"{name}.npz" for name in site_names()}
 
 
+@dataclass
+class HubLifetime:
+    """The session's hub is stopped once this worker has run the last test that uses it:
+    ``make test`` deals those tests to one worker together (tests/conftest.py), so its
+    sites stop polling while that worker goes on with other files. Where the tests are
+    dealt otherwise, the hub lives to the session's end."""
+
+    running: Loopback | None = None
+    tests_left: int | None = None  # of the session's tests that use it, counted at first
+
+
+HUB_LIFETIME = HubLifetime()
+
+
+def uses_hub(item: pytest.Item) -> bool:
+    return "hub" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if not uses_hub(item):
+        return
+    if HUB_LIFETIME.tests_left is None:
+        HUB_LIFETIME.tests_left = sum(map(uses_hub, item.session.items))
+    HUB_LIFETIME.tests_left -= 1
+    if HUB_LIFETIME.tests_left == 0 and HUB_LIFETIME.running is not None:
+        HUB_LIFETIME.running.close()  # the fixture's own close then finds nothing running
+        HUB_LIFETIME.running = None
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory: pytest.TempPathFactory, site_files: dict[str, Path]) -> Iterator[Hub]:
     if not (FLOWER_BIN / "flwr").exists():
         pytest.fail(f"no Flower environment at {FLOWER_BIN}: run `make setup-flower`")
     with Loopback(tmp_path_factory.mktemp("loopback"), bin_dir=FLOWER_BIN) as fed:
+        HUB_LIFETIME.running = fed
         fed.start_superlink()
         folder = tmp_path_factory.mktemp("hub")
         plan = folder / "plan.json"
