@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from federated.client import ClientData  # noqa: E402
 from tests import prefect_homes  # noqa: E402
+from tests.hub_tests import uses_hub  # noqa: E402
 from tests.limits import TEST_LIMIT_S, limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +214,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     early and the many short files fill in at the end; the order within a file is kept.
     Every test gets pytest-timeout's guard, scaled by ``FEDSIEVE_TEST_TIME_SCALE``
     (tests/limits.py), unless it sets one."""
-    hub_files = {item.path for item in items if "hub" in getattr(item, "fixturenames", ())}
+    hub_files = {item.path for item in items if uses_hub(item)}
     groups = {item: scheduling_group(item, hub_files) for item in items}
     end_to_end = Counter(groups[item] for item in items if item.get_closest_marker("e2e"))
     first: dict[str, int] = {}

@@ -28,6 +28,7 @@ from flowerapp.plan import write_plan
 from flowerapp.site_data import SiteData, load_site_data, write_site_files
 from tasks.partition import split_partition
 from tasks.sites import APP_DIR
+from tests.hub_tests import uses_hub
 from tests.limits import limit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,10 +175,6 @@ class HubLifetime:
 
 
 HUB_LIFETIME = HubLifetime()
-
-
-def uses_hub(item: pytest.Item) -> bool:
-    return "hub" in getattr(item, "fixturenames", ())
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
