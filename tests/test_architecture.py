@@ -26,6 +26,30 @@ def test_the_import_contracts_are_kept():
     assert "3 kept, 0 broken" in result.stdout
 
 
+def test_the_readmes_one_file_command_imports_our_benchmarks_not_dvcs():
+    """dvc ships a top-level ``benchmarks`` package; `.venv/bin/pytest tests/PATH` (the
+    README's one-file command) must still import the checkout's."""
+    one_file = "tests/benchmarks/test_preregistration.py"
+
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("pytest")),
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            one_file,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=limit(120),
+    )
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert f"{one_file}::" in result.stdout
+
+
 LIBRARIES = ("torch", "prefect", "mlflow")
 # the one module allowed private torch names, and why: its docstring and README
 PRIVATE_ALLOWED = {REPO / "federated" / "foreach_sgd.py"}
