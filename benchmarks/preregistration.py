@@ -1,17 +1,32 @@
 """Pre-registered claims: ``benchmarks/preregistered.yaml`` holds claims stated, with their
-thresholds, before the records they rest on existed. The claims of benchmarks/claims.yaml
-were written after their data: they guard against regressions and are not confirmatory;
-these are the confirmatory ones.
+thresholds, in a commit before the one that committed the records they rest on. The claims
+of benchmarks/claims.yaml were written after their data: they guard against regressions
+and are not confirmatory; these are the confirmatory ones.
 
 A claim here has the ledger's fields (the same kinds, recomputed by the same code:
 :mod:`benchmarks.claims`) and two more: ``records``, the files it will rest on, and
-``command``, the command that writes them. ``python -m benchmarks.report --check`` prints
-the file's sha256 and, for each claim, the commit that last changed it in this file and the
-first commit that added its records. It fails, naming the claim, when the records came
-first or the claim changed after they were committed. A claim whose records do not exist
-yet is "pre-registered, records pending". Git is read through its command line (``git log``,
-``git merge-base --is-ancestor``); without git or in a shallow checkout the order is not
-checked, and the check says so in one line.
+``command``, the command that writes them. ``python -m benchmarks.report --check`` prints,
+for each commit that registered claims, the sha256 of the whole file as that commit left
+it (comments included: what was seen before registering is part of the registration), and
+for each claim the commit that registered it and the first commit of each of its records.
+"Before" is ancestry in git's commit graph, the order git can show; it fails, naming the
+claim or the commit, when
+
+- a committed version of the file is not the start of every later one: the file is only
+  ever appended to, so no registered claim is deleted or edited and no statement of what
+  was seen before registering is rewritten (the working copy included);
+- a claim differs from the claim as its registering commit left it (a field appended to
+  the file's last claim, say);
+- a record was first committed (under any path it had before a rename: ``git log
+  --follow``) in the registering commit or before it, or its content (any version of it,
+  its rename sources' and the working copy's) is a file of any commit the registering
+  commit descends from, whatever path held it (``git rev-list --objects``, once per
+  registering commit);
+- a record exists, uncommitted, beside a claim not yet committed.
+
+A claim whose records do not exist yet is "pre-registered, records pending". Git is read
+through its command line; without git or in a shallow checkout the order is not checked,
+and the check says so in one line.
 
 A pre-registered claim that does not hold is reported as not confirmed in its table of
 docs/results.md, never reworded: only the commit order fails the check.
@@ -19,6 +34,7 @@ docs/results.md, never reworded: only the commit order fails the check.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 from dataclasses import dataclass, field
@@ -45,7 +61,7 @@ class CommitOrder:
 def load(path: Path = PREREGISTERED) -> list[dict[str, Any]]:
     """The pre-registered claims: the ledger's checks, and for each claim its ``records``
     (a non-empty list of paths from the repository root) and its ``command``."""
-    found = claims.load_ledger(path)
+    found = claims.load_ledger(path, declared_lists=True)
     for claim in found:
         records = claim.get("records")
         if not (isinstance(records, list) and records and all(isinstance(r, str) for r in records)):
@@ -87,36 +103,88 @@ def unchecked_because(repo: Path) -> str | None:
     return None
 
 
-def claim_history(repo: Path, path: Path, claim_id: str) -> list[tuple[str, Any]]:
-    """Each commit that changed ``path``, newest first, with the claim as it stood there
-    (None where the file lacked it or was not valid YAML)."""
+def file_versions(repo: Path, path: Path) -> list[tuple[str, bytes]]:
+    """Each commit that changed ``path``, oldest first, with the file as it left it."""
     relative = path.relative_to(repo).as_posix()
-    history = []
-    for commit in git(repo, "log", "--format=%H", "--", relative).split():
-        try:
-            text = git(repo, "show", f"{commit}:{relative}")
-            stood = {c.get("id"): c for c in yaml.safe_load(text) or [] if isinstance(c, dict)}
-        except (subprocess.CalledProcessError, yaml.YAMLError, TypeError, AttributeError):
-            stood = {}
-        history.append((commit, stood.get(claim_id)))
-    return history
+    commits = git(repo, "log", "--reverse", "--format=%H", "--", relative).split()
+    return [(commit, shown_at(repo, commit, relative)) for commit in commits]
 
 
-def registered_in(history: list[tuple[str, Any]], claim: dict[str, Any]) -> str | None:
-    """The commit that last changed ``claim`` to what it says now: the oldest of the newest
-    run of commits holding it as it is. None when the claim as it is was never committed."""
-    registered = None
-    for commit, stood in history:
-        if stood != claim:
-            break
-        registered = commit
-    return registered
+def shown_at(repo: Path, commit: str, relative: str) -> bytes:
+    """``relative`` as ``commit`` holds it (empty where it holds no such file)."""
+    found = subprocess.run(
+        ["git", "show", f"{commit}:{relative}"], cwd=repo, capture_output=True, check=False
+    )
+    return found.stdout if found.returncode == 0 else b""
 
 
-def first_added(repo: Path, record: str) -> str | None:
-    """The first commit that added ``record`` (a path from the repository root), or None."""
-    added = git(repo, "log", "--diff-filter=A", "--reverse", "--format=%H", "--", record)
-    return added.split()[0] if added else None
+def claims_in(text: bytes) -> dict[str, Any]:
+    """The claims of one version of the file by id ({} where it is not a list of claims)."""
+    try:
+        found = yaml.safe_load(text) or []
+    except yaml.YAMLError:
+        return {}
+    return {c.get("id"): c for c in found if isinstance(c, dict)} if isinstance(found, list) else {}
+
+
+def growth_problems(
+    repo: Path, name: str, versions: list[tuple[str, bytes]], current: bytes
+) -> list[str]:
+    """Where a committed version of the file, or the working copy, does not start with the
+    version committed before it: a registration is only ever appended to."""
+    found = []
+    later = [*versions[1:], ("the working copy", current)][: len(versions)]
+    for (before, text), (after, grown) in zip(versions, later, strict=True):
+        if not grown.startswith(text):
+            line = next((n for n, (a, b) in enumerate(
+                zip(text.splitlines(), grown.splitlines(), strict=False), 1) if a != b),
+                min(text.count(b"\n"), grown.count(b"\n")) + 1)  # fmt: skip
+            said = after if after == "the working copy" else described(repo, after)
+            found.append(
+                f"{name}: {said} changes what {described(repo, before)} registered (line "
+                f"{line}); a registered file is only appended to"
+            )
+    return found
+
+
+@dataclass(frozen=True)
+class RecordHistory:
+    """A record's commits through its renames (``git log --follow``): the first, the paths
+    it had and every content it had (blob ids, the working copy's included)."""
+
+    first: str | None
+    paths: list[str]
+    blobs: frozenset[str]
+
+
+def record_history(repo: Path, record: str) -> RecordHistory:
+    """The commits of ``record``, followed through renames, and its contents."""
+    log = git(repo, "log", "--follow", "--reverse", "--format=commit %H", "--raw",
+              "--no-abbrev", "--", record)  # fmt: skip
+    commits, paths, blobs = [], [], set()
+    for line in log.splitlines():
+        if line.startswith("commit "):
+            commits.append(line.split()[1])
+        elif line.startswith(":"):
+            fields, *names = line.split("\t")
+            _, _, old, new, _ = fields.split()
+            blobs |= {old, new} - {"0" * 40}
+            paths += [n for n in names if n not in paths]
+    if (repo / record).is_file():
+        blobs.add(git(repo, "hash-object", record))
+    return RecordHistory(commits[0] if commits else None, paths, frozenset(blobs))
+
+
+@functools.cache
+def _objects(repo: Path, commit: str) -> frozenset[str]:
+    return frozenset(
+        line.split()[0] for line in git(repo, "rev-list", "--objects", commit).splitlines()
+    )
+
+
+def held_before(repo: Path, commit: str, blobs: frozenset[str]) -> bool:
+    """Whether any of ``blobs`` is a file of ``commit`` or of a commit it descends from."""
+    return bool(blobs & _objects(repo, commit))
 
 
 def is_before(repo: Path, first: str, second: str) -> bool:
@@ -135,48 +203,81 @@ def described(repo: Path, commit: str, width: int = 60) -> str:
     return f"{short} ({subject if len(subject) <= width else subject[: width - 1] + '…'})"
 
 
-def claim_order(repo: Path, path: Path, claim: dict[str, Any]) -> tuple[str, str | None]:
-    """One claim's line of the check and its problem (None when it is in order)."""
-    name = claim["id"]
-    history = claim_history(repo, path, name)
-    registered = registered_in(history, claim)
-    said = f"pre-registered in {described(repo, registered)}" if registered else "not yet committed"
-    added = {record: first_added(repo, record) for record in claim["records"]}
-    committed = {record: commit for record, commit in added.items() if commit}
-    if not committed:
-        present = [r for r in claim["records"] if (repo / r).exists()]
+def registered_in(versions: list[tuple[str, bytes]], claim_id: str) -> tuple[str, Any] | None:
+    """The first commit whose version of the file holds the claim, and the claim there."""
+    for commit, text in versions:
+        found = claims_in(text).get(claim_id)
+        if found is not None:
+            return commit, found
+    return None
+
+
+def record_said(item: tuple[str, RecordHistory]) -> str:
+    """How a claim's line names one of its records."""
+    record, history = item
+    if history.first is None:
+        return f"{record} not yet committed" if history.blobs else f"{record} pending"
+    first = history.paths[0]
+    return f"{record} first committed in {history.first[:7]}" + (
+        f" as {first}" if first != record else ""
+    )
+
+
+def claim_order(
+    repo: Path,
+    path: Path,
+    claim: dict[str, Any],
+    versions: list[tuple[str, bytes]],
+    known: dict[str, RecordHistory],
+) -> tuple[str, str | None]:
+    """One claim's line of the check and its problem (None when it is in order);
+    ``known`` holds the records' histories read so far (claims share records)."""
+    name, where = claim["id"], f"claim {claim['id']} of {path.name}"
+    registered = registered_in(versions, name)
+    for record in claim["records"]:
+        if record not in known:
+            known[record] = record_history(repo, record)
+    histories = {record: known[record] for record in claim["records"]}
+    if registered is None:
+        present = [r for r, h in histories.items() if h.blobs]
         if not present:
-            return f"{name}: {said}; records pending", None
-        line = f"{name}: {said}; records not yet committed ({', '.join(present)})"
-        early = f"claim {name} of {path.name}: its records exist before it is committed"
-        return line, None if registered else early
-    late = [
-        r
-        for r, commit in committed.items()
-        if not (registered and is_before(repo, registered, commit))
-    ]
-    records = "; ".join(f"{r} added in {described(repo, c)}" for r, c in committed.items())
-    line = f"{name}: {said}; {records}"
-    if not late:
+            return f"{name}: not yet committed; records pending", None
+        line = f"{name}: not yet committed; records not yet committed ({', '.join(present)})"
+        return line, f"{where}: its records exist before it is committed"
+    commit, as_registered = registered
+    said = f"pre-registered in {described(repo, commit)}"
+    if as_registered != claim:
+        return (
+            f"{name}: {said}",
+            f"{where}: it differs from the claim {described(repo, commit)} registered",
+        )
+    line = f"{name}: {said}; " + "; ".join(map(record_said, histories.items()))
+    early = [r for r, h in histories.items()
+             if (h.first and not is_before(repo, commit, h.first))
+             or held_before(repo, commit, h.blobs)]  # fmt: skip
+    if not early:
         return line, None
-    stated = [commit for commit, stood in history if stood is not None]
-    first_stated = stated[-1] if stated else None
-    if first_stated and all(is_before(repo, first_stated, committed[r]) for r in late):
-        why = "it changed after its records were committed"
-    else:
-        why = "its records came first"
-    return line, f"claim {name} of {path.name}: {why} ({', '.join(late)})"
+    return line, f"{where}: its records came first ({', '.join(early)})"
 
 
 def commit_order(repo: Path = REPO, path: Path = PREREGISTERED) -> CommitOrder:
-    """The file's sha256 and each claim's order of commits (module docstring)."""
-    lines = [f"{shown(path, repo)}: sha256 {sha256(path)}"]
+    """The file's sha256 at each commit that registered claims, and each claim's order of
+    commits (module docstring)."""
+    current = path.read_bytes()
+    lines = [f"{shown(path, repo)}: sha256 {hashlib.sha256(current).hexdigest()}"]
     why = unchecked_because(repo)
     if why:
         return CommitOrder([*lines, f"commit order not checked: {why}"])
-    problems = []
+    versions = file_versions(repo, path)
+    problems = growth_problems(repo, path.name, versions, current)
+    for commit, text in versions:
+        lines.append(
+            f"registered in {described(repo, commit)}: the whole file's sha256 there "
+            f"{hashlib.sha256(text).hexdigest()}"
+        )
+    known: dict[str, RecordHistory] = {}
     for claim in load(path):
-        line, problem = claim_order(repo, path, claim)
+        line, problem = claim_order(repo, path, claim, versions, known)
         lines.append(line)
         problems += [problem] if problem else []
     return CommitOrder(lines, problems)
@@ -189,7 +290,7 @@ def block(path: Path = PREREGISTERED, repo: Path = REPO) -> str:
     "records pending", and the commands that write the records."""
     found = load(path)
     ready = all((repo / record).exists() for claim in found for record in claim["records"])
-    recomputed = {v.claim: v for v in claims.verdicts(path)} if ready else {}
+    recomputed = {v.claim: v for v in claims.verdicts(path, declared_lists=True)} if ready else {}
     lines = [
         f"`{shown(path, repo)}`, sha256 `{sha256(path)}`",
         "",

@@ -1,6 +1,8 @@
-"""Pre-registered claims are committed before their records: the check reads the order of
-commits from git and fails naming a claim whose records came first or that changed after
-them; a claim whose records are not written yet is pending, not a failure."""
+"""Pre-registered claims are committed before their records were committed: the check reads
+the order of commits from git and fails naming a claim whose records (or their content,
+under any path) came first, a claim edited or deleted after it was registered, and a
+rewritten statement of what was seen before registering; a claim whose records are not
+written yet is pending, not a failure."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def preregister(repo: Path, *claims: dict) -> Path:
 
 
 def record(repo: Path, name: str = "x-seeds.csv") -> None:
+    (repo / "results").mkdir(exist_ok=True)
     (repo / "results" / name).write_text("method,seed\nmedian,0\n")
 
 
@@ -65,8 +68,10 @@ def test_a_claim_committed_before_its_records_is_in_order(repo):
     order = preregistration.commit_order(repo, path)
 
     assert order.problems == []
-    assert order.lines[1].startswith("P1: pre-registered in ")
-    assert "(pre-register P1)" in order.lines[1] and "(the records)" in order.lines[1]
+    assert order.lines[1].startswith("registered in ") and "(pre-register P1)" in order.lines[1]
+    assert order.lines[2].startswith("P1: pre-registered in ")
+    assert "(pre-register P1)" in order.lines[2]
+    assert "results/x-seeds.csv first committed in " in order.lines[2]
 
 
 def test_records_committed_before_the_claim_fail_naming_it(repo):
@@ -91,7 +96,7 @@ def test_a_claim_and_its_records_in_one_commit_are_out_of_order(repo):
 
 
 @pytest.mark.parametrize("committed", [True, False])
-def test_a_threshold_changed_after_the_records_fails_naming_the_claim(repo, committed):
+def test_a_threshold_changed_after_registering_fails_naming_the_claim(repo, committed):
     path = preregister(repo, CLAIM)
     commit(repo, "pre-register P1")
     record(repo)
@@ -102,25 +107,116 @@ def test_a_threshold_changed_after_the_records_fails_naming_the_claim(repo, comm
 
     order = preregistration.commit_order(repo, path)
 
+    changed_by = "(lower P1's threshold)" if committed else "the working copy"
+    assert len(order.problems) == 2
+    assert changed_by in order.problems[0] and "(pre-register P1) registered" in order.problems[0]
+    assert order.problems[0].endswith("; a registered file is only appended to")
+    assert order.problems[1].startswith("claim P1 of pre.yaml: it differs from the claim ")
+
+
+def test_a_field_appended_to_the_last_claim_changes_it(repo):
+    """Appending keeps the file's start, but a field added under the last claim is part of
+    that claim: the claim as registered is compared too."""
+    path = preregister(repo, CLAIM)
+    commit(repo, "pre-register P1")
+    path.write_text(path.read_text() + "  seeds: [0, 4]\n")
+    commit(repo, "P1 on five seeds only")
+
+    order = preregistration.commit_order(repo, path)
+
     assert order.problems == [
-        "claim P1 of pre.yaml: it changed after its records were committed (results/x-seeds.csv)"
+        "claim P1 of pre.yaml: it differs from the claim "
+        f"{order.lines[1].split()[2]} (pre-register P1) registered"
     ]
 
 
-def test_a_claim_added_later_leaves_the_earlier_in_order_and_is_pending(repo):
+def test_evasion_records_committed_earlier_under_another_path_then_renamed_in(repo):
+    """The records committed first under another name, the claim registered, then the
+    records renamed to the path the claim names: their content was in history before the
+    claim, and git's rename detection (--follow) finds their first commit."""
+    record(repo, "draft.csv")
+    commit(repo, "some numbers")
+    path = preregister(repo, CLAIM)
+    commit(repo, "pre-register P1")
+    git(repo, "mv", "results/draft.csv", "results/x-seeds.csv")
+    commit(repo, "the records")
+
+    order = preregistration.commit_order(repo, path)
+
+    assert order.problems == ["claim P1 of pre.yaml: its records came first (results/x-seeds.csv)"]
+    assert "first committed in " in order.lines[2] and "as results/draft.csv" in order.lines[2]
+
+
+def test_evasion_records_copied_in_from_an_older_commit_whatever_their_path(repo):
+    """A copy of a file that some earlier commit held, even one since deleted, is found by
+    its content (no rename to follow)."""
+    record(repo, "draft.csv")
+    commit(repo, "some numbers")
+    git(repo, "rm", "-q", "results/draft.csv")
+    commit(repo, "gone")
+    path = preregister(repo, CLAIM)
+    commit(repo, "pre-register P1")
+    record(repo)  # the same bytes
+    commit(repo, "the records")
+
+    order = preregistration.commit_order(repo, path)
+
+    assert order.problems == ["claim P1 of pre.yaml: its records came first (results/x-seeds.csv)"]
+
+
+def test_evasion_deleting_an_unconfirmed_claim_fails(repo):
+    """Two claims registered as one family; once the records are in, the one that does not
+    hold is deleted (which would also shrink the other's Holm family)."""
+    second = CLAIM | {"id": "P2", "at_least": 0.5}
+    path = preregister(repo, CLAIM, second)
+    commit(repo, "pre-register P1 and P2")
+    record(repo)
+    commit(repo, "the records")
+    preregister(repo, second)
+    commit(repo, "drop P1")
+
+    order = preregistration.commit_order(repo, path)
+
+    assert len(order.problems) == 1
+    assert "(drop P1) changes what " in order.problems[0]
+    assert "(pre-register P1 and P2) registered (line 1)" in order.problems[0]
+
+
+def test_evasion_editing_the_statement_of_what_was_seen_before_registering_fails(repo):
+    path = repo / "pre.yaml"
+    claims = yaml.safe_dump([CLAIM], allow_unicode=True)
+    path.write_text("# Seen before registering: nothing of this regime.\n" + claims)
+    commit(repo, "pre-register P1")
+    record(repo)
+    commit(repo, "the records")
+    path.write_text("# Seen before registering: one cell, to time it.\n" + claims)
+    commit(repo, "a fuller statement")
+
+    order = preregistration.commit_order(repo, path)
+
+    assert len(order.problems) == 1
+    assert "(a fuller statement) changes what " in order.problems[0]
+    assert "registered (line 1)" in order.problems[0]
+    assert order.lines[0].startswith("pre.yaml: sha256 ")
+    assert order.lines[1].startswith("registered in ") and "(pre-register P1)" in order.lines[1]
+
+
+def test_a_claim_appended_later_is_in_order_and_the_hash_at_each_registration_is_shown(repo):
     later = CLAIM | {"id": "P2", "records": ["results/y-seeds.csv"]}
     path = preregister(repo, CLAIM)
     commit(repo, "pre-register P1")
+    first = path.read_bytes()
     record(repo)
     commit(repo, "P1's records")
-    preregister(repo, CLAIM, later)
+    path.write_text(path.read_text() + yaml.safe_dump([later], allow_unicode=True))
     commit(repo, "pre-register P2")
 
     order = preregistration.commit_order(repo, path)
 
     assert order.problems == []
-    assert "(pre-register P1)" in order.lines[1]
-    assert order.lines[2].endswith("(pre-register P2); records pending")
+    assert order.lines[1].endswith(f"sha256 there {hashlib.sha256(first).hexdigest()}")
+    assert "(pre-register P2)" in order.lines[2]
+    assert order.lines[4].endswith("(pre-register P2); results/y-seeds.csv pending")
 
 
 def test_records_written_for_an_uncommitted_claim_fail_and_pending_ones_do_not(repo):
