@@ -15,12 +15,14 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
 - ``worst_case``: ``record`` (a matrix, e.g. ``digits`` or ``digits-filters``),
   ``method``, ``fraction``, optional ``seeds`` (``[first, last]``), and ``at_least`` or
   ``at_most``: the method's worst case per seed over every attack at that fraction
-  (halted runs at chance); holds when the 95 % t-interval over seeds lies entirely above
-  ``at_least`` (below ``at_most``).
+  (halted runs at chance); holds when its 95 % logit-scale t-interval over seeds (a share:
+  :func:`tasks.statistics.share_interval`) lies entirely above ``at_least`` (below
+  ``at_most``).
 - ``better``: ``record``, ``first``, ``second``, ``fraction``, ``statistic`` (``worst``:
   the per-seed worst cases; ``mean``: the per-seed means over the attacks both ran),
-  optional ``seeds``: ``first`` higher than ``second``, an exact two-sided sign-flip test
-  over seeds (:func:`tasks.statistics.seed_difference`).
+  optional ``seeds`` and ``lower`` (true): ``first`` higher (lower) than ``second``, an
+  exact two-sided sign-flip test over seeds (:func:`tasks.statistics.seed_difference`),
+  shown as ``first − second``.
 - ``drop``: ``record``, ``method``, ``attack``, ``fraction``: the attack lowers the
   method's headline metric, its run without attack minus its run under ``attack`` at
   ``fraction`` seed by seed, an exact two-sided sign-flip test over seeds.
@@ -52,18 +54,21 @@ set of tests the reader saw:
 - a claim read off a generated table takes that table as its family, every test of it,
   claims or not: a paired table (``table`` and ``row``, of
   :data:`benchmarks.tables.paired_tables.PAIRED_TABLES`; ``family`` is the table's name,
-  and Holm adjusts within the family the table shows, per value where the table says so);
+  and Holm adjusts over every test of the table);
   the ablation's McNemar table (``pid-made-ablation-paired``: its 28 tests, variants
   against the distance CUSUM); or, for a ``drop``, its record's table
   (``robustness-<record>``: the drop of every method under every attack at every fraction
   the record holds, seed by seed);
-- any other name is a family of ledger claims: Holm over the raw p of the claims that
-  share it. It is for claims stated as a set before their data, where those claims are
-  every test asked; a comparison picked from a table after seeing it belongs to the table.
+- any other name is a declared list: Holm over the raw p of the claims that share it.
+  It is for claims stated as a set before their data, where those claims are every test
+  asked, so only the pre-registration (benchmarks/preregistered.yaml) may declare one;
+  the ledger's claims, written after their data, are each read off a generated table
+  (a comparison picked from a table after seeing it belongs to the table). A family is
+  thus a whole generated table or a declared list, never a subset chosen by hand.
 
 ``worst_case`` and ``at_most_seeds`` declare no family (the loader refuses one): they
-compare no two methods. A worst case is a 95 % t-interval for one method's level, held to
-a stated bound; an ``at_most_seeds`` claim is a count of the records, with no test at all.
+compare no two methods. A worst case is a 95 % logit-scale t-interval for one method's
+level, held to a stated bound; an ``at_most_seeds`` claim is a count of the records, with no test at all.
 Their bounds are guards against a changed record, each read on its own, and the text does
 not combine them into a comparison; the intervals are per claim, not simultaneous.
 """
@@ -94,8 +99,7 @@ from benchmarks.tables.pid_made import (
 )
 from benchmarks.tables.records import HEADLINE, load, results_json, with_halts
 from benchmarks.tables.robustness_matrix import worst_by_seed, worst_differences
-from tasks.comparison import interval
-from tasks.statistics import exact_mcnemar, seed_difference, smallest_p
+from tasks.statistics import exact_mcnemar, seed_difference, share_interval, smallest_p
 
 LEDGER = Path(__file__).resolve().parent / "claims.yaml"
 ALPHA = 0.05
@@ -122,7 +126,10 @@ class Verdict:
     holds: bool
 
 
-def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
+def load_ledger(path: Path = LEDGER, declared_lists: bool = False) -> list[dict[str, Any]]:
+    """The claims of ``path``, checked: unique ids, known kinds, each test claim's family
+    and adjustment as the policy above allows (a family that is a list of claims only
+    where ``declared_lists``: the pre-registration)."""
     try:
         claims = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
@@ -154,10 +161,17 @@ def load_ledger(path: Path = LEDGER) -> list[dict[str, Any]]:
             problem = f"lacks the field {missing}"
         if problem:
             raise LedgerError(f"{path.name}: claim {claim['id']} ({claim['kind']}) {problem}")
+    lists = ledger_families(claims)
+    if lists and not declared_lists:
+        name, members = next(iter(lists.items()))
+        raise LedgerError(
+            f"{path.name}: claim {members[0]['id']} names family {name!r}, a list of claims; "
+            "a claim written after its data is read off a generated table, whose name is "
+            "its family (only benchmarks/preregistered.yaml declares lists)"
+        )
     mixed = sorted(
-        name for name, members in ledger_families(claims).items()
-        if len({c["adjust"] for c in members}) > 1
-    )  # fmt: skip
+        name for name, members in lists.items() if len({c["adjust"] for c in members}) > 1
+    )
     if mixed:
         raise LedgerError(
             f"{path.name}: the claims of family {mixed[0]} must share one adjust (holm or none)"
@@ -233,18 +247,20 @@ def _matrix(claim: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
 
 
 def worst_case(claim: dict[str, Any]) -> Verdict:
+    """A method's worst case per seed, a share: held to its bound by the 95 % logit-scale
+    t-interval over seeds (:func:`tasks.statistics.share_interval`), which stays in
+    [0, 1]."""
     rows, metric = _matrix(claim)
     worst, _, _ = worst_by_seed(rows, claim["method"], claim["fraction"], metric)
-    mean, _, half = interval(list(worst.values()))
-    half = 0.0 if math.isnan(half) else half
+    mean, low, high = share_interval(list(worst.values()))
+    if math.isnan(low):
+        low = high = mean
     if "at_least" in claim:
-        bound, holds, test = mean - half, mean - half >= claim["at_least"], "≥"
-        threshold = claim["at_least"]
+        bound, holds, test, threshold = low, low >= claim["at_least"], "≥", claim["at_least"]
     else:
-        bound, holds, test = mean + half, mean + half <= claim["at_most"], "≤"
-        threshold = claim["at_most"]
+        bound, holds, test, threshold = high, high <= claim["at_most"], "≤", claim["at_most"]
     return Verdict(
-        claim["id"], claim["text"], f"{mean:.3f} ± {half:.3f} [{len(worst)} seeds]",
+        claim["id"], claim["text"], f"{mean:.3f} [{low:.3f}, {high:.3f}] [{len(worst)} seeds]",
         f"95 % bound {bound:.3f} {test} {threshold:g}", bool(holds) and not math.isnan(mean),
     )  # fmt: skip
 
@@ -262,13 +278,16 @@ class Tested:
     note: str = ""
 
 
-def _seed_tested(measure: str, differences: Any, p: float, higher: bool) -> Tested:
-    """A paired claim's raw result: the mean per-seed difference and the exact sign-flip
-    p over seeds, the claim holding when the mean points the claimed way."""
+def _seed_tested(
+    measure: str, differences: Any, p: float, higher: bool, names: tuple[str, str]
+) -> Tested:
+    """A paired claim's raw result: the mean per-seed difference ``names[0] − names[1]``
+    and the exact sign-flip p over seeds, the claim holding when the mean points the
+    claimed way (above zero for ``higher``, below it otherwise)."""
     mean = float(differences.mean()) if len(differences) else math.nan
     return Tested(
-        f"Δ {measure} = {mean:+.3f} over {len(differences)} seeds", "sign-flip", p,
-        bool(mean > 0 if higher else mean < 0),
+        f"Δ {measure} ({names[0]} − {names[1]}) = {mean:+.3f} over {len(differences)} seeds",
+        "sign-flip", p, bool(mean > 0 if higher else mean < 0),
         f" (smallest possible {smallest_p(len(differences)):.3g})",
     )  # fmt: skip
 
@@ -286,7 +305,8 @@ def better(claim: dict[str, Any]) -> Tested:
             for m in (claim["first"], claim["second"])
         )  # fmt: skip
         differences, p = seed_difference(first, second)
-    return _seed_tested(claim["statistic"], differences, p, higher=True)
+    names = (claim["first"], claim["second"])
+    return _seed_tested(claim["statistic"], differences, p, not claim.get("lower"), names)
 
 
 def _drop(
@@ -306,7 +326,8 @@ def _drop(
 def drop(claim: dict[str, Any]) -> Tested:
     rows, metric = _matrix(claim)
     differences, p = _drop(rows, metric, claim["method"], claim["attack"], claim["fraction"])
-    return _seed_tested(f"drop under {claim['attack']}", differences, p, higher=True)
+    names = ("no attack", claim["attack"])
+    return _seed_tested(f"drop of {claim['method']}", differences, p, True, names)
 
 
 @cache
@@ -364,7 +385,8 @@ def stability(claim: dict[str, Any]) -> Tested:
         fedlag_by_seed(rows, claim["alpha"], m, key) for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)
-    return _seed_tested(claim["measure"], differences, p, bool(claim.get("higher")))
+    names = (claim["first"], claim["second"])
+    return _seed_tested(claim["measure"], differences, p, bool(claim.get("higher")), names)
 
 
 def convergence(claim: dict[str, Any]) -> Tested:
@@ -383,7 +405,9 @@ def convergence(claim: dict[str, Any]) -> Tested:
         convergence_by_seed(rows, fraction, m) for m in (claim["first"], claim["second"])
     )
     differences, p = seed_difference(first, second)
-    return _seed_tested("mean test loss over rounds", differences, p, bool(claim.get("higher")))
+    names = (claim["first"], claim["second"])
+    measure = "mean test loss over rounds"
+    return _seed_tested(measure, differences, p, bool(claim.get("higher")), names)
 
 
 def _family_tests(claim: dict[str, Any], p: float) -> tuple[list[float], int]:
@@ -443,10 +467,12 @@ def judged(claim: dict[str, Any], tested: Tested, family_ps: list[float], index:
     else:
         p = tested.p
         test += f", not adjusted ({size} test{'s' * (size != 1)} of {family}: {claim['reason']})"
+    test += f" {'<' if p < ALPHA else '≥'} {ALPHA:g}{tested.note}"
+    if not tested.in_direction:
+        test += "; the difference points the other way"
     return Verdict(
-        claim["id"], claim["text"], tested.statistic, f"{test} < {ALPHA:g}{tested.note}",
-        tested.in_direction and p < ALPHA,
-    )  # fmt: skip
+        claim["id"], claim["text"], tested.statistic, test, tested.in_direction and p < ALPHA
+    )
 
 
 KINDS: dict[str, Callable[[dict[str, Any]], Verdict | Tested]] = {
@@ -471,11 +497,11 @@ def _recomputed(claim: dict[str, Any], path: Path) -> Verdict | Tested:
         raise LedgerError(f"{path.name}: {error}") from None
 
 
-def verdicts(path: Path = LEDGER) -> list[Verdict]:
+def verdicts(path: Path = LEDGER, declared_lists: bool = False) -> list[Verdict]:
     """Every claim recomputed and, for a test, judged under its declared family and
     adjustment; a claim missing a field its kind needs, or read off a table that does not
     hold its test, raises a one-line LedgerError naming the ledger and the claim."""
-    ledger = load_ledger(path)
+    ledger = load_ledger(path, declared_lists)
     found = {claim["id"]: _recomputed(claim, path) for claim in ledger}
     of_ledger = {
         c["id"]: (members, [found[m["id"]].p for m in members])

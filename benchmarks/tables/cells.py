@@ -1,7 +1,8 @@
-"""How a figure is written in a table cell (mean ± 95 % t half-width; a share in [0, 1]
-with a percentile bootstrap interval over seeds, which stays in [0, 1]; a count with its
-range over seeds; a rate with its exact interval; a goal met or not), and a markdown
-table of rows."""
+"""How a figure is written in a table cell (a difference or a measure: mean ± 95 % t
+half-width; a share in [0, 1] averaged over seeds: its mean and 95 % logit-scale
+t-interval, which stays in [0, 1] (:func:`tasks.statistics.share_interval`); a count with
+its range over seeds; a rate of independent runs with its exact interval; a goal met or
+not), and a markdown table of rows."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from functools import cache
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from tasks import statistics
 from tasks.comparison import interval
 from tasks.statistics import rate_interval
 
@@ -29,27 +30,14 @@ def shown(values: Iterable[float], digits: int = 2) -> str:
 
 @cache
 def share_interval(values: tuple[float, ...]) -> tuple[float, float, float]:
-    """The mean of per-seed shares and its 95 % percentile bootstrap interval over seeds
-    (scipy, seeded): inside the values' range, so inside [0, 1]. NaN bounds below two
-    seeds."""
-    mean = float(np.mean(values)) if values else math.nan
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    result = stats.bootstrap(
-        (np.asarray(values, float),),
-        np.mean,
-        method="percentile",
-        n_resamples=9999,
-        confidence_level=0.95,
-        rng=np.random.default_rng(0),
-    )
-    low, high = result.confidence_interval
-    return mean, float(low), float(high)
+    """The mean of per-seed shares and its 95 % logit-scale t-interval over seeds
+    (:func:`tasks.statistics.share_interval`), once per distinct set of values."""
+    return statistics.share_interval(values)
 
 
 def shown_share(values: Iterable[float], digits: int = 2, scale: float = 1.0) -> str:
-    """A share per seed (accuracy, AUC, a rate): mean [95 % percentile bootstrap interval]
-    with n, ``0.62 [0.58, 0.65] [5]``; ``scale`` = 100 writes it in percent."""
+    """A share per seed (accuracy, AUC, a rate): mean [95 % logit-scale t-interval] with
+    n, ``0.62 [0.58, 0.65] [5]``; ``scale`` = 100 writes it in percent."""
     values = tuple(float(v) for v in values)
     mean, low, high = share_interval(values)
     if math.isnan(mean):
@@ -84,7 +72,7 @@ def shown_rate(successes: float, trials: float) -> str:
 def shown_seed_rates(hits: Iterable[float], trials: Iterable[float]) -> str:
     """A rate taken at the level it was sampled: one rate per seed (events over that
     seed's client-rounds or images, which share its partition and model), their mean with
-    a 95 % percentile bootstrap interval over seeds (:func:`shown_share`), and in how many
+    a 95 % logit-scale t-interval over seeds (:func:`shown_share`), and in how many
     seeds it happened at all."""
     rates = [h / t for h, t in zip(hits, trials, strict=True) if t > 0]
     if not rates:

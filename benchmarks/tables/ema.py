@@ -15,7 +15,7 @@ EMA_RULES = {"fedavg": "FedAvg", "median": "median", "trimmed_mean": "trimmed me
 
 def ema_paper_block() -> str:
     """EMA's experiments (benchmarks/ema_paper.py): test accuracy per rule, no attack and
-    each attack and fraction, mean [95 % percentile bootstrap interval] [seeds]."""
+    each attack and fraction, mean [95 % logit-scale t-interval] [seeds]."""
     rows = results_json("ema-paper")["rows"]
     scenarios = sorted(
         {(r["attack"], r["fraction"]) for r in rows}, key=lambda a: (a[0] != "none", a)

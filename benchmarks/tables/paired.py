@@ -80,22 +80,18 @@ def _factor(n: int, allowed: int) -> float:
 @dataclass(frozen=True)
 class Paired:
     """Methods against one reference, seed by seed: per test (method, ``label``'s value,
-    (per-seed differences, sign-flip p)). Holm adjusts over the table, or over each
-    value's tests where ``family_per_value`` (separate regimes, separate questions); the
-    claims ledger reads its verdicts from the same adjustment the table shows."""
+    (per-seed differences, sign-flip p)). Holm adjusts over every test of the table: the
+    table is one family, and the claims ledger reads its verdicts from the same
+    adjustment the table shows."""
 
     tests: list[tuple[str, str, tuple[Any, float]]]
     reference: str
     label: str
     statistic: str = "worst case"
-    family_per_value: bool = False
 
     def families(self) -> list[list[int]]:
-        """The tests' indices, one list per family Holm adjusts over."""
-        families: dict[str, list[int]] = {}
-        for index, (_, value, _) in enumerate(self.tests):
-            families.setdefault(value if self.family_per_value else "", []).append(index)
-        return list(families.values())
+        """The tests' indices, one list per family Holm adjusts over: the whole table."""
+        return [list(range(len(self.tests)))]
 
     def index_of(self, method: str, value: str) -> int | None:
         """The index of ``method``'s test at ``value``, or None where the table has none."""
@@ -105,8 +101,8 @@ class Paired:
         return None
 
     def family_size(self, index: int) -> int:
-        """How many tests Holm adjusts test ``index`` with."""
-        return next(len(family) for family in self.families() if index in family)
+        """How many tests Holm adjusts test ``index`` with: the table's."""
+        return len(self.tests)
 
     def holm(self) -> list[float]:
         """Each test's p, Holm-adjusted within its family (statsmodels)."""

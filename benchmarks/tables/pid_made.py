@@ -37,7 +37,7 @@ PID_PAPER = {
 
 def pid_paper_block(experiment: str) -> str:
     """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
-    method, the test accuracy (mean [percentile bootstrap interval]), false positives and negatives as rates
+    method, the test accuracy (mean [95 % logit-scale t-interval]), false positives and negatives as rates
     of honest and attacker client-rounds, honest clients ever banned and attackers
     caught as rates of clients, each per seed (:func:`shown_seed_rates`), and the round
     the last attacker was caught in runs that caught them all (median)."""

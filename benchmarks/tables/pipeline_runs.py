@@ -34,7 +34,7 @@ def default_pipeline_block() -> str:
 
 def privacy_block() -> str:
     """Central DP-FedAvg at several noise multipliers, per model (benchmarks/privacy.py):
-    ε, test scores and the worst site's, mean [95 % percentile bootstrap interval]
+    ε, test scores and the worst site's, mean [95 % logit-scale t-interval]
     [seeds], and the sites' spread, mean ± t-interval [seeds]."""
     cells = results_json("privacy-breastmnist")["cells"]
     lines = [

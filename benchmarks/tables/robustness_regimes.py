@@ -155,7 +155,7 @@ def filters_paired(dataset: str) -> Paired:
 def regime_paired(names: list[str], dataset: str, label: str) -> Paired:
     """Each method of a regime against FedAvg at the regime's fraction, seed by seed: the
     per-seed worst case over the regime's attacks, one test per method and record
-    (``label`` names what tells the records apart; Holm within each record)."""
+    (``label`` names what tells the records apart; Holm over every test of the table)."""
     tests = []
     for name in names:
         rows = with_halts(load(name))
@@ -166,4 +166,4 @@ def regime_paired(names: list[str], dataset: str, label: str) -> Paired:
             for method in distinct(rows)
             if method != "fedavg"
         ]
-    return Paired(tests, "fedavg", label, family_per_value=len(names) > 1)
+    return Paired(tests, "fedavg", label)

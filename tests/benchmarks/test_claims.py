@@ -37,9 +37,9 @@ def written(tmp_path: Path, ledger: list[dict[str, Any]]) -> Path:
     return path
 
 
-def refusal(tmp_path: Path, ledger: list[dict[str, Any]]) -> str:
+def refusal(tmp_path: Path, ledger: list[dict[str, Any]], declared_lists: bool = False) -> str:
     with pytest.raises(claims.LedgerError) as refused:
-        claims.load_ledger(written(tmp_path, ledger))
+        claims.load_ledger(written(tmp_path, ledger), declared_lists)
     message = str(refused.value)
     assert "\n" not in message
     return message
@@ -87,13 +87,14 @@ def test_a_bound_takes_no_family_and_a_table_claim_takes_its_table_as_family(tmp
         tmp_path,
         [FLIPPED | {"family": "mine", "adjust": "holm"},
          CAUGHT | {"family": "mine", "adjust": "none", "reason": "one question"}],
+        declared_lists=True,
     )  # fmt: skip
 
 
-def test_a_family_of_ledger_claims_is_holm_adjusted_together(tmp_path):
-    """Three drops on the digits CNN stated as one family: each is judged by Holm over
-    the three raw p-values, as statsmodels adjusts them, whatever the other drops of
-    the table."""
+def test_a_declared_list_of_claims_is_holm_adjusted_together(tmp_path):
+    """Three drops on the digits CNN stated as one family before their data (a list the
+    pre-registration may declare): each is judged by Holm over the three raw p-values, as
+    statsmodels adjusts them, whatever the other drops of the table."""
     family = {"family": "stated-together", "adjust": "holm"}
     ledger = [
         FLIPPED | family,
@@ -103,7 +104,7 @@ def test_a_family_of_ledger_claims_is_holm_adjusted_together(tmp_path):
     raw = [claims.drop(claim).p for claim in ledger]
     expected = multipletests(raw, method="holm")[1]
 
-    found = claims.verdicts(written(tmp_path, ledger))
+    found = claims.verdicts(written(tmp_path, ledger), declared_lists=True)
 
     assert raw == pytest.approx([2 / 2**10, 0.015625, 0.0078125])
     for verdict, p, p_holm in zip(found, raw, expected, strict=True):
@@ -202,3 +203,31 @@ def test_a_stability_claim_is_read_off_the_row_of_its_alpha_and_measure(tmp_path
         with pytest.raises(claims.LedgerError, match=r"C96: a stability claim is read off "
                            r"fedlag-stability-paired at the row of its α and measure"):  # fmt: skip
             claims.verdicts(written(tmp_path, [STEADIER | wrong]))
+
+
+def test_every_family_is_a_whole_generated_table_or_a_declared_list():
+    """A ledger claim (written after its data) takes as family the generated table it is
+    read from, all of it; only the pre-registration declares lists of claims, each member
+    in that file. The loader refuses the rest (next test)."""
+    from benchmarks import preregistration
+
+    for claim in claims.load_ledger():
+        if claim["kind"] in claims.TEST_KINDS:
+            assert claim["family"] == claims.table_family(claim), claim["id"]
+    registered = preregistration.load()
+    lists = claims.ledger_families(registered)
+    for claim in registered:
+        family = claim["family"]
+        assert family == claims.table_family(claim) or claim in lists[family], claim["id"]
+
+
+def test_a_ledger_claim_naming_a_list_of_claims_is_refused(tmp_path):
+    """Two claims read off the CNN's drops, declared a family of their own: a subset of
+    the table's 56 drops chosen by hand."""
+    declared = {"family": "two-drops", "adjust": "holm"}
+    second = FLIPPED | declared | {"id": "C93", "attack": "sign_flip"}
+
+    said = refusal(tmp_path, [FLIPPED | declared, second])
+
+    assert "claim C91 names family 'two-drops', a list of claims" in said
+    assert claims.load_ledger(written(tmp_path, [FLIPPED | declared, second]), True)

@@ -1,5 +1,7 @@
 """The statistics behind the robustness tables: a worst case per seed, paired tests
-blocked by seed with Holm's correction, exact McNemar tests and exact rate intervals."""
+blocked by seed with Holm's correction (an exact sign-flip test on integers, so ties are
+exact), exact McNemar tests, exact rate intervals and the logit-scale t-interval of a
+share."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from tasks.statistics import (
     exact_mcnemar,
     rate_interval,
     seed_blocked_differences,
+    seed_difference,
+    share_interval,
     smallest_p,
     worst_per_seed,
 )
@@ -100,3 +104,64 @@ def test_seed_blocked_test_averages_a_seeds_attacks_before_testing():
     [pair] = seed_blocked_differences({"A": a, "B": b})
 
     assert pair.mean_difference == pytest.approx(0.0) and pair.p_value == pytest.approx(1.0)
+
+
+def test_the_sign_flip_test_counts_tied_patterns_exactly():
+    """Four-digit scores whose differences are equal in decimals but not in binary: scipy's
+    permutation test on the float differences gives 0.6875, leaving out sign patterns
+    exactly as extreme as the observed one; on the scores counted in whole units every
+    pattern is compared exactly, as a brute-force count with integers does."""
+    import itertools
+
+    first = [0.9514, 0.956, 0.9592, 0.9613, 0.9453, 0.9548, 0.9601, 0.9465]
+    second = [0.9541, 0.9505, 0.9565, 0.9586, 0.9508, 0.9521, 0.9546, 0.952]
+    units = [round(a * 10_000) - round(b * 10_000) for a, b in zip(first, second, strict=True)]
+    observed = abs(sum(units))
+    as_extreme = sum(
+        abs(sum(sign * u for sign, u in zip(signs, units, strict=True))) >= observed
+        for signs in itertools.product((1, -1), repeat=len(units))
+    )
+
+    _, p = seed_difference(
+        {("attack", seed): v for seed, v in enumerate(first)},
+        {("attack", seed): v for seed, v in enumerate(second)},
+    )
+
+    assert p == as_extreme / 2 ** len(units) == 0.828125
+
+
+def test_a_seed_enters_the_sign_flip_test_as_its_mean_over_the_attacks_it_ran():
+    """Seed 0 ran two attacks and seed 1 one: each seed counts as its mean difference
+    (weights by the least common multiple of the counts), so only the patterns with both
+    signs alike reach the observed mean, p = 2/4."""
+    first = {("a", 0): 0.3, ("b", 0): 0.1, ("a", 1): 0.2}
+    second = {("a", 0): 0.1, ("b", 0): 0.1, ("a", 1): 0.1}
+
+    differences, p = seed_difference(first, second)
+
+    assert differences.tolist() == pytest.approx([0.1, 0.1]) and p == 0.5
+
+
+@pytest.mark.parametrize(
+    "shares", [[0.0, 0.0, 0.0, 0.033, 0.0], [0.91, 0.95, 0.93, 0.97, 0.96, 0.9], [0.2, 0.9]]
+)
+def test_a_share_interval_is_the_quasi_binomial_glms_t_interval_and_stays_in_0_1(shares):
+    import statsmodels.api as sm
+
+    fit = sm.GLM(np.array(shares), np.ones(len(shares)), family=sm.families.Binomial()).fit(
+        scale="X2", use_t=True
+    )
+    expected = 1 / (1 + np.exp(-fit.conf_int(0.05)[0]))
+
+    mean, low, high = share_interval(shares)
+
+    assert mean == pytest.approx(np.mean(shares))
+    assert (low, high) == pytest.approx(tuple(expected), rel=1e-9)
+    assert 0 < low <= mean <= high < 1
+
+
+def test_a_share_interval_of_equal_values_is_the_value_and_of_one_value_is_unknown():
+    assert share_interval([0.0, 0.0, 0.0]) == (0.0, 0.0, 0.0)
+    assert share_interval([0.5, 0.5]) == (0.5, 0.5, 0.5)
+    mean, low, high = share_interval([0.7])
+    assert mean == 0.7 and np.isnan(low) and np.isnan(high)
