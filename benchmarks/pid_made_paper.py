@@ -19,15 +19,19 @@ otherwise: IID clients, 20 rounds of two local epochs):
   methods of ``table4``.
 
 Every method pins its whole configuration here, so a change of a filter's defaults
-cannot change what a row's name means (PID-MADE's methods: ``banned_updates: left_out``,
-the reading of the records).
+cannot change what a row's name means. PID-MADE with the paper's thresholds (``gaussian``,
+``chebyshev``, and the gains' ``…-gaussian``) reads a banned client's later update as the
+paper does, one of the round's submitted models (``banned_updates: counted``); our
+robust threshold of its score (``robust``, ``pid_made_robust``, ``P``, ``PI``, ``PID``)
+leaves it out (``left_out``), the reading our thresholds' other records were made with.
 
 Every PID-MADE method excludes for good (Algorithm 1). Cells run through
 :func:`benchmarks.robustness.run_cell` (the comparison grid's engine calls) and append to
 ``benchmarks/results/pid-made-paper-cells.jsonl`` (a rerun skips finished cells); the
 summary, every seed's accuracy, loss, false positives and negatives (client-rounds),
-honest clients ever excluded and attackers caught, goes to ``pid-made-paper.{json,md}``
-(committed), from which ``python -m benchmarks.report`` builds docs/results.md's tables.
+honest clients ever excluded and attackers caught, in the order of the seed ids listed
+beside them (``seed``), goes to ``pid-made-paper.{json,md}`` (committed), from which
+``python -m benchmarks.report`` builds docs/results.md's tables.
 
     python -m benchmarks.pid_made_paper [--seeds 5] [--experiments table4 ...]
 """
@@ -49,10 +53,11 @@ FEDAVG: dict[str, Any] = {"aggregate": {"name": "fedavg"}}
 
 
 def pid(**options: Any) -> dict[str, Any]:
-    """PID-MADE before FedAvg, with a banned client's update left out of the centroid and
-    the threshold's statistics: the reading the records were made with (``pid_made``'s
-    default is now the paper's, ``counted``)."""
-    spec = {"name": "pid_made", "banned_updates": "left_out", **options}
+    """PID-MADE before FedAvg: with the paper's thresholds, a banned client's later update
+    counted as the paper reads it (``counted``); with our robust one, left out of the
+    centroid and the threshold's statistics (``left_out``), as in its other records."""
+    reading = "left_out" if options.get("threshold") == "robust" else "counted"
+    spec = {"name": "pid_made", "banned_updates": reading, **options}
     return {"aggregate": {"name": "fedavg"}, "filters": [spec]}
 
 
@@ -168,15 +173,17 @@ def summarise(cells_file: Path, stem: Path = RESULTS / "pid-made-paper") -> None
 
 
 def summary_row(method: str, fraction: float, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One method at one attacker share over its seeds: every seed's outcome."""
+    """One method at one attacker share over its seeds: every seed's outcome, in the order
+    of the seed ids in ``seed``."""
     experiment, _, name = method.rpartition(".")
+    records = sorted(records, key=lambda r: r["seed"])
     metrics = [r["metrics"] for r in records]
     caught = [len(r["excluded"]["malicious_first_round"]) for r in records]
     last = [max(r["excluded"]["malicious_first_round"].values(), default=float("nan"))
             for r in records]  # fmt: skip
     return {
         "experiment": experiment, "method": name, "fraction": fraction,
-        "seeds": len(records),
+        "seeds": len(records), "seed": [r["seed"] for r in records],
         "acc": [m["test_acc"] for m in metrics], "loss": [m["test_loss"] for m in metrics],
         "fp": [m["total_false_positives"] for m in metrics],
         "fn": [m["total_false_negatives"] for m in metrics],

@@ -90,24 +90,31 @@ PREAGGREGATED = {
     "bucketing_median": ("median", {"name": "bucketing", "s": 2}),
 }
 ROUND_CUT = 11.0  # the round cut's z: the distance CUSUM's drift + h (3 + 8)
-# History-aware filters in front of FedAvg, each with its exact configuration; every one
-# also with the round cut (a screen of its own, not part of the paper's method). Only
+# History-aware filters in front of FedAvg, each with its exact configuration. Only
 # pid_made_fedavg and pid_made_chebyshev_fedavg are the paper's PID-MADE (Algorithm 1,
-# Theorems 6 and 5); distance_cusum_cut_fedavg is what pid_made ran by default before.
-# Each pid_made names the reading its records were made with: a banned client's update
-# left out of the centroid and the threshold's statistics (the default is now the
-# paper's, counted).
+# Theorems 6 and 5), with its centroid over "all submitted models", a banned client's
+# included (banned_updates: counted). pid_made_left_out_fedavg leaves a banned client's
+# later updates out of the centroid and the threshold's statistics: the reading these
+# records were first made with, a variant of our own (so are our thresholds of the
+# score). Chebyshev's threshold bans nobody among 20 clients (Samuelson's bound), so no
+# update is ever left out and both readings run the same arithmetic: its records, made
+# under left_out, are the counted ones (a test runs one cell both ways).
+# distance_cusum_cut_fedavg is what pid_made ran by default before. The round cut is a
+# screen of its own, not part of the paper's method.
+_COUNTED = {"banned_updates": "counted"}
 _LEFT_OUT = {"banned_updates": "left_out"}
 _FILTERS: dict[str, dict[str, Any]] = {
-    "pid_made": {"name": "pid_made"} | _LEFT_OUT,
-    "pid_made_chebyshev": {"name": "pid_made", "threshold": "chebyshev"} | _LEFT_OUT,
+    "pid_made": {"name": "pid_made"} | _COUNTED,
+    "pid_made_chebyshev": {"name": "pid_made", "threshold": "chebyshev"} | _COUNTED,
+    "pid_made_left_out": {"name": "pid_made"} | _LEFT_OUT,
     "pid_robust": {"name": "pid_made", "threshold": "robust"} | _LEFT_OUT,
     "pid_cusum": {"name": "pid_made", "threshold": "cusum"} | _LEFT_OUT,
     "distance_cusum": {"name": "distance_cusum"},
 }
+_CUT = ("pid_made_chebyshev", "pid_made_left_out", "pid_robust", "pid_cusum", "distance_cusum")
 FILTERED: dict[str, dict[str, Any]] = {
     **{f"{name}_fedavg": spec for name, spec in _FILTERS.items()},
-    **{f"{name}_cut_fedavg": spec | {"round_cut": ROUND_CUT} for name, spec in _FILTERS.items()},
+    **{f"{name}_cut_fedavg": _FILTERS[name] | {"round_cut": ROUND_CUT} for name in _CUT},
 }
 METHODS = [*RULES, *FILTERED, *PREAGGREGATED]
 # the matrix: every rule, the distance CUSUM with the round cut as the one history-aware
@@ -472,13 +479,48 @@ def seed_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_seed_rows(records: list[dict[str, Any]], path: Path) -> None:
+def write_seed_rows(
+    records: list[dict[str, Any]], path: Path, kept: list[dict[str, str]] | None = None
+) -> None:
+    """The per-seed record: the cells' rows, and ``kept`` (committed rows of methods not
+    rerun, as read) in the same order."""
     import csv
+
+    def order(row: dict[str, Any]) -> tuple[str, str, float, int]:
+        return row["method"], row["attack"], float(row["fraction"]), int(row["seed"])
 
     with path.open("w", newline="") as out:
         writer = csv.DictWriter(out, SEED_COLUMNS, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(seed_rows(records))
+        writer.writerows(sorted([*seed_rows(records), *(kept or [])], key=order))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a rerun of some methods (``--keep-others``) keeps of the committed record: the
+    other methods' per-seed rows (as read), summary rows and failed cells."""
+
+    seed_rows: list[dict[str, str]] = field(default_factory=list)
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(row["method"] for row in self.seed_rows))
+
+
+def kept_of(stem: Path, rerun: set[str]) -> Kept:
+    """The committed record under ``stem`` less the methods in ``rerun``."""
+    import csv
+
+    with stem.with_name(f"{stem.name}-seeds.csv").open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["method"] not in rerun]
+    payload = json.loads(stem.with_name(f"{stem.name}.json").read_text())
+    return Kept(
+        rows,
+        [r for r in payload["summary"] if r["method"] not in rerun],
+        [f for f in payload["cells_failed"] if f.split(" under ")[0] not in rerun],
+    )
 
 
 def coverage(records: list[dict[str, Any]]) -> str:
@@ -501,10 +543,12 @@ def coverage(records: list[dict[str, Any]]) -> str:
 
 
 def summarise(
-    name: str, dataset: str, command: str, cells_file: Path, settings: dict[str, Any]
-) -> None:
+    name: str, dataset: str, command: str, cells_file: Path, settings: dict[str, Any],
+    keep_others: bool = False,
+) -> None:  # fmt: skip
     """The summary over seeds (JSON, Markdown) and one heatmap per fraction, under
-    ``robustness-<name>``."""
+    ``robustness-<name>``; with ``keep_others``, the committed record's rows of the
+    methods the cells file does not hold are kept (a rerun of some methods)."""
     from tasks.comparison import CellResult, aggregate_over_seeds, heat_table, summary_markdown
     from tasks.plots import plot_compare_heatmap
 
@@ -516,18 +560,22 @@ def summarise(
             f"robustness-{name}: no cell finished ({len(records)} failed; first: {first}); "
             "the summary is left as it was"
         )
+    stem = RESULTS / f"robustness-{name}"
+    kept = kept_of(stem, {r["method"] for r in records}) if keep_others else Kept()
     for key in ("method", "attack", "fraction"):
         settings[f"{key}s"] = list(dict.fromkeys(r[key] for r in records))
     settings["seeds"] = len({r["seed"] for r in records})
+    settings["methods"] = [*kept.methods, *settings["methods"]]
     failed = sorted({f"{r['method']} under {r['attack']} @ {r['fraction']:g}: {r['error']}"
-                     for r in records if "error" in r})  # fmt: skip
+                     for r in records if "error" in r} | set(kept.failed))  # fmt: skip
     results = [
         CellResult(r["method"], r["attack"], r["fraction"], r["seed"], r["metrics"], r["accuracy"])
         for r in ok
     ]
-    rows = aggregate_over_seeds(results)
-    methods = list(dict.fromkeys(r["method"] for r in records))
-    stem = RESULTS / f"robustness-{name}"
+    rows = aggregate_over_seeds(results) + [
+        {k: math.nan if v is None else v for k, v in row.items()} for row in kept.summary
+    ]
+    methods = settings["methods"]
     figures = []
     for fraction in sorted({r["fraction"] for r in rows}):
         share = [r for r in rows if r["fraction"] == fraction]
@@ -542,14 +590,15 @@ def summarise(
         "command": command,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": settings,
-        "cells_run": len(records),
+        "cells_run": len(records) + len(kept.seed_rows),
         "cells_failed": failed,
         "cell_seconds_mean": round(sum(r["seconds"] for r in records) / max(len(records), 1), 2),
+        **({"kept_from_the_committed_record": kept.methods} if keep_others else {}),
         "figures": figures,
         "summary": clean,
     }
     stem.with_name(f"{stem.name}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    write_seed_rows(records, stem.with_name(f"{stem.name}-seeds.csv"))
+    write_seed_rows(records, stem.with_name(f"{stem.name}-seeds.csv"), kept.seed_rows)
     note = "\n".join(f"- {line}" for line in failed) or "- none"
     metric = "auc" if dataset in BINARY else "acc"
     tables = "\n".join(
@@ -586,6 +635,11 @@ def main() -> None:
     parser.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--regime", default="iid", choices=list(REGIMES))
     parser.add_argument("--summarise-only", action="store_true")
+    parser.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="keep the committed record's rows of the methods not run (a rerun of some)",
+    )
     args = parser.parse_args()
     regime = REGIMES[args.regime]
     args.attacks = args.attacks or regime.attacks
@@ -612,7 +666,7 @@ def main() -> None:
     command = f"python -m benchmarks.robustness --dataset {args.dataset}" + (
         f" --regime {args.regime}" if args.regime != "iid" else ""
     )
-    summarise(name, args.dataset, command, cells_file, settings)
+    summarise(name, args.dataset, command, cells_file, settings, args.keep_others)
 
 
 if __name__ == "__main__":

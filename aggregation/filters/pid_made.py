@@ -33,8 +33,8 @@ Definition, per round ``t`` and submitted client ``i`` (rows of ``updates``):
     Algorithm 1 computes ``μ_t, u_t^(i), ū_t, σ_t`` right after "receive w_t^i from local
     clients", before its loop over ``Q`` removes anybody.
   - ``"left_out"`` (a variant; this filter's only behaviour before the option, and the
-    reading of every committed benchmark record): it is scored against the centroid of
-    the others and takes no part in the centroid or in any of the threshold's
+    reading of the committed benchmark records that name it): it is scored against the
+    centroid of the others and takes no part in the centroid or in any of the threshold's
     statistics.
 
 Why the Gaussian threshold is the default: Sec. 4.1 applies ``ū + kσ`` and reports it

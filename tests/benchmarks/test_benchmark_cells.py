@@ -216,6 +216,47 @@ def test_the_matrix_rows_once_shown_as_pid_made_are_the_distance_cusum_with_the_
 
 
 @pytest.mark.usefixtures("as_a_benchmark_worker")
+def test_the_filters_rows_relabelled_left_out_rerun_to_their_committed_row():
+    """The rows once named pid_made_fedavg were made with banned updates left out: they are
+    pid_made_left_out_fedavg now (pid_made_fedavg runs the paper's reading, counted), and
+    one held-out cell of them reruns under that name to its row."""
+    base = yaml.safe_load((robustness.PARAMS / "robustness-digits.yaml").read_text())
+    cells = robustness.cells_for(base, ["pid_made_left_out_fedavg"], ["label_flip"], [0.2], 6)
+
+    [rerun] = robustness.seed_rows([robustness.run_cell(cells[5])])
+
+    row = committed(
+        robustness.RESULTS / "robustness-digits-filters-seeds.csv",
+        method="pid_made_left_out_fedavg", attack="label_flip", fraction="0.2", seed="5",
+    )  # fmt: skip
+    assert robustness.FILTERED["pid_made_left_out_fedavg"]["banned_updates"] == "left_out"
+    assert robustness.FILTERED["pid_made_fedavg"]["banned_updates"] == "counted"
+    assert {k: str(rerun[k]) for k in ("test_acc", "fp", "fn", "acc_curve")} == {
+        k: row[k] for k in ("test_acc", "fp", "fn", "acc_curve")
+    }
+
+
+@pytest.mark.usefixtures("as_a_benchmark_worker")
+def test_chebyshevs_threshold_bans_nobody_among_20_so_both_readings_run_alike(monkeypatch):
+    """With 20 clients no z-score reaches Chebyshev's k (Samuelson's bound), so nobody is
+    banned and no update is ever left out: a cell under scaling run with banned updates
+    counted and left out gives the same row, which is why pid_made_chebyshev_fedavg's
+    records, made under left_out, are the counted ones."""
+    left_out = robustness.FILTERED["pid_made_chebyshev_fedavg"] | {"banned_updates": "left_out"}
+    monkeypatch.setitem(robustness.FILTERED, "chebyshev_left_out", left_out)
+    base = yaml.safe_load((robustness.PARAMS / "robustness-digits.yaml").read_text())
+    methods = ["pid_made_chebyshev_fedavg", "chebyshev_left_out"]
+    cells = robustness.cells_for(base, methods, ["scaling"], [0.2], 1)
+
+    counted, left = robustness.seed_rows([robustness.run_cell(cell) for cell in cells])
+
+    assert counted["fp"] == 0 and counted["fn"] == counted["attacker_rounds"]  # nobody out
+    assert {k: v for k, v in counted.items() if k != "method"} == {
+        k: v for k, v in left.items() if k != "method"
+    }
+
+
+@pytest.mark.usefixtures("as_a_benchmark_worker")
 def test_one_convergence_run_reruns_to_its_committed_curves():
     import json
 
