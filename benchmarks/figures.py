@@ -56,7 +56,8 @@ UNIT = re.compile(
     r"|GFLOP/s|GFLOP|images/s|cells/h|steps/s)(?![\w/]))"
 )
 LEVEL = re.compile(
-    r"\s?%\s(?:[\w-]+\s){0,3}?(?:interval|intervals|bound|bounds|power|chance|confidence|level)\b"
+    r"\s?%\s(?:[\w-]+\s){0,3}?[\w-]*?(?:interval|intervals|bound|bounds|power|chance|confidence"
+    r"|level)\b"
 )
 OUT_OF = re.compile(r"\s?(?:of|/)\s?(?:the\s)?\d")
 BESIDE = re.compile(r"[±≈]\s?$")

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from benchmarks import claims, ema_monte_carlo, preregistration
+from benchmarks import claims, ema_monte_carlo, figures, preregistration, share_intervals
 from benchmarks.claims import LedgerError
+from benchmarks.tables.consortium import small_consortium_block
 from benchmarks.tables.ema import ema_paper_block, ema_pretest_block, noniid_cv_block
 from benchmarks.tables.faults import faults_block
 from benchmarks.tables.federation import (
@@ -38,7 +39,12 @@ from benchmarks.tables.federation import (
     loopback_restart_block,
 )
 from benchmarks.tables.fedlag import fedlag_block
-from benchmarks.tables.fedstnn import FEDSTNN_CURVES, fedstnn_block, fedstnn_image_block
+from benchmarks.tables.fedstnn import (
+    FEDSTNN_CURVES,
+    fedstnn_block,
+    fedstnn_image_block,
+    fedstnn_jumps_block,
+)
 from benchmarks.tables.majority import MAJORITY_COUNTED, majority_block
 from benchmarks.tables.paired_tables import PAIRED_TABLES, paired_block_of
 from benchmarks.tables.pid_made import (
@@ -50,6 +56,7 @@ from benchmarks.tables.pid_made import (
     pid_paper_block,
 )
 from benchmarks.tables.pipeline_runs import default_pipeline_block, privacy_block, resnet18_block
+from benchmarks.tables.readme import readme_results_block
 from benchmarks.tables.records import HEADLINE, REPO, RESULTS, recorded, results_json
 from benchmarks.tables.robustness_matrix import (
     headline_block,
@@ -64,6 +71,7 @@ from benchmarks.tables.robustness_regimes import (
     regime_grid_block,
     regimes_block,
 )
+from benchmarks.tables.service import own_images_block, serving_block, signal_block
 from benchmarks.tables.speed import (
     aggregation_block,
     cross_device_block,
@@ -109,7 +117,9 @@ BLOCKS: dict[str, Callable[[], str]] = (
             ("rates", rates_block),
         )
     }
-    | {"ema-monte-carlo": ema_monte_carlo.table}
+    | {"ema-monte-carlo": ema_monte_carlo.table, "share-interval-coverage": share_intervals.block}
+    | {"signal-in-write": signal_block, "own-images": own_images_block, "serving": serving_block}
+    | {"small-consortium": small_consortium_block}
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
@@ -151,7 +161,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
         if recorded(name)
     }
     | (
-        {"fedstnn": fedstnn_block}
+        {"fedstnn": fedstnn_block, "fedstnn-2d-jumps": fedstnn_jumps_block}
         if all((RESULTS / f"fedstnn-{n}-seeds.csv").exists() for n in FEDSTNN_CURVES)
         else {}
     )
@@ -199,6 +209,14 @@ OPERATIONS = REPO / "docs" / "operations.md"
 OPERATIONS_BLOCKS: dict[str, Callable[[], str]] = (
     {"container-faults": faults_block} if (RESULTS / "container-faults.json").exists() else {}
 )
+# README.md's results in short: its measured bullets
+README = REPO / "README.md"
+README_BLOCKS: dict[str, Callable[[], str]] = {"readme-results": readme_results_block}
+# the other documents with generated blocks, each with its builders
+OTHER_DOCS: dict[Path, dict[str, Callable[[], str]]] = {
+    OPERATIONS: OPERATIONS_BLOCKS,
+    README: README_BLOCKS,
+}
 
 
 def regenerated(
@@ -224,12 +242,42 @@ def regenerated(
     return BLOCK.sub(fill, text), changed
 
 
+FIGURED = (DOC, README)  # the documents whose every figure is generated or cited
+
+
+def passing_claims(verdicts: list[claims.Verdict]) -> set[str]:
+    """The ids a sentence may cite to back its figures: the ledger's claims that hold
+    (``verdicts``) and the pre-registered ones that hold once their records exist."""
+    registered = preregistration.PREREGISTERED
+    ready = all((REPO / r).exists() for c in preregistration.load() for r in c["records"])
+    held = claims.verdicts(registered, declared_lists=True) if ready else []
+    return {v.claim for v in [*verdicts, *held] if v.holds}
+
+
+def figure_problems(verdicts: list[claims.Verdict] | None = None) -> list[str]:
+    """Every figure of docs/results.md and README.md that is neither in a generated block
+    nor in a sentence citing a claim that holds (:mod:`benchmarks.figures`), by line."""
+    passing = passing_claims(claims.verdicts() if verdicts is None else verdicts)
+    return [
+        str(finding)
+        for path in FIGURED
+        for finding in figures.unbacked(
+            path.read_text(), path.relative_to(REPO).as_posix(), passing
+        )
+    ]
+
+
 def problems(
-    text: str, ledger: Path | None = None, order: preregistration.CommitOrder | None = None
+    text: str,
+    ledger: Path | None = None,
+    order: preregistration.CommitOrder | None = None,
+    with_figures: bool = False,
 ) -> list[str]:
     """What ``--check`` fails on: generated blocks out of date, claims that no longer
-    hold, claim ids cited but not in the ledger, claims no sentence cites, and
-    pre-registered claims out of commit order (``order``, read from git when not given)."""
+    hold, claim ids cited but not in the ledger, claims no sentence cites, pre-registered
+    claims out of commit order (``order``, read from git when not given) and, with
+    ``with_figures``, figures neither generated nor cited (tests/benchmarks/test_figures.py
+    checks those on its own)."""
     ledger = ledger or claims.LEDGER
     order = order or preregistration.commit_order()
     verdicts = claims.verdicts(ledger)
@@ -241,6 +289,7 @@ def problems(
     found += [f"claim {v.claim} no longer holds: {v.statistic}; {v.test}"
               for v in verdicts if not v.holds]  # fmt: skip
     found += claims.citation_problems(text, claims.load_ledger(ledger))
+    found += figure_problems(verdicts) if with_figures and ledger == claims.LEDGER else []
     return found + order.problems
 
 
@@ -259,25 +308,30 @@ def main() -> None:
 
 def regenerate(check: bool) -> None:
     text = DOC.read_text()
-    operations = OPERATIONS.read_text()
     if check:
         order = preregistration.commit_order()  # git read once: shown, then checked
         print("\n".join(order.lines))
-        found = problems(text, order=order)
+        found = problems(text, order=order, with_figures=True)
         if found:
             sys.exit("docs/results.md: " + "; ".join(found) + " (run python -m benchmarks.report)")
-        _, stale = regenerated(operations, OPERATIONS_BLOCKS, OPERATIONS)
-        if stale:
-            sys.exit(f"docs/operations.md: generated blocks out of date: {', '.join(stale)}")
-        print("docs/results.md: every generated block matches its records and every claim holds")
+        for doc, blocks in OTHER_DOCS.items():
+            _, stale = regenerated(doc.read_text(), blocks, doc)
+            if stale:
+                name = doc.relative_to(REPO).as_posix()
+                sys.exit(f"{name}: generated blocks out of date: {', '.join(stale)}")
+        print(
+            "docs/results.md: every generated block matches its records, every claim holds "
+            "and every figure is generated or cited"
+        )
         return
     text, changed = regenerated(text)
     DOC.write_text(text)
-    operations, rewritten = regenerated(operations, OPERATIONS_BLOCKS, OPERATIONS)
-    OPERATIONS.write_text(operations)
-    changed += rewritten
+    for doc, blocks in OTHER_DOCS.items():
+        rewritten_text, rewritten = regenerated(doc.read_text(), blocks, doc)
+        doc.write_text(rewritten_text)
+        changed += rewritten
     print(f"docs: {len(changed)} block(s) rewritten: {', '.join(changed) or 'none'}")
-    for problem in problems(text):
+    for problem in problems(text, with_figures=True):
         print(f"docs/results.md: {problem}")
 
 

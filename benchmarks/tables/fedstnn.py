@@ -56,3 +56,21 @@ def fedstnn_image_block() -> str:
             f"| {plain(r['iou_margin_over_best_local'] for r in runs)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def fedstnn_jumps_block() -> str:
+    """The 2-D experiment's fit near the jumps (within 0.1 of an axis) and away from them,
+    MSE/σ², for the global model and a client's model trained alone, per trainer."""
+    lines = [
+        "| trainer | seeds | global: near the jumps | global: away from them "
+        "| alone: near the jumps | alone: away from them |",
+        "|---|---|---|---|---|---|",
+    ]
+    for trainer, runs in sorted(fedstnn_runs("2d").items()):
+        cells = [
+            plain(r[f"{who}mse_over_sigma2_{where}"] for r in runs)
+            for who in ("", "local_")
+            for where in ("near_jumps", "away_from_jumps")
+        ]
+        lines.append(f"| {trainer} | {len(runs)} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"

@@ -37,17 +37,23 @@ PID_PAPER = {
 
 def pid_paper_block(experiment: str) -> str:
     """One of PID-MADE's paper analogues (benchmarks/pid_made_paper.py): per setting and
-    method, the test accuracy (mean [95 % logit-scale t-interval]), false positives and negatives as rates
-    of honest and attacker client-rounds, honest clients ever banned and attackers
-    caught as rates of clients, each per seed (:func:`shown_seed_rates`), and the round
-    the last attacker was caught in runs that caught them all (median)."""
+    method (with its reading of a banned client's later update), the test accuracy (mean
+    [95 % logit-scale t-interval]), false positives and negatives as rates of honest and
+    attacker client-rounds, honest clients ever banned and attackers caught as rates of
+    clients, each per seed (:func:`shown_seed_rates`), and the round the last attacker
+    was caught in runs that caught them all (median)."""
     rows = results_json("pid-made-paper")["rows"]
     lines = [
-        f"| {PID_PAPER[experiment]} | method | test ACC | FP rate | FN rate "
+        f"| {PID_PAPER[experiment]} | method | banned updates | test ACC | FP rate | FN rate "
         "| honest clients banned | attackers caught | last caught in round (median, seeds) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     order = [m for setups in EXPERIMENTS.values() for *_, methods in setups for m in methods]
+    readings = {
+        name: spec.get("filters", [{}])[0].get("banned_updates", "–")
+        for setups in EXPERIMENTS.values() for *_, methods in setups
+        for name, spec in methods.items()
+    }  # fmt: skip
     mine = [r for r in rows if r["experiment"].partition(".")[0] == experiment]
     mine.sort(key=lambda r: (r["fraction"], r["attackers"][0], order.index(r["method"])))
     for row in mine:
@@ -73,7 +79,8 @@ def pid_paper_block(experiment: str) -> str:
             else f"– (0/{len(row['acc'])})"
         )
         lines.append(
-            f"| {setting} | {row['method']} | {shown_share(row['acc'], 3)} "
+            f"| {setting} | {row['method']} | {readings[row['method']]} "
+            f"| {shown_share(row['acc'], 3)} "
             f"| {shown_seed_rates(row['fp'], row['honest_rounds'])} "
             f"| {shown_seed_rates(row['fn'], row['attacker_rounds'])} "
             f"| {shown_seed_rates(row['honest_excluded'], honest_clients)} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import figures
+from benchmarks import figures, report
 
 PASSING = {"C1", "C2"}
 
@@ -75,3 +75,9 @@ def test_a_citation_in_one_list_item_does_not_back_the_next():
 
 def test_a_fenced_block_is_code():
     assert unbacked("```bash\nmake run   # about 0.5 s\n```\n") == []
+
+
+def test_every_figure_of_the_results_and_the_readme_is_generated_or_cited():
+    """The documents as committed: report.figure_problems reads the ledger's verdicts once
+    (the same the report's check computes)."""
+    assert report.figure_problems() == []

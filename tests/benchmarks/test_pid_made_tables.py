@@ -112,7 +112,7 @@ def test_a_rerun_of_some_experiments_keeps_the_other_experiments_committed_rows(
 
     cell = {
         "name": "figure4.fedavg-label_flip-f0.3-s0", "method": "figure4.fedavg", "fraction": 0.3,
-        "metrics": {"test_acc": 0.5, "test_loss": 1.5, "total_false_positives": 0.0,
+        "seed": 0, "metrics": {"test_acc": 0.5, "test_loss": 1.5, "total_false_positives": 0.0,
                     "total_false_negatives": 12.0},
         "excluded": {"malicious_first_round": {}, "honest": []},
         "exposure": {"attackers": 12, "honest_rounds": 560, "attacker_rounds": 240},
@@ -124,6 +124,7 @@ def test_a_rerun_of_some_experiments_keeps_the_other_experiments_committed_rows(
     rows = json.loads(stem.with_suffix(".json").read_text())["rows"]
     [rerun] = [r for r in rows if r["experiment"] == "figure4"]
     assert (rerun["method"], rerun["seeds"], rerun["acc"]) == ("fedavg", 1, [0.5])
+    assert rerun["seed"] == [0]  # every per-seed list beside its seed ids
     others = [r for r in json.loads(committed.read_text())["rows"] if r["experiment"] != "figure4"]
     assert json.dumps([r for r in rows if r["experiment"] != "figure4"]) == json.dumps(others)
     assert "| figure4 | fedavg | 0.3 | 1 |" in stem.with_suffix(".md").read_text()
