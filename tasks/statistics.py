@@ -83,16 +83,13 @@ def share_interval(values: Sequence[float]) -> tuple[float, float, float]:
     the percentile bootstrap (83 % at 5 seeds), covers the mean about 95 % of the time
     at 5 and 10 seeds (benchmarks/share_intervals.py). Equal values give the value as
     both bounds; NaN bounds below two values."""
-    finite = np.array([v for v in values if v is not None and not math.isnan(v)], float)
-    if len(finite) == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(finite.mean())
-    if len(finite) < 2:
+    from tasks.comparison import interval
+
+    mean, spread, half = interval(values)
+    if math.isnan(half):
         return mean, math.nan, math.nan
-    spread = float(finite.std(ddof=1))
     if spread == 0 or not 0 < mean < 1:
         return mean, mean, mean
-    half = stats.t.ppf(0.975, len(finite) - 1) * spread / math.sqrt(len(finite))
     centre, width = special.logit(mean), half / (mean * (1 - mean))
     return mean, float(special.expit(centre - width)), float(special.expit(centre + width))
 
