@@ -110,8 +110,14 @@ def block() -> str:
     """docs/results.md's statement of the intervals' coverage, from the record."""
     record = json.loads((RESULTS / "share-interval-coverage.json").read_text())
 
+    def percent(share: float) -> str:
+        return f"{share * 100:.1f} %"
+
     def shown(cell: dict[str, float]) -> str:
-        return f"{cell['mean']:.1%}, 10th percentile {cell['p10']:.1%}, lowest {cell['lowest']:.1%}"
+        return (
+            f"{percent(cell['mean'])}, 10th percentile {percent(cell['p10'])}, "
+            f"lowest {percent(cell['lowest'])}"
+        )
 
     lines = [
         "| seeds | logit-scale t (the tables' interval) | percentile bootstrap (before) "
@@ -122,7 +128,7 @@ def block() -> str:
         leaves = cells["t_leaves_0_1"]
         lines.append(
             f"| {seeds} | {shown(cells['logit_t'])} | {shown(cells['percentile_bootstrap'])} "
-            f"| {shown(cells['t'])} | {leaves['mean']:.1%}, {leaves['highest']:.1%} |"
+            f"| {shown(cells['t'])} | {percent(leaves['mean'])}, {percent(leaves['highest'])} |"
         )
     return (
         "\n".join(lines)
