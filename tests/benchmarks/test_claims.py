@@ -172,7 +172,9 @@ def test_a_convergence_claim_is_judged_by_holm_over_its_table_and_only_the_way_i
 
     held = "sign-flip p = 0.00195, Holm over 5 tests of pid-made-convergence-paired = 0.00977"
     assert lower.holds and held in lower.test
-    assert f"Δ mean test loss over rounds = {row_mean:+.3f} over 10 seeds" == lower.statistic
+    assert f"Δ mean test loss over rounds (pid_made − fedavg) = {row_mean:+.3f} over 10 seeds" == (
+        lower.statistic
+    )
     assert not higher.holds and held in higher.test
 
 

@@ -56,8 +56,8 @@ def test_a_claim_that_no_longer_holds_fails_the_check(tmp_path):
 
 def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(tmp_path):
     """FedAvg's worst case beats the median's at α = 0.1 in a sign-flip test alone
-    (p = 0.0156), but not after Holm over the 11 tests of the table it is read from
-    (0.0957): named with its table, the claim fails. A table row it does not have, or a
+    (p = 0.0156), but not after Holm over the 33 tests of the table it is read from
+    (0.205): named with its table, the claim fails. A table row it does not have, or a
     table the report does not make, is refused naming what is allowed."""
     import yaml
 
@@ -78,8 +78,8 @@ def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(t
     in_table = verdict(claim)
 
     assert claims.better(claim).p == pytest.approx(0.015625)
-    assert not in_table.holds and "Holm over 11 tests" in in_table.test
-    assert "= 0.0957 <" in in_table.test
+    assert not in_table.holds and "Holm over 33 tests" in in_table.test
+    assert "= 0.205 ≥ 0.05" in in_table.test
     with pytest.raises(ValueError, match=r"row '0\.3' holds no test of fedavg with median"):
         verdict(claim | {"row": "0.3"})
     path.write_text(yaml.safe_dump([claim | {"table": "nope", "row": "0.1"}]))
@@ -123,7 +123,7 @@ def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
 
     flipped = claims.drop(claim)
     assert flipped.in_direction and flipped.p == pytest.approx(2 / 2**10)
-    assert flipped.statistic == "Δ drop under label_flip = +0.123 over 10 seeds"
+    assert flipped.statistic == "Δ drop of fedavg (no attack − label_flip) = +0.123 over 10 seeds"
     assert claims.drop(claim | {"attack": "alie"}).p >= 0.05
     assert claims.drop(claim | {"record": "digits"}).p >= 0.0625  # the matrix: five seeds
 
