@@ -12,9 +12,12 @@ for each claim the commit that registered it and the first commit of each of its
 "Before" is ancestry in git's commit graph, the order git can show; it fails, naming the
 claim or the commit, when
 
-- a committed version of the file is not the start of every later one: the file is only
+- a commit's version of the file does not start with its parent's, or a merge's is not
+  its first parent's followed by what each other branch appended since they parted (so
+  claims registered on two branches at once are merged by keeping both): the file is only
   ever appended to, so no registered claim is deleted or edited and no statement of what
-  was seen before registering is rewritten (the working copy included);
+  was seen before registering is rewritten (the working copy included; every commit that
+  touched the file on any branch is read, ``git log --full-history``);
 - a claim differs from the claim as its registering commit left it (a field appended to
   the file's last claim, say);
 - a record was first committed (under any path it had before a rename: ``git log
@@ -104,9 +107,13 @@ def unchecked_because(repo: Path) -> str | None:
 
 
 def file_versions(repo: Path, path: Path) -> list[tuple[str, bytes]]:
-    """Each commit that changed ``path``, oldest first, with the file as it left it."""
+    """Each commit that changed ``path`` on any line of history (``--full-history``: a merge
+    that dropped one side's change is listed too), ancestors first, with the file as it
+    left it."""
     relative = path.relative_to(repo).as_posix()
-    commits = git(repo, "log", "--reverse", "--format=%H", "--", relative).split()
+    commits = git(
+        repo, "log", "--full-history", "--topo-order", "--reverse", "--format=%H", "--", relative
+    ).split()
     return [(commit, shown_at(repo, commit, relative)) for commit in commits]
 
 
@@ -127,23 +134,63 @@ def claims_in(text: bytes) -> dict[str, Any]:
     return {c.get("id"): c for c in found if isinstance(c, dict)} if isinstance(found, list) else {}
 
 
+def parents(repo: Path, commit: str) -> list[str]:
+    return git(repo, "rev-list", "--parents", "-n", "1", commit).split()[1:]
+
+
+def grown_from(repo: Path, commit: str, relative: str) -> bytes:
+    """What ``commit``'s version of the file starts with if it only appended: its parent's
+    version; for a merge, the first parent's version plus what each other parent appended
+    since their merge base (claims registered on two branches at once are both kept, the
+    first parent's first), which must then be the whole file."""
+    first, *others = parents(repo, commit) or [""]
+    grown = shown_at(repo, first, relative) if first else b""
+    for other in others:
+        base = shown_at(repo, git(repo, "merge-base", first, other).strip(), relative)
+        theirs = shown_at(repo, other, relative)
+        grown += theirs[len(base) :] if theirs.startswith(base) else theirs
+    return grown
+
+
+def last_change(repo: Path, commit: str, relative: str) -> str:
+    """The commit that last changed the file on ``commit``'s first parent's line."""
+    first = parents(repo, commit)[:1]
+    found = git(repo, "log", "-1", "--format=%H", *first, "--", relative).strip() if first else ""
+    return described(repo, found) if found else "the history before it"
+
+
+def first_changed_line(text: bytes, grown: bytes) -> int:
+    """The first line at which ``grown`` does not continue ``text``."""
+    pairs = zip(text.splitlines(), grown.splitlines(), strict=False)
+    different = (number for number, (a, b) in enumerate(pairs, 1) if a != b)
+    return next(different, min(text.count(b"\n"), grown.count(b"\n")) + 1)
+
+
 def growth_problems(
-    repo: Path, name: str, versions: list[tuple[str, bytes]], current: bytes
+    repo: Path, path: Path, versions: list[tuple[str, bytes]], current: bytes
 ) -> list[str]:
-    """Where a committed version of the file, or the working copy, does not start with the
-    version committed before it: a registration is only ever appended to."""
-    found = []
-    later = [*versions[1:], ("the working copy", current)][: len(versions)]
-    for (before, text), (after, grown) in zip(versions, later, strict=True):
-        if not grown.startswith(text):
-            line = next((n for n, (a, b) in enumerate(
-                zip(text.splitlines(), grown.splitlines(), strict=False), 1) if a != b),
-                min(text.count(b"\n"), grown.count(b"\n")) + 1)  # fmt: skip
-            said = after if after == "the working copy" else described(repo, after)
-            found.append(
-                f"{name}: {said} changes what {described(repo, before)} registered (line "
-                f"{line}); a registered file is only appended to"
-            )
+    """Where a committed version of the file, or the working copy, is not what came before
+    it with claims appended (:func:`grown_from`; a merge must be exactly that), and the
+    last committed version does not start the working copy. A registration is only ever
+    appended to, whatever branches it was appended on."""
+    relative, found = path.relative_to(repo).as_posix(), []
+    for commit, text in versions:
+        before = grown_from(repo, commit, relative)
+        merge = len(parents(repo, commit)) > 1
+        if text == before or (not merge and text.startswith(before)):
+            continue
+        found.append(
+            f"{path.name}: {described(repo, commit)} changes what "
+            f"{last_change(repo, commit, relative)} registered (line "
+            f"{first_changed_line(before, text)}); a registered file is only appended to"
+        )
+    head = shown_at(repo, "HEAD", relative)
+    if not current.startswith(head):
+        last = git(repo, "log", "-1", "--format=%H", "HEAD", "--", relative).strip()
+        found.append(
+            f"{path.name}: the working copy changes what {described(repo, last)} registered "
+            f"(line {first_changed_line(head, current)}); a registered file is only appended to"
+        )
     return found
 
 
@@ -269,8 +316,12 @@ def commit_order(repo: Path = REPO, path: Path = PREREGISTERED) -> CommitOrder:
     if why:
         return CommitOrder([*lines, f"commit order not checked: {why}"])
     versions = file_versions(repo, path)
-    problems = growth_problems(repo, path.name, versions, current)
+    problems = growth_problems(repo, path, versions, current)
+    shown_texts: set[bytes] = set()
     for commit, text in versions:
+        if text in shown_texts:  # a merge that brought no claim of its own
+            continue
+        shown_texts.add(text)
         lines.append(
             f"registered in {described(repo, commit)}: the whole file's sha256 there "
             f"{hashlib.sha256(text).hexdigest()}"

@@ -284,3 +284,65 @@ def test_a_claim_whose_records_exist_is_recomputed_by_the_ledgers_code(tmp_path)
     assert "| 95 % bound 0.930 ≥ 0.99 | **no** (not confirmed) |" in table
     assert table.count("| yes |") == 1
     assert f"- `{records[0]}`: `{CLAIM['command']}`" in table
+
+
+def branch_registering(repo: Path, branch: str, claim: dict, record_name: str) -> None:
+    """On ``branch`` (from the current commit): ``claim`` appended and committed, then its
+    record committed; back on the main line afterwards."""
+    git(repo, "checkout", "-q", "-b", branch)
+    path = repo / "pre.yaml"
+    path.write_text(path.read_text() + yaml.safe_dump([claim], allow_unicode=True))
+    commit(repo, f"pre-register {claim['id']}")
+    record(repo, record_name)
+    commit(repo, f"{claim['id']}'s records")
+    git(repo, "checkout", "-q", "main")
+
+
+def merged(repo: Path, branch: str, resolved: bytes | None = None) -> None:
+    """``branch`` merged into main; a conflict in pre.yaml resolved as ``resolved``."""
+    done = subprocess.run(["git", "merge", "-q", "--no-ff", "-m", f"merge {branch}", branch],
+                          cwd=repo, capture_output=True)  # fmt: skip
+    if done.returncode != 0:
+        (repo / "pre.yaml").write_bytes(resolved or b"")
+        commit(repo, f"merge {branch}")
+
+
+@pytest.fixture
+def two_branches(repo: Path) -> tuple[Path, dict, dict]:
+    """P1 on main; P2 and P3 registered, with their records, on two branches at once."""
+    git(repo, "branch", "-M", "main")
+    path = preregister(repo, CLAIM)
+    commit(repo, "pre-register P1")
+    second = CLAIM | {"id": "P2", "records": ["results/y-seeds.csv"]}
+    third = CLAIM | {"id": "P3", "records": ["results/z-seeds.csv"]}
+    branch_registering(repo, "b2", second, "y-seeds.csv")
+    branch_registering(repo, "b3", third, "z-seeds.csv")
+    return path, second, third
+
+
+def test_claims_registered_on_two_branches_and_merged_keep_their_order(two_branches):
+    path, _, third = two_branches
+    repo = path.parent
+    merged(repo, "b2")
+    both = (path.read_text() + yaml.safe_dump([third], allow_unicode=True)).encode()
+    merged(repo, "b3", resolved=both)
+
+    order = preregistration.commit_order(repo, path)
+
+    assert order.problems == []
+    assert [c["id"] for c in preregistration.load(path)] == ["P1", "P2", "P3"]
+    assert any(line.startswith("P3: pre-registered in ") and "(pre-register P3)" in line
+               for line in order.lines)  # fmt: skip
+
+
+def test_a_merge_that_drops_a_branchs_registered_claim_fails(two_branches):
+    path, _, _ = two_branches
+    repo = path.parent
+    merged(repo, "b2")
+    merged(repo, "b3", resolved=path.read_bytes())  # the conflict resolved as main's side
+
+    order = preregistration.commit_order(repo, path)
+
+    assert len(order.problems) == 1
+    assert "(merge b3) changes what " in order.problems[0]
+    assert order.problems[0].endswith("; a registered file is only appended to")
