@@ -145,7 +145,7 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
 # seed 0, three rounds of 3 of 10 clients, tiny 1-D runs with each trainer, one torch
 # thread, the portable numerics the tests run under (tests/conftest.py). The records
 # in benchmarks/results/fedstnn-*-seeds.csv are checked at full size by
-# `python -m benchmarks.fedstnn --experiment all --seeds 1 --check`.
+# `python -m benchmarks.papers.fedstnn --experiment all --seeds 1 --check`.
 TINY_RUN = {
     "n_points": 500, "n_clients": 10, "eval_paths": 8, "model": {"n_paths": 4},
     "federation": {"rounds": 3, "fraction": 0.3, "local": {"epochs": 2}},
