@@ -145,7 +145,7 @@ def test_fedavg_on_both_networks_is_the_weighted_average_of_models():
 # seed 0, three rounds of 3 of 10 clients, tiny 1-D runs with each trainer, one torch
 # thread, the portable numerics the tests run under (tests/conftest.py). The records
 # in benchmarks/results/fedstnn-*-seeds.csv are checked at full size by
-# `python -m benchmarks.fedstnn --experiment all --seeds 1 --check`. Compared to 1e-6
+# `python -m benchmarks.papers.fedstnn --experiment all --seeds 1 --check`. Compared to 1e-6
 # relative, not to the bit: under the same pins the autograd trainer's float32 sums differ
 # in the seventh digit between the machine that recorded them and an Intel Xeon with
 # AVX-512 FP16 (sigma_pred 0.19283184 against 0.19283175; MKL_VERBOSE shows CNR:COMPATIBLE, so
