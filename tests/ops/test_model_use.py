@@ -9,6 +9,8 @@ import base64
 import csv
 import io
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -177,16 +179,31 @@ def test_a_model_that_is_not_there_is_one_line(
     assert line.startswith(f"fedsieve: error: --model {model}: {problem}"), line
 
 
+def documented_serve_command(ops: Any) -> str:
+    """The serve command of docs/operations.md, as a user copies it."""
+    text = (ops.repo / "docs" / "operations.md").read_text()
+    [command] = [line for line in text.splitlines() if "mlflow models serve -m" in line]
+    assert "--port 5002" in command, command
+    return command
+
+
+def without_the_virtualenv(env: dict[str, str], venv_bin: Path) -> dict[str, str]:
+    """A shell's environment where the virtualenv is not activated: its bin not on PATH."""
+    env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
+    folders = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(f for f in folders if f and Path(f).resolve() != venv_bin)
+    return env
+
+
 @pytest.fixture(scope="module")
 def served(store: dict[str, Any], ops: Any, processes: Any) -> str:
-    """``mlflow models serve`` of the champion on loopback, as the docs start it."""
+    """The champion on loopback, started by the docs' serve command in a shell whose PATH
+    lacks the virtualenv (as after a fresh clone and ``make setup``), from the checkout."""
     port = ops.free_port()
-    server = processes.start(
-        [str(ops.bin / "mlflow"), "models", "serve", "-m", f"models:/{NAME}@champion",
-         "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],
-        name="model-serve", env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"]),
-        cwd=store["root"],
-    )  # fmt: skip
+    command = documented_serve_command(ops).replace("--port 5002", f"--port {port}")
+    env = without_the_virtualenv(ops.base_env(MLFLOW_TRACKING_URI=store["uri"]), ops.bin.resolve())
+    assert shutil.which("uvicorn", path=env["PATH"]) is None  # else this proves nothing
+    server = processes.start(["bash", "-c", command], name="model-serve", env=env, cwd=ops.repo)
     url = f"http://127.0.0.1:{port}"
     ops.wait_http(f"{url}/ping", timeout=limit(600), process=server)
     return url
