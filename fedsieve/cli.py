@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from config.environment import configure_environment
-from config.errors import ModelRefused, RunHalted, ServiceError, UsageError
+from config.errors import UsageError, exit_code, quiet_refusals, refusal_types
 from fedsieve import check_simulation, explain, ops, predict
 from fedsieve.arguments import (
     add_params_arguments,
@@ -371,28 +371,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def usage_errors() -> tuple[type[Exception], ...]:
-    """Errors that are the user's to fix: one line and exit code 2, no traceback."""
-    from federated.data import DataError
-    from federated.partition import PartitionError
-    from registry import RegistryError
-
-    return (UsageError, DataError, PartitionError, RegistryError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code. The process environment is set first
-    (telemetry off, PREFECT_HOME in the project), before a handler loads Prefect or MLflow."""
+    (telemetry off, PREFECT_HOME in the project), before a handler loads Prefect or MLflow.
+    A refusal (bad input, no server, a run failed closed, a model the gate refused) ends
+    it in one line, with no traceback from the command or from its Prefect runs."""
     configure_environment()
+    quiet_refusals()
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
-    except usage_errors() as error:
+    except refusal_types() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
-        return 2
-    except (ServiceError, RunHalted, ModelRefused) as error:  # no server; failed closed; refused
-        print(f"fedsieve: error: {error}", file=sys.stderr)
-        return 1
+        return exit_code(error)
 
 
 def console(argv: Sequence[str] | None = None) -> None:

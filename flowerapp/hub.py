@@ -37,6 +37,7 @@ __all__ = [
     "hub_federation",
     "privacy_task",
     "registered_clients",
+    "round_report",
     "shuffle_seed",
     "simulated_federation",
     "site_nodes",
@@ -225,11 +226,17 @@ class HubFiles:
         self.pretest_updates.unlink(missing_ok=True)
         self.champion.unlink(missing_ok=True)
 
-    def journal(self, report: RoundReport, token: str, **extra: float) -> None:
+    def journal(
+        self, report: RoundReport, token: str, *, first_heard: dict[str, Any] | None = None,
+        **extra: float,
+    ) -> None:  # fmt: skip
         """Append one round's report as one line (one write: a reader never sees half of
-        it as a line)."""
+        it as a line); ``first_heard``: the data of the sites first heard from in the
+        round (client id -> digest and images per class, :mod:`flowerapp.lineage`)."""
         record = {"run": token, "round": report.round, "metrics": report.metrics,
                   "clients": report.clients, "sites": report.sites, **extra}  # fmt: skip
+        if first_heard:
+            record["first_heard"] = first_heard
         with self.rounds.open("a") as out:
             out.write(json.dumps(record, default=float) + "\n")
 
@@ -237,11 +244,7 @@ class HubFiles:
         """The rounds run ``token`` journaled after byte ``offset``, and the offset after
         the last whole line (a line still being written is read next time)."""
         records, offset = self.run_records(token, offset)
-        reports = [
-            RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
-            for record in records
-        ]
-        return reports, offset
+        return [round_report(record) for record in records], offset
 
     def run_records(self, token: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """The journal's records of run ``token`` after byte ``offset``, and the offset
@@ -279,6 +282,11 @@ def _record(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def round_report(record: dict[str, Any]) -> RoundReport:
+    """The round report a journal record holds."""
+    return RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
 
 
 def write_params(path: Path, params: Params) -> None:

@@ -31,6 +31,7 @@ from federated.seeding import sample_clients
 from federated.server import ServerState
 from flowerapp.certs import make_site_key
 from flowerapp.hub import HubFiles, simulated_federation, site_task, write_params
+from flowerapp.lineage import round_spans
 from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
@@ -371,6 +372,29 @@ def logged_rounds(client: Any, run_id: str) -> dict[int, float]:
     return {metric.step: metric.value for metric in history}
 
 
+def assert_refused_in_one_line(said: str, line: str) -> None:
+    """A run that failed closed: exit 1, its last line the reason, no traceback."""
+    assert said.startswith("rc 1:") and "Traceback" not in said, said
+    assert said.rstrip().splitlines()[-1].startswith(line), said
+
+
+def assert_the_run_log_says_what_each_site_read(log: str, read: list[dict[str, Any]]) -> None:
+    """At the start of its stages at the sites (the pre-test, then training before round
+    1), the run's log has one line per site: its images per class, held out, and digest,
+    as the site's lineage on the run (reports/site_data.json) has them."""
+    lines = log.splitlines()
+    first_round = next(i for i, line in enumerate(lines) if "round 1/2:" in line)
+    for site in read:
+        classes = "; ".join(f"{label}: {count}" for label, count in site["classes"].items())
+        said = (
+            f"site {site['site']} read {sum(site['classes'].values())} training images "
+            f"({classes}) and {sum(site['history'][0]['test'])} held out; data sha256 "
+            f"{site['sha256'][:12]}"
+        )
+        at = [i for i, line in enumerate(lines) if line.endswith(said)]
+        assert len(at) >= 2 and at[1] < first_round, (said, log[-4000:])  # pre-test, training
+
+
 def assert_sites_hold_the_data(project: Path) -> None:
     """The partition and pre-test stages at real sites: no simulated partition, its report
     saying that the sites hold the data; the pre-test run on what every site sent."""
@@ -381,16 +405,23 @@ def assert_sites_hold_the_data(project: Path) -> None:
     assert pretest["n_tests"] > 0 and 0 <= pretest["shapiro_rate"] <= 1, pretest
 
 
-def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
+def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """...and ``fedsieve check-simulation`` names the outage as why the run is not its
+    simulation (the hub's records laid out as a run's: params, checkpoint, journal)."""
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
     # a live site answers well within it; Flower answers for the dead one once its
     # heartbeat lapses (at most 60 s), or the round's deadline passes first
     raw["federation"]["round_timeout"] = round(limit(90))
     params = Params.model_validate(raw)
-    files = HubFiles(hub.folder / "killed")
+    project = tmp_path / "project"
+    (project / "params.yaml").parent.mkdir()
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    files = HubFiles(project / "artifacts" / "hub")
     write_params(files.params, params)
-    checkpoint = files.folder / "checkpoint.pt"
+    checkpoint = project / "artifacts" / "checkpoints" / "train.pt"
     run = fed.start_app(
         APP_DIR,
         {
@@ -414,6 +445,21 @@ def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub)
     others = [row for row in state.trail if row["client"] != 2 and row["excluded"]]
     assert not others, others
     assert state.round == 6 and all(h["clients_kept"] >= 3 for h in state.history)
+
+    checked = subprocess.run(
+        [sys.executable, "-m", "fedsieve.cli", "check-simulation", "--params", "params.yaml",
+         "--data", str(hub.files[victim].parent)],
+        cwd=project, capture_output=True, text=True, timeout=limit(600),
+    )  # fmt: skip
+    said = checked.stdout.splitlines()
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert said[-2].startswith("fedsieve: the run at the sites is not its simulation: "), said
+    rounds = [row["round"] for row in missed]
+    assert said[-1] == (
+        f"  cause: site {victim} did not answer in round{'s' if len(rounds) > 1 else ''} "
+        f"{round_spans(rounds)} ({', '.join(sorted({row['reason'] for row in missed}))}), "
+        "which the simulation cannot replay: it trains every site every round"
+    )
 
 
 def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_connected(
@@ -686,7 +732,10 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
         flow_runs = [run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)]
         reported["scheduled"] = reported_rounds(project)
         metrics = json.loads((project / "reports" / "metrics.json").read_text())
-        sites = json.loads((project / "reports" / "sites.json").read_text())["sites"]
+        sites, read = (  # each site's scores; what each site read
+            json.loads((project / "reports" / name).read_text())["sites"]
+            for name in ("sites.json", "site_data.json")
+        )
         with approved(hub, private):
             flow_runs.append(
                 run_deployment(
@@ -701,6 +750,7 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
 
     log = (project / "serve.log").read_text()
     assert "rc 0:" not in said[0] and "rc 0:" in said[1], said
+    assert_refused_in_one_line(said[0], "fedsieve: error: round ")
     for output in (*said, log):  # the sites trained each run
         assert "no round was aggregated" not in output and "JSONDecodeError" not in output, output
     experiment = client.get_experiment_by_name("fedsieve").experiment_id
@@ -727,6 +777,7 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
     assert metrics["rounds"] == 2
     assert scheduled.data.metrics["final_test_acc"] == pytest.approx(metrics["test_acc"])
     assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))  # their own
+    assert_the_run_log_says_what_each_site_read(log, read)
 
     assert "test_auc" not in client.get_run(private_run.info.run_id).data.metrics
     assert private_run.data.tags["stopped_early"].startswith("privacy budget: round 2 would")

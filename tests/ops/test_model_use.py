@@ -9,6 +9,8 @@ import base64
 import csv
 import io
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -72,8 +74,8 @@ def test_the_champion_loads_in_a_fresh_process_and_takes_png_and_dicom_files(
     )
     done = subprocess.run(
         [str(ops.bin / "python"), "-c", code, json.dumps([str(f) for f in files])],
-        env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"]), capture_output=True, text=True,
-        timeout=limit(300),
+        env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"], FEDSIEVE_MODEL_READS_PATHS="1"),
+        capture_output=True, text=True, timeout=limit(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     by_path, by_bytes = json.loads(done.stdout.strip().splitlines()[-1])
@@ -177,16 +179,32 @@ def test_a_model_that_is_not_there_is_one_line(
     assert line.startswith(f"fedsieve: error: --model {model}: {problem}"), line
 
 
+def documented_serve_command(ops: Any) -> str:
+    """The serve command of docs/operations.md, as a user copies it."""
+    text = (ops.repo / "docs" / "operations.md").read_text()
+    [command] = [line for line in text.splitlines() if "mlflow models serve -m" in line]
+    assert "--port 5002" in command, command
+    return command
+
+
+def without_the_virtualenv(env: dict[str, str], venv_bin: Path) -> dict[str, str]:
+    """A shell's environment where the virtualenv is not activated: its bin not on PATH."""
+    env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
+    folders = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join(f for f in folders if f and Path(f).resolve() != venv_bin)
+    return env
+
+
 @pytest.fixture(scope="module")
 def served(store: dict[str, Any], ops: Any, processes: Any) -> str:
-    """``mlflow models serve`` of the champion on loopback, as the docs start it."""
+    """The champion on loopback, started by the docs' serve command in a shell whose PATH
+    lacks the virtualenv (as after a fresh clone and ``make setup``), from the checkout."""
     port = ops.free_port()
-    server = processes.start(
-        [str(ops.bin / "mlflow"), "models", "serve", "-m", f"models:/{NAME}@champion",
-         "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],
-        name="model-serve", env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"]),
-        cwd=store["root"],
-    )  # fmt: skip
+    command = documented_serve_command(ops).replace("--port 5002", f"--port {port}")
+    env = without_the_virtualenv(ops.base_env(MLFLOW_TRACKING_URI=store["uri"]), ops.bin.resolve())
+    env.pop("FEDSIEVE_MODEL_READS_PATHS", None)  # the default: paths refused
+    assert shutil.which("uvicorn", path=env["PATH"]) is None  # else this proves nothing
+    server = processes.start(["bash", "-c", command], name="model-serve", env=env, cwd=ops.repo)
     url = f"http://127.0.0.1:{port}"
     ops.wait_http(f"{url}/ping", timeout=limit(600), process=server)
     return url
@@ -235,6 +253,9 @@ def test_the_served_champion_answers_png_and_dicom_as_the_model_in_process(
          "Error: image 1 of 1: not a readable image"),
         ({"dataframe_records": [{"nothing": 1}]},
          "Error: the input is a table with a column image (a file's bytes) or path"),
+        ({"dataframe_records": [{"path": "/etc/passwd"}]},  # paths are off unless switched on
+         "Error: this model reads no paths: send the file's bytes (column image), "
+         "or set FEDSIEVE_MODEL_READS_PATHS=1 where it runs"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_400_whose_reason_is_one_line(served: str, body: dict, reason: str):
@@ -245,8 +266,9 @@ def test_bad_input_gets_a_400_whose_reason_is_one_line(served: str, body: dict, 
     assert message.splitlines()[-1].startswith(reason)  # MLflow puts the request's data first
 
 
-def test_a_model_served_without_paths_takes_bytes_only(
-    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("setting", [None, "0", "true"])
+def test_the_model_reads_paths_only_where_switched_on(
+    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch, setting: str | None
 ) -> None:
     from mlflow.exceptions import MlflowException
 
@@ -255,13 +277,16 @@ def test_a_model_served_without_paths_takes_bytes_only(
     model = ImageModel()
     model.classifier = load_classifier(store["classifier"])
     file = sorted((store["root"] / "png" / "test").glob("*.png"))[0]
-    by_path = model.predict(None, pd.DataFrame({"path": [str(file)]}))
-    monkeypatch.setenv("FEDSIEVE_MODEL_READS_PATHS", "0")
+    if setting is None:
+        monkeypatch.delenv("FEDSIEVE_MODEL_READS_PATHS", raising=False)
+    else:
+        monkeypatch.setenv("FEDSIEVE_MODEL_READS_PATHS", setting)
 
-    with pytest.raises(MlflowException, match="this model takes no paths"):
-        model.predict(None, pd.DataFrame({"path": ["/etc/passwd"]}))
+    with pytest.raises(MlflowException, match="this model reads no paths"):
+        model.predict(None, pd.DataFrame({"path": [str(file)]}))
     by_bytes = model.predict(None, pd.DataFrame({"image": [file.read_bytes()]}))
-    assert by_bytes.equals(by_path)
+    monkeypatch.setenv("FEDSIEVE_MODEL_READS_PATHS", "1")
+    assert model.predict(None, pd.DataFrame({"path": [str(file)]})).equals(by_bytes)
 
 
 def test_labels_that_are_not_classes_are_said_not_dropped(
