@@ -136,6 +136,7 @@ def test_predict_lists_an_unreadable_file_predicts_the_others_and_scores_the_lab
     assert np.allclose(got, in_process(store, files), atol=1e-6)
     assert "12 images predicted by fedsieve-breastmnist version 1, 1 refused" in done.stdout
     assert "scored against 12 labels: accuracy" in done.stdout
+    assert "resized" not in done.stdout  # every image at the model's size
     assert done.stderr.strip().splitlines() == [f"fedsieve predict: broken.png: {broken['error']}"]
 
 
@@ -148,17 +149,22 @@ def test_predict_at_a_site_from_a_model_folder_copied_there(
             artifact_uri=f"models:/{NAME}@champion", dst_path=str(site / "model")
         )
     images = store["root"] / "dcm" / "test"
+    ct_scan = get_testdata_file("CT_small.dcm")  # 128x128: not the model's 28x28
 
     done = run_predict(
-        ops, [str(images), "--model", str(site / "model"), "--out", str(site / "p.csv")], site,
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}",  # no hub here
+        ops, [str(images), ct_scan, "--model", str(site / "model"), "--out", str(site / "p.csv")],
+        site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}",  # no hub here
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr
     with (site / "p.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 12 and {(r["model"], r["version"]) for r in rows} == {(NAME, "1")}
+    assert len(rows) == 13 and {(r["model"], r["version"]) for r in rows} == {(NAME, "1")}
     assert "scored against" not in done.stdout  # a folder of files without a table
+    assert (
+        "1 of 13 images resized to 28x28 (1 from 128x128); warning: the images have mixed "
+        "sizes" in done.stdout
+    )
 
 
 @pytest.mark.parametrize(
