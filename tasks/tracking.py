@@ -590,6 +590,10 @@ def model_requirements() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
 
 
+# MLflow's loaders of a pyfunc PythonModel: logged from code (now), or pickled (earlier)
+PYTHON_MODEL_LOADERS = ("mlflow.pyfunc.loaders.code_model", "mlflow.pyfunc.model")
+
+
 def _takes_image_files(uri: str, model_uri: str) -> bool:
     """Whether a registered model is this kind (a pyfunc model of image files), not a
     version an older fedsieve registered from the same run (raw torch weights)."""
@@ -597,4 +601,4 @@ def _takes_image_files(uri: str, model_uri: str) -> bool:
 
     with fluent_tracking_at(uri):
         flavors = mlflow.models.get_model_info(model_uri).flavors
-    return flavors.get("python_function", {}).get("loader_module") == "mlflow.pyfunc.model"
+    return flavors.get("python_function", {}).get("loader_module") in PYTHON_MODEL_LOADERS
