@@ -147,9 +147,15 @@ def card_of(client: MlflowClient, version, results: dict) -> None:
     assert card["training"]["exclusions"]["client_rounds"] == 9
     assert card["performance"]["test"]["auc"] == pytest.approx(results["test_auc"])
     assert {"ece", "brier"} <= set(card["performance"]["test"])
+    per_site = card["performance"]["per_site"]  # each site's held-out split, by name
+    assert [s["site"] for s in per_site] == ["client 0", "client 1", "client 2"]
+    assert all(s["held_out"] > 0 for s in per_site)
+    spread = card["performance"]["sites"]
+    assert {spread["site_worst"], spread["site_best"]} <= {s["site"] for s in per_site}
     assert card["privacy"] == {"mode": "off", "epsilon": None, "delta": None}
     assert len(card["provenance"]["plan_sha256"]) == 64
     assert card["intended_use"].startswith("Research: comparing robust federated learning")
     described = client.get_model_version(NAME, version.version).description
     assert described.startswith(f"# {NAME} version {version.version}")
     assert "| client 0 |" in described
+    assert f"| client 0 | {per_site[0]['held_out']} | " in described

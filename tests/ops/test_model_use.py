@@ -9,6 +9,7 @@ import base64
 import csv
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -40,14 +41,31 @@ def store(tmp_path_factory: pytest.TempPathFactory, medmnist_root: Path) -> dict
     registered as a run registers it; and a folder of test images (PNG and DICOM)."""
     root = tmp_path_factory.mktemp("model-use")
     data = load_medmnist("breastmnist", medmnist_root)
-    uri, classifier = register_champion(
-        root, data, experiment="model-use", run_name="trained", rows=256
-    )
+    said = Said()  # what MLflow says while the run logs the model (a run's console)
+    logging.getLogger("mlflow").addHandler(said)
+    try:
+        uri, classifier = register_champion(
+            root, data, experiment="model-use", run_name="trained", rows=256
+        )
+    finally:
+        logging.getLogger("mlflow").removeHandler(said)
     assert MlflowClient(uri).get_model_version_by_alias(NAME, "champion").version == 1
     test = Split(data.test.images[:12], data.test.labels[:12])
     write_image_folder(root / "png", {"test": test}, data.info.labels)
     write_image_folder(root / "dcm", {"test": test}, data.info.labels, image_format="dcm")
-    return {"uri": uri, "root": root, "classifier": classifier, "labels": data.info.labels}
+    return {"uri": uri, "root": root, "classifier": classifier, "labels": data.info.labels,
+            "logged": said.lines}  # fmt: skip
+
+
+class Said(logging.Handler):
+    """The lines of log records, as a console shows them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
 
 def in_process(store: dict[str, Any], files: list[Path]) -> np.ndarray:
@@ -74,7 +92,8 @@ def test_the_champion_loads_in_a_fresh_process_and_takes_png_and_dicom_files(
     )
     done = subprocess.run(
         [str(ops.bin / "python"), "-c", code, json.dumps([str(f) for f in files])],
-        env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"], FEDSIEVE_MODEL_READS_PATHS="1"),
+        env=ops.base_env(MLFLOW_TRACKING_URI=store["uri"], FEDSIEVE_MODEL_READS_PATHS="1",
+                         MLFLOW_ALLOW_PICKLE_DESERIALIZATION="false"),  # logged from code
         capture_output=True, text=True, timeout=limit(300),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -101,6 +120,23 @@ def test_the_registered_model_has_a_signature_and_an_input_example(store: dict[s
     assert [c["name"] for c in model.signature.outputs.to_dict()] == ["class", *columns(store)]
     example = model.load_input_example(str(local))
     assert list(example.columns) == ["image"] and example["image"][0].startswith(b"\x89PNG")
+
+
+def test_the_model_is_logged_from_code_and_holds_no_pickled_object(store: dict[str, Any]) -> None:
+    local = store["root"] / "downloaded"  # the champion's folder, as the test above fetched it
+    if not local.exists():
+        with fluent_tracking_at(store["uri"]):
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{NAME}@champion", dst_path=str(local)
+            )
+    pyfunc = mlflow.models.Model.load(str(local)).flavors["python_function"]
+
+    assert Path(pyfunc["model_code_path"]).name == "served_model_code.py"
+    assert (local / "served_model_code.py").is_file() and "python_model" not in pyfunc
+    pickled = [f for f in local.rglob("*") if f.suffix in (".pkl", ".pickle", ".cloudpickle")]
+    assert pickled == []
+    assert not [line for line in store["logged"] if "CloudPickle" in line], store["logged"]
+    assert any("Validating input example" in line for line in store["logged"])  # heard MLflow
 
 
 def run_predict(ops: Any, args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -138,6 +174,7 @@ def test_predict_lists_an_unreadable_file_predicts_the_others_and_scores_the_lab
     assert np.allclose(got, in_process(store, files), atol=1e-6)
     assert "12 images predicted by fedsieve-breastmnist version 1, 1 refused" in done.stdout
     assert "scored against 12 labels: accuracy" in done.stdout
+    assert "resized" not in done.stdout  # every image at the model's size
     assert done.stderr.strip().splitlines() == [f"fedsieve predict: broken.png: {broken['error']}"]
 
 
@@ -150,17 +187,22 @@ def test_predict_at_a_site_from_a_model_folder_copied_there(
             artifact_uri=f"models:/{NAME}@champion", dst_path=str(site / "model")
         )
     images = store["root"] / "dcm" / "test"
+    ct_scan = get_testdata_file("CT_small.dcm")  # 128x128: not the model's 28x28
 
     done = run_predict(
-        ops, [str(images), "--model", str(site / "model"), "--out", str(site / "p.csv")], site,
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}",  # no hub here
+        ops, [str(images), ct_scan, "--model", str(site / "model"), "--out", str(site / "p.csv")],
+        site, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}",  # no hub here
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr
     with (site / "p.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 12 and {(r["model"], r["version"]) for r in rows} == {(NAME, "1")}
+    assert len(rows) == 13 and {(r["model"], r["version"]) for r in rows} == {(NAME, "1")}
     assert "scored against" not in done.stdout  # a folder of files without a table
+    assert (
+        "1 of 13 images resized to 28x28 (1 from 128x128); warning: the images have mixed "
+        "sizes" in done.stdout
+    )
 
 
 @pytest.mark.parametrize(
