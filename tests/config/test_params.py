@@ -35,8 +35,10 @@ def test_overrides_are_parsed_as_yaml_and_validated():
 
 
 BAD = [
-    ("data.dataset=cifar10", "data.dataset", "allowed: bloodmnist"),
-    ("data.dataset=organmnist3d", "data.dataset", "allowed: bloodmnist"),
+    ("data.dataset=cifar10", "data.dataset", "allowed: adrenalmnist3d, bloodmnist"),
+    # a 3-D set with the default 2-D model: the models that take volumes
+    ("data.dataset=organmnist3d", "model.name = small_cnn", "allowed: resnet18_3d, resnet50_3d"),
+    ("model.name=small_cnn3d", "model.name = small_cnn3d", "allowed: logreg, resnet18,"),
     ("model.name=vgg16", "model.name", "allowed: logreg, resnet18"),
     ("aggregate.name=average", "aggregate", "available: "),
     ("aggregate.f=2", "aggregate", "no parameter f"),
