@@ -225,6 +225,11 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     params = checked_params(args, workdir)
     if params.partition.root_size:
         raise UsageError("fedsieve sites: partition.root_size must be 0 (sites hold all data)")
+    if params.volumes:
+        raise UsageError(
+            f"fedsieve sites: data.dataset {params.data.dataset} holds volumes; real sites "
+            "read 2-D images only (a folder or an .npz of images): choose a 2-D dataset"
+        )
     data = read_dataset(params.data, workdir)
     partition = params.partition
     split = split_partition(
@@ -265,13 +270,16 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
 def _list(args: argparse.Namespace, workdir: Path) -> int:
     from aggregation import list_aggregators, list_filters, list_preaggregators
     from federated.attacks import list_attacks
-    from federated.data import list_datasets
+    from federated.data import is_volume_flag, list_datasets
     from federated.partition import list_partitioners
     from models import list_models
 
+    flags = list_datasets()
     for title, names in (
-        ("datasets", list_datasets()),
-        ("models", list_models()),
+        ("datasets", [flag for flag in flags if not is_volume_flag(flag)]),
+        ("volume datasets (3-D)", [flag for flag in flags if is_volume_flag(flag)]),
+        ("models", list_models(2)),
+        ("volume models (3-D)", list_models(3)),
         ("partition schemes", list_partitioners()),
         ("aggregators", list_aggregators()),
         ("pre-aggregators", list_preaggregators()),
