@@ -1,4 +1,4 @@
-"""A small 3-D CNN for MedMNIST's volumes: trains on a CPU in seconds per epoch at 64³.
+"""A small 3-D CNN for MedMNIST's volumes, sized for a CPU: most of its work is on small maps.
 
 Three 3x3x3 conv blocks and a two-layer head; about 0.1M parameters at the defaults. The
 first convolution has stride 2 and every block ends in a 2x2x2 max-pool (the last in an
