@@ -127,18 +127,20 @@ OWN_SIZES = (8, 1024)  # image sizes an own dataset may declare
 class DataParams(_Section):
     # a dataset of your own images (its schema); absent: a MedMNIST flag or digits
     own: OwnDataParams | None = None
-    # any 2-D MedMNIST flag or digits; with data.own, the name of your dataset
+    # any MedMNIST flag (2-D, or 3-D: organmnist3d, adrenalmnist3d, ...) or digits; with
+    # data.own, the name of your dataset
     dataset: str = "breastmnist"
     root: str = "data/medmnist"  # overridden by the MEDMNIST_ROOT environment variable
     download: bool = True
     # image size in pixels: 28 (MedMNIST) or MedMNIST+'s 64, 128, 224 (<flag>_<size>.npz);
-    # with data.own, any size from 8 to 1024 (images are resized to it)
+    # a 3-D flag's voxels per axis: 28 or 64; with data.own, any size from 8 to 1024
+    # (images are resized to it)
     size: int = 28
 
     @field_validator("size")
     @classmethod
     def _known_size(cls, value: int, info: ValidationInfo) -> int:
-        from federated.data import SIZES
+        from federated.data import SIZES, VOLUME_SIZES, is_volume_flag
 
         if info.data.get("own") is not None:
             if not OWN_SIZES[0] <= value <= OWN_SIZES[1]:
@@ -150,6 +152,12 @@ class DataParams(_Section):
             )
         if info.data.get("dataset") == "digits" and value != 28:
             raise ValueError("digits exists at 28 pixels only")
+        dataset = info.data.get("dataset", "")
+        if is_volume_flag(dataset) and value not in VOLUME_SIZES:
+            raise ValueError(
+                f"{dataset} is a 3-D set; allowed: {', '.join(map(str, VOLUME_SIZES))} voxels "
+                "per axis"
+            )
         return value
 
     @field_validator("dataset")
@@ -464,6 +472,30 @@ class Params(_Section):
     federation: FederationParams = FederationParams()
 
     @model_validator(mode="after")
+    def _model_fits_data(self) -> Params:
+        """A model of images on volumes (or the reverse) is refused naming the models that
+        fit; so is what cannot take volumes yet."""
+        from models import list_models, model_spatial_dims
+
+        dims = 3 if self.volumes else 2
+        if model_spatial_dims(self.model.name) != dims:
+            kind = "a 3-D set of volumes (C, D, H, W)" if dims == 3 else "2-D images (C, H, W)"
+            raise ValueError(
+                f"model.name = {self.model.name} does not take {self.data.dataset}, "
+                f"{kind}; allowed: {', '.join(list_models(dims))}"
+            )
+        for key, reason in volume_unsupported(self):
+            raise ValueError(f"data.dataset = {self.data.dataset} (volumes): {key} {reason}")
+        return self
+
+    @property
+    def volumes(self) -> bool:
+        """Whether the run's data are 3-D volumes (a MedMNIST 3-D flag)."""
+        from federated.data import is_volume_flag
+
+        return self.data.own is None and is_volume_flag(self.data.dataset)
+
+    @model_validator(mode="after")
     def _sites_run_it(self) -> Params:
         """At real sites the sites hold the data: what only a simulation can do is
         refused in one line."""
@@ -592,6 +624,30 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
     return refused
 
 
+def volume_unsupported(params: Params) -> list[tuple[str, str]]:
+    """What cannot take 3-D volumes yet, each as (setting, why); empty for images."""
+    if not params.volumes:
+        return []
+    refused = []
+    if params.tracking.register_model:
+        refused.append(
+            (
+                "tracking.register_model",
+                "must be false: the served model reads 2-D image files (PNG, JPEG, DICOM "
+                "frames), not volumes",
+            )
+        )
+    if params.federation.runtime == "flower":
+        refused.append(
+            (
+                "federation.runtime",
+                "must be simulation: real sites read 2-D images only (a folder or an .npz of "
+                "images)",
+            )
+        )
+    return refused
+
+
 def hub_data_needed(params: Params) -> list[tuple[str, str]]:
     """What needs images at the hub, each as (setting, why), when ``eval.where`` is sites
     (the hub holds none); empty otherwise."""
@@ -641,11 +697,11 @@ SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one part
 
 def eval_batch_size(params: Params) -> int:
     """Images per scoring pass: ``eval.batch_size``, or 512 at 28 px scaled by the pixel
-    count (98 at 64 px, 24 at 128 px, 8 at 224 px), so a pass needs about the same memory
-    at every MedMNIST+ size."""
+    (voxel) count (98 at 64 px, 24 at 128 px, 8 at 224 px and for volumes at 28 or 64
+    voxels), so a pass needs about the same memory at every MedMNIST+ size."""
     if params.eval.batch_size is not None:
         return params.eval.batch_size
-    return max(8, 512 * 28 * 28 // params.data.size**2)
+    return max(8, 512 * 28 * 28 // params.data.size ** (3 if params.volumes else 2))
 
 
 def privacy_budget(params: Params) -> ClientPrivacy:

@@ -4,6 +4,7 @@ import pytest
 
 from config.params import (
     ConfigError,
+    eval_batch_size,
     load_params,
     params_hash,
     population,
@@ -35,8 +36,10 @@ def test_overrides_are_parsed_as_yaml_and_validated():
 
 
 BAD = [
-    ("data.dataset=cifar10", "data.dataset", "allowed: bloodmnist"),
-    ("data.dataset=organmnist3d", "data.dataset", "allowed: bloodmnist"),
+    ("data.dataset=cifar10", "data.dataset", "allowed: adrenalmnist3d, bloodmnist"),
+    # a 3-D set with the default 2-D model: the models that take volumes
+    ("data.dataset=organmnist3d", "model.name = small_cnn", "allowed: resnet18_3d, resnet50_3d"),
+    ("model.name=small_cnn3d", "model.name = small_cnn3d", "allowed: logreg, resnet18,"),
     ("model.name=vgg16", "model.name", "allowed: logreg, resnet18"),
     ("aggregate.name=average", "aggregate", "available: "),
     ("aggregate.f=2", "aggregate", "no parameter f"),
@@ -231,3 +234,36 @@ def test_a_misspelt_key_in_a_site_entry_is_named_not_the_key_it_left_missing() -
     message = str(error.value)
     assert "unknown key 'federation.sites.0.node-id'" in message, message
     assert "name, node_id, samples" in message and "\n" not in message
+
+
+VOLUMES = ["data.dataset=adrenalmnist3d", "data.size=64", "model.name=small_cnn3d"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["data.size=128"], "data.size = 128: adrenalmnist3d is a 3-D set; allowed: 28, 64"),
+        ([], "tracking.register_model must be false: the served model reads 2-D image files"),
+        (
+            ["tracking.register_model=false", "federation.runtime=flower"],
+            "federation.runtime must be simulation: real sites read 2-D images only",
+        ),
+        (["model.name=resnet18"], "model.name = resnet18 does not take adrenalmnist3d"),
+    ],
+)
+def test_what_cannot_take_volumes_is_refused_in_one_line(overrides, says):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, [*VOLUMES, *overrides])
+
+    assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_volume_run_validates_and_scores_in_batches_sized_by_its_voxels():
+    sizes = {
+        size: load_params(PARAMS, [*VOLUMES, f"data.size={size}", "tracking.register_model=false"])
+        for size in (28, 64)
+    }
+
+    assert all(params.volumes for params in sizes.values())
+    assert {s: eval_batch_size(p) for s, p in sizes.items()} == {28: 18, 64: 8}
+    assert not load_params(PARAMS).volumes

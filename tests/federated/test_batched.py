@@ -137,6 +137,34 @@ def test_medmnist_plus_sized_models_train_the_same_batched(name, device):
     assert_same_updates(sequential, batched, rtol=1e-9)
 
 
+def test_volume_models_train_the_same_batched(device):
+    # volumes (B, 1, 16, 16, 16): vmapped Conv3d, MaxPool3d and AdaptiveAvgPool3d; float64
+    clients = make_clients(
+        [5, 9], (1, 16, 16, 16), num_classes=3, dtype=torch.float64, device=device
+    )
+    model = seeded_init(
+        0, lambda: build_model("small_cnn3d", in_channels=1, num_classes=3, width=4, hidden=8)
+    ).to(device, torch.float64)
+    config = LocalTraining(lr=0.05, momentum=0.9, batch_size=4)
+
+    sequential, batched = both_backends(model, clients, config, max_parallel=2)
+
+    assert_same_updates(sequential, batched, rtol=1e-9)
+
+
+def test_resnet18_3d_batchnorm3d_updates_equal_sequential_ones(device):
+    # MedMNIST's 3-D baseline (33M parameters) on 4x4x4 volumes: one step per client, so
+    # BatchNorm3d's batch statistics and running averages are compared, not float32 drift
+    clients = make_clients([3, 4], (1, 4, 4, 4), num_classes=2, device=device)
+    model = seeded_init(0, lambda: build_model("resnet18_3d", in_channels=1, num_classes=2))
+    model.to(device)
+    config = LocalTraining(lr=0.01, momentum=0.9, batch_size=4)
+
+    sequential, batched = both_backends(model, clients, config, max_parallel=2)
+
+    assert_same_updates(sequential, batched, rtol=1e-5)
+
+
 def test_resnet18_batchnorm_float32_updates_equal_sequential_ones(device):
     # one batch per epoch, two epochs: chunks of sizes 8 and 8 (one vmap call) and 12
     clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3, device=device)
