@@ -67,6 +67,7 @@ __all__ = [
     "PreAggregator",
     "RoundInputs",
     "RoundSeededRule",
+    "ServerOptimizer",
     "TolerantPreAggregator",
     "check_int",
     "check_minority",
@@ -474,4 +475,37 @@ class Filter:
         client_ids: Sequence[int],
         weights: Tensor | None = None,
     ) -> tuple[FilterDecision, State]:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class ServerOptimizer:
+    """Base of the server optimizers (:mod:`aggregation.server_optimizers`): what the
+    server does with a rule's aggregate. Checks its hyperparameters when built and keeps
+    its state (``step``, and the moment tensors once a step made them) in the open, as
+    torch optimizers do."""
+
+    state: dict[str, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.load_state_dict({})
+
+    def step(self, weights: Tensor, delta: Tensor) -> Tensor:
+        """The next global weights from ``weights`` and the round's aggregate ``delta``."""
+        new_weights, self.state = self._update(weights, delta, self.state)
+        return new_weights
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's memory (its tensors are never changed in place: a saved dict
+        stays as it was)."""
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (an empty dict: a fresh optimizer)."""
+        self.state = {"step": 0, **state}
+
+    def _update(
+        self, weights: Tensor, delta: Tensor, state: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Any]]:
         raise NotImplementedError

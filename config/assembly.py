@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from aggregation import build_aggregator, build_filter, build_preaggregator
+from aggregation import (
+    build_aggregator,
+    build_filter,
+    build_preaggregator,
+    build_server_optimizer,
+)
 from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, eval_batch_size, privacy_budget
 from federated.client import ClientData, LocalTraining
@@ -75,7 +80,6 @@ def federation_config(params: Params) -> FederationConfig:
     return FederationConfig(
         rounds=train.rounds,
         client_fraction=train.client_fraction,
-        server_lr=train.server_lr,
         min_clients=train.min_clients,
         seed=params.seed,
         eval_batch_size=eval_batch_size(params),
@@ -108,7 +112,9 @@ def build_defence(
 ) -> Defence:
     """The rule, filters, pre-aggregators, non-IID check and central or local DP of
     ``params`` for data described by ``info``, with the server's own data where a rule
-    needs it (``root``: FLTrust; ``server_batch``: Zeno)."""
+    needs it (``root``: FLTrust; ``server_batch``: Zeno), and the server optimizer every
+    aggregate goes through (``train.server_optimizer``, or sgd at ``train.server_lr``)."""
+    name, settings = params.train.server_step()
     return Defence(
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=tuple(build_filter(f.name, **f.params()) for f in params.filters),
@@ -119,4 +125,5 @@ def build_defence(
         privacy=None if params.privacy.mode == "off" else privacy_budget(params),
         root=root,
         server_batch=server_batch,
+        server_optimizer=build_server_optimizer(name, **settings),
     )

@@ -26,7 +26,8 @@ from pydantic import (
 )
 
 import aggregation  # noqa: F401  (fills the registries)
-from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
+from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS, SERVER_OPTIMIZERS
+from aggregation.server_optimizers import ServerSGD
 from config.errors import ConfigError
 from federated.attacks import ATTACKS
 from federated.client import LocalTraining
@@ -217,29 +218,6 @@ class ModelParams(_Section):
         return value
 
 
-class TrainParams(_Section):
-    rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
-    client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
-    local_epochs: Annotated[int, engine(LocalTraining, "epochs")] = 1
-    lr: Annotated[float, engine(LocalTraining, "lr")] = 0.01
-    # SGD momentum: 1 or more never forgets a step
-    momentum: Annotated[float, engine(LocalTraining, "momentum")] = 0.9
-    weight_decay: Annotated[float, engine(LocalTraining, "weight_decay")] = 0.0
-    batch_size: Annotated[int, engine(LocalTraining, "batch_size")] = 32
-    prox_mu: Annotated[float, engine(LocalTraining, "prox_mu")] = 0.0  # FedProx proximal weight
-    server_lr: Annotated[float, engine(FederationConfig, "server_lr")] = 1.0
-    min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # how clients are trained: auto = batched on CUDA, and on a CPU for models without
-    # convolutions (where it measured faster), when the model allows; else sequential
-    backend: Backend = "auto"
-    # batched: clients at once (null: by memory)
-    max_parallel: Annotated[int | None, engine(Execution, "max_parallel")] = None
-    # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
-    # the round's sampled clients); a round above it halts the run (null: off)
-    max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
-
-
 class _RegistryEntry(BaseModel):
     """``{name: <registered name>, <param>: <value>, ...}``; parameters are checked by
     building the component."""
@@ -255,6 +233,59 @@ class _RegistryEntry(BaseModel):
             registry.build(self.name, **self.params())
         except RegistryError as error:
             raise ValueError(str(error)) from None
+
+
+class ServerOptimizerParams(_RegistryEntry):
+    """``{name: adam, lr: 0.01, ...}``: the server optimizer every aggregate goes through
+    (aggregation/server_optimizers.py: sgd, momentum, adagrad, yogi, adam, flower_*)."""
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ServerOptimizerParams:
+        self._check(SERVER_OPTIMIZERS)
+        return self
+
+
+class TrainParams(_Section):
+    rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
+    client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
+    local_epochs: Annotated[int, engine(LocalTraining, "epochs")] = 1
+    lr: Annotated[float, engine(LocalTraining, "lr")] = 0.01
+    # SGD momentum: 1 or more never forgets a step
+    momentum: Annotated[float, engine(LocalTraining, "momentum")] = 0.9
+    weight_decay: Annotated[float, engine(LocalTraining, "weight_decay")] = 0.0
+    batch_size: Annotated[int, engine(LocalTraining, "batch_size")] = 32
+    prox_mu: Annotated[float, engine(LocalTraining, "prox_mu")] = 0.0  # FedProx proximal weight
+    # global += server_lr * aggregate: shorthand for server_optimizer {name: sgd, lr: ...}
+    # (left at 1.0 when server_optimizer is given)
+    server_lr: Annotated[float, engine(ServerSGD, "lr")] = 1.0
+    # what the server does with every aggregate (null: sgd at server_lr, FedAvg's step)
+    server_optimizer: ServerOptimizerParams | None = None
+    min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # how clients are trained: auto = batched on CUDA, and on a CPU for models without
+    # convolutions (where it measured faster), when the model allows; else sequential
+    backend: Backend = "auto"
+    # batched: clients at once (null: by memory)
+    max_parallel: Annotated[int | None, engine(Execution, "max_parallel")] = None
+    # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
+    # the round's sampled clients); a round above it halts the run (null: off)
+    max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
+
+    @model_validator(mode="after")
+    def _one_server_step(self) -> TrainParams:
+        if self.server_optimizer is not None and self.server_lr != 1.0:
+            raise ValueError(
+                f"train.server_lr = {self.server_lr:g} and train.server_optimizer are both "
+                "set: give the rate as train.server_optimizer.lr (server_lr stays 1.0)"
+            )
+        return self
+
+    def server_step(self) -> tuple[str, dict[str, Any]]:
+        """The server optimizer's name and parameters: ``server_optimizer``, or sgd at
+        ``server_lr``."""
+        if self.server_optimizer is None:
+            return "sgd", {"lr": self.server_lr}
+        return self.server_optimizer.name, self.server_optimizer.params()
 
 
 class AggregateParams(_RegistryEntry):
@@ -462,6 +493,19 @@ class Params(_Section):
     tracking: TrackingParams = TrackingParams()
     compare: CompareParams = CompareParams()
     federation: FederationParams = FederationParams()
+
+    @model_validator(mode="after")
+    def _replacement_scaled_by_sgd(self) -> Params:
+        """A backdoor's model replacement scales by n/η for the server step
+        ``x + η·mean``: only sgd takes that step."""
+        name, _ = self.train.server_step()
+        replaces = self.attack.name == "backdoor" and self.attack.params().get("model_replacement")
+        if replaces and name != "sgd":
+            raise ValueError(
+                f"attack backdoor with model_replacement scales by n/η for the server step "
+                f"x + η·mean, which train.server_optimizer {name} does not take; use sgd"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sites_run_it(self) -> Params:
@@ -844,4 +888,6 @@ def params_hash(params: Params) -> str:
         payload["data"].pop("own")
     if params.eval.where == "hub":  # as they were before eval.where
         payload["eval"].pop("where")
+    if params.train.server_optimizer is None:  # as they were before train.server_optimizer
+        payload["train"].pop("server_optimizer")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

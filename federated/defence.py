@@ -1,7 +1,9 @@
 """The server's side of a round once the updates are in: the model attack applied to the
 malicious clients' rows, local DP's noise on behalf of the clients simulated here, the
 non-finite rows dropped, the filters, the pre-aggregators and the rule
-(:mod:`aggregation.defence`), DP-FedAvg's clipping and release, and the server step.
+(:mod:`aggregation.defence`), DP-FedAvg's clipping and release, and the server
+optimizer's step on the released aggregate (its state loaded from the round's
+:class:`~federated.parts.ServerState` and handed back, never kept between rounds).
 
 :class:`RoundDefence` is given what it needs (the defence, the threat model, the run's
 seed and server settings, the workspace model for Zeno's oracle and FLTrust's reference)
@@ -44,6 +46,7 @@ class Aggregation:
     preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     attack_state: dict[str, Any] = field(default_factory=dict)
     attack_metrics: dict[str, float] = field(default_factory=dict)
+    server_optimizer_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +76,7 @@ class RoundDefence:
             state.global_vector, state.aggregator_state, list(state.filter_states), [],
             preaggregator_states=list(state.preaggregator_states),
             attack_state=state.attack_state,
+            server_optimizer_state=state.server_optimizer_state,
         )  # fmt: skip
         if not updates:
             return outcome
@@ -93,10 +97,18 @@ class RoundDefence:
         if len(positions) < len(ids):
             kept, kept_weights = stacked[positions], weights[positions]
         aggregate = self._ruled(state, round_number, kept, kept_weights, outcome, rows)
-        outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
-            state.global_vector.dtype
-        )
+        self._server_step(state, aggregate, outcome)
         return outcome
+
+    def _server_step(self, state: ServerState, aggregate: Tensor, outcome: Aggregation) -> None:
+        """The server optimizer's step from the state's memory: the new global vector
+        and the optimizer's new state go into ``outcome``."""
+        optimizer = self.defence.server_optimizer
+        optimizer.load_state_dict(state.server_optimizer_state)
+        outcome.global_vector = optimizer.step(
+            state.global_vector, aggregate.to(state.global_vector.dtype)
+        )
+        outcome.server_optimizer_state = optimizer.state_dict()
 
     def _screened(
         self,

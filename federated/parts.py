@@ -15,7 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import AggregationRule, Filter, PreAggregator
+from aggregation.base import AggregationRule, Filter, PreAggregator, ServerOptimizer
+from aggregation.server_optimizers import ServerSGD
 from federated.attacks.base import ModelAttack
 from federated.client import ClientData, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
@@ -53,8 +54,6 @@ class FederationConfig:
     client_fraction: float = field(
         default=1.0, metadata=allowed(Interval(float, 0, 1, closed="right"))
     )
-    # global += server_lr * aggregated update
-    server_lr: float = field(default=1.0, metadata=allowed(POSITIVE))
     # fewer survivors than this: the round is skipped
     min_clients: int = field(default=1, metadata=allowed(Interval(int, 1)))
     seed: int = 0
@@ -123,6 +122,8 @@ class ServerState:
     preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     halted: str | None = None  # why the run stopped (max_excluded), in one line
     sites: list[dict[str, float]] = field(default_factory=list)  # per-site scores by round
+    # the server optimizer's memory (its step count and moments): state_dict() as it was
+    server_optimizer_state: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +140,10 @@ class ServerState:
             "preaggregator_states": self.preaggregator_states,
             "halted": self.halted,
             "sites": self.sites,
+            "server_optimizer_state": {
+                key: value.detach().cpu() if isinstance(value, Tensor) else value
+                for key, value in self.server_optimizer_state.items()
+            },
         }
 
     @classmethod
@@ -158,6 +163,10 @@ class ServerState:
             preaggregator_states=list(data.get("preaggregator_states", [])),
             halted=data.get("halted"),
             sites=list(data.get("sites", [])),
+            server_optimizer_state={
+                key: value.to(device) if isinstance(value, Tensor) else value
+                for key, value in data.get("server_optimizer_state", {}).items()
+            },
         )
 
     @property
@@ -192,7 +201,9 @@ class RoundReport:
 @dataclass(frozen=True, kw_only=True)
 class Defence:
     """What the server does with the updates it receives, in order: the non-IID screen,
-    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise. ``root``
+    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise, and the
+    server optimizer that takes the released aggregate as its pseudo-gradient (``sgd``
+    at lr 1, FedAvg's step, unless given). ``root``
     (FLTrust's reference update) and ``server_batch`` (Zeno's oracle) are the server's own
     data, for the rules that need them."""
 
@@ -203,6 +214,7 @@ class Defence:
     privacy: ClientPrivacy | None = None
     root: ClientData | None = None
     server_batch: tuple[Tensor, Tensor] | None = None
+    server_optimizer: ServerOptimizer = field(default_factory=ServerSGD)
 
     def __post_init__(self) -> None:
         if self.rule.requires_reference and self.root is None:

@@ -235,6 +235,7 @@ class Federation:
         halted = self._exclusion_bound_exceeded(round_number, rows)
         if halted is not None:  # fail closed: no aggregate from what was left
             outcome.global_vector = state.global_vector
+            outcome.server_optimizer_state = state.server_optimizer_state
         new_state = self._next_state(state, round_number, outcome)
         new_state.halted = halted
         next_round = self._next_round(new_state) if self.screen.trains_with_scoring() else None
@@ -336,4 +337,5 @@ class Federation:
             attack_state=outcome.attack_state,
             preaggregator_states=outcome.preaggregator_states,
             sites=list(state.sites),
+            server_optimizer_state=outcome.server_optimizer_state,
         )

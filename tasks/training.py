@@ -107,7 +107,7 @@ def run_attack(params: Params) -> Attack:
     learning rate unless ``eta`` is given."""
     settings = params.attack.params()
     if params.attack.name == "backdoor":
-        settings.setdefault("eta", params.train.server_lr)
+        settings.setdefault("eta", params.train.server_step()[1].get("lr", 1.0))
     return build_attack(params.attack.name, **settings)
 
 

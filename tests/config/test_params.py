@@ -61,6 +61,10 @@ BAD = [
     ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),
     ("compare.methods={fedavg: {}", "compare.methods", "not valid YAML"),  # unclosed
     ("eval.round_scores=auc", "eval.round_scores", "'full' or 'accuracy'"),
+    ("train.server_optimizer={name: nadam}", "train.server_optimizer", "available: adagrad, adam"),
+    ("train.server_optimizer={name: adam, beta2: 1}", "train.server_optimizer", "beta2 must be"),
+    ("train.server_optimizer={name: momentum, eps: 1}", "train.server_optimizer", "accepted: lr"),
+    ("train.server_lr=0", "train.server_lr", "must be a finite number > 0"),
 ]
 
 
@@ -72,6 +76,29 @@ def test_each_bad_value_is_one_line_naming_key_and_what_is_allowed(override, key
     message = str(error.value)
     assert "\n" not in message
     assert key in message and allowed in message
+
+
+def test_the_server_optimizer_is_one_line_of_params_and_server_lr_its_sgd_shorthand():
+    adam = load_params(PARAMS, ["train.server_optimizer={name: adam, lr: 0.01}"])
+    default = load_params(PARAMS)
+
+    assert adam.train.server_step() == ("adam", {"lr": 0.01})
+    assert load_params(PARAMS, ["train.server_lr=0.5"]).train.server_step() == ("sgd", {"lr": 0.5})
+    assert params_hash(adam) != params_hash(default)  # unset, the hash is as it was before
+    assert params_hash(load_params(PARAMS, ["train.server_optimizer=null"])) == params_hash(default)
+    for overrides, says in [
+        (["train.server_lr=0.5", "train.server_optimizer={name: adam}"], "both set"),
+        (
+            [
+                "attack={name: backdoor, model_replacement: true}",
+                "train.server_optimizer={name: yogi}",
+            ],
+            "which train.server_optimizer yogi does not take; use sgd",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=says) as error:
+            load_params(PARAMS, overrides)
+        assert "\n" not in str(error.value)
 
 
 def test_a_bad_value_is_named_where_it_was_given(tmp_path):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_server_optimizer
 from federated.batched import supports_batched, train_clients_batched
 from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
 from federated.data import load_medmnist, to_tensors
@@ -196,8 +196,9 @@ def test_support_check_names_what_the_batched_backend_cannot_train():
 
 
 def federation(
-    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2
-) -> Federation:
+    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2,
+    server_optimizer: str = "sgd",
+) -> Federation:  # fmt: skip
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("dirichlet", alpha=1.0)(data.train.targets, 4, seed=0)
@@ -212,7 +213,10 @@ def federation(
         clients=clients,
         local=LocalTraining(lr=0.05, momentum=0.9, batch_size=32, prox_mu=0.01),
         config=FederationConfig(rounds=2, seed=0),
-        defence=Defence(rule=build_aggregator("fedavg")),
+        defence=Defence(
+            rule=build_aggregator("fedavg"),
+            server_optimizer=build_server_optimizer(server_optimizer),
+        ),
         evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
         execution=Execution(backend=backend, max_parallel=max_parallel),  # type: ignore[arg-type]
     )
@@ -234,17 +238,25 @@ def run_rounds(fed: Federation, rounds: int):
     return state, report
 
 
-@pytest.mark.parametrize(("broken", "rounds"), [(False, 2), (True, 1)])
-def test_federation_rounds_match_across_backends(medmnist_root, broken_client, broken, rounds):
+@pytest.mark.parametrize(("broken", "rounds", "server"), [(False, 2, "adam"), (True, 1, "sgd")])
+def test_federation_rounds_match_across_backends(
+    medmnist_root, broken_client, broken, rounds, server
+):
+    """The server optimizer (FedAdam here) steps on either backend's aggregate alike."""
     breaking = broken_client if broken else None
-    sequential_fed = federation(medmnist_root, "sequential", broken_client=breaking)
-    batched_fed = federation(medmnist_root, "batched", broken_client=breaking)
+    sequential_fed = federation(
+        medmnist_root, "sequential", broken_client=breaking, server_optimizer=server
+    )
+    batched_fed = federation(
+        medmnist_root, "batched", broken_client=breaking, server_optimizer=server
+    )
     start = sequential_fed.initial_state().global_vector
 
     sequential, last_sequential = run_rounds(sequential_fed, rounds)
     batched, last_batched = run_rounds(batched_fed, rounds)
 
     assert batched_fed.batched and not sequential_fed.batched
+    assert batched.server_optimizer_state["step"] == sequential.server_optimizer_state["step"]
     moved = (sequential.global_vector - start).norm()
     assert (batched.global_vector - sequential.global_vector).norm() <= 1e-5 * moved
     for s, b in zip(sequential.history, batched.history, strict=True):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_server_optimizer
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
@@ -43,7 +43,15 @@ def make_federation(
     evaluation = {"test": to_tensors(data.test, data.info)}
     threat = {}
     for key, value in overrides.items():  # each override goes to the part that holds it
-        if key in ("rule", "filters", "preaggregators", "noniid", "privacy", "root"):
+        if key in (
+            "rule",
+            "filters",
+            "preaggregators",
+            "noniid",
+            "privacy",
+            "root",
+            "server_optimizer",
+        ):
             defence[key] = value
         elif key in ("val", "sites", "site_vals", "where"):
             evaluation[key] = value
@@ -223,6 +231,44 @@ def test_resumed_rounds_equal_uninterrupted_rounds(medmnist_root):
 
     assert state.history == uninterrupted.history
     assert torch.equal(state.global_vector, uninterrupted.global_vector)
+
+
+def test_the_server_optimizer_steps_on_the_rules_aggregate(medmnist_root):
+    """FedAdam on the median: the median's aggregate is Adam's pseudo-gradient."""
+    start = make_federation(medmnist_root).initial_state()
+    plain = run(make_federation(medmnist_root, rule=build_aggregator("median")), 1)
+    aggregate = plain.global_vector - start.global_vector
+    expected = build_server_optimizer("adam", lr=0.01).step(start.global_vector, aggregate)
+
+    adam = run(
+        make_federation(
+            medmnist_root, rule=build_aggregator("median"),
+            server_optimizer=build_server_optimizer("adam", lr=0.01),
+        ),
+        1,
+    )  # fmt: skip
+
+    torch.testing.assert_close(adam.global_vector, expected, rtol=0, atol=1e-6)
+    assert adam.server_optimizer_state["step"] == 1
+
+
+def test_a_server_optimizers_memory_resumes_exactly_from_a_weights_only_checkpoint(
+    medmnist_root,
+):
+    def federation():
+        return make_federation(medmnist_root, server_optimizer=build_server_optimizer("yogi"))
+
+    uninterrupted = run(federation(), 3)
+    buffer = io.BytesIO()
+    torch.save(run(federation(), 2).to_dict(), buffer)
+    buffer.seek(0)
+    state = ServerState.from_dict(torch.load(buffer, weights_only=True))
+
+    state, _ = federation().run_round(state)
+
+    assert state.server_optimizer_state["step"] == 3
+    assert torch.equal(state.global_vector, uninterrupted.global_vector)
+    assert torch.equal(state.server_optimizer_state["v"], uninterrupted.server_optimizer_state["v"])
 
 
 def test_config_values_are_validated():
