@@ -13,6 +13,7 @@ from aggregation import (  # noqa: F401  (importing a module registers its rules
     dnc,
     ema,
     fedlag,
+    fednova,
     filters,
     fltrust,
     foolsgold,

@@ -7,8 +7,8 @@ same calls, so the server loop never needs to know which kind it holds:
 - ``init_state() -> dict``: the rule's memory (empty for stateless rules). Holds only
   tensors and plain Python values so it can be checkpointed with
   ``torch.save``/``torch.load(weights_only=True)``.
-- ``step(state, updates, weights, *, client_ids=None, reference=None, oracle=None) ->
-  (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
+- ``step(state, updates, weights, *, client_ids=None, reference=None, oracle=None,
+  local_norms=None) -> (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
 - ``__call__(updates, weights=None, **same keywords) -> result``: a ``step`` from a fresh
   state.
 
@@ -25,6 +25,9 @@ Round inputs beyond the updates, for the rules whose class says so:
   server's own update ``(d,)`` from its root data, made the way clients make theirs;
 - ``requires_client_ids`` (FoolsGold): ``client_ids`` are the stable ids of the rows
   (n distinct ints), which key the rule's per-client history. Any rule accepts them.
+- ``requires_local_norms`` (FedNova): ``local_norms`` ``(n,)`` are ‖a_i‖₁, how much
+  local work each row's client did (its SGD steps, discounted by momentum and the
+  proximal term; :func:`aggregation.fednova.local_norm`), all > 0.
 
 Diagnostics (a plain dict, for the exclusion trail). Every registered rule returns:
 
@@ -169,6 +172,7 @@ class RoundInputs:
     client_ids: tuple[int, ...] | None = None
     reference: Tensor | None = None
     oracle: Oracle | None = None
+    local_norms: Tensor | None = None
 
     @classmethod
     def checked(
@@ -177,6 +181,7 @@ class RoundInputs:
         client_ids: Sequence[int] | None,
         reference: Tensor | None,
         oracle: Oracle | None,
+        local_norms: Tensor | None = None,
     ) -> RoundInputs:
         n, d = updates.shape
         ids = None
@@ -195,12 +200,22 @@ class RoundInputs:
                 )
             if not bool(torch.isfinite(reference).all()):
                 raise ValueError("reference (the server's update) holds NaN or Inf")
-        return cls(client_ids=ids, reference=reference, oracle=oracle)
+        if local_norms is not None:
+            local_norms = torch.as_tensor(local_norms, dtype=torch.float64).cpu()
+            if local_norms.shape != (n,) or not bool((local_norms > 0).all()):
+                raise ValueError(
+                    f"local_norms must be {n} positive numbers, one per row of updates, got "
+                    f"{local_norms.tolist()}"
+                )
+        return cls(client_ids=ids, reference=reference, oracle=oracle, local_norms=local_norms)
 
     def rows(self, positions: list[int]) -> RoundInputs:
         """The inputs for a subset of the rows (the reference and oracle are shared)."""
         ids = None if self.client_ids is None else tuple(self.client_ids[p] for p in positions)
-        return RoundInputs(client_ids=ids, reference=self.reference, oracle=self.oracle)
+        norms = None if self.local_norms is None else self.local_norms[positions]
+        return RoundInputs(
+            client_ids=ids, reference=self.reference, oracle=self.oracle, local_norms=norms
+        )
 
 
 def required(value: Any, rule: str, keyword: str, meaning: str) -> Any:
@@ -266,6 +281,7 @@ class AggregationRule:
     requires_oracle: ClassVar[bool] = False
     requires_reference: ClassVar[bool] = False
     requires_client_ids: ClassVar[bool] = False
+    requires_local_norms: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}
@@ -290,9 +306,10 @@ class AggregationRule:
         client_ids: Sequence[int] | None = None,
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
+        local_norms: Tensor | None = None,
     ) -> tuple[Tensor, State, Diagnostics]:
         check_updates(updates, weights)
-        inputs = RoundInputs.checked(updates, client_ids, reference, oracle)
+        inputs = RoundInputs.checked(updates, client_ids, reference, oracle, local_norms)
         kept, kept_weights, positions = _finite_rows(updates, weights, type(self).__name__)
         n = updates.shape[0]
         if positions.numel() == n:
@@ -310,6 +327,7 @@ class AggregationRule:
         client_ids: Sequence[int] | None = None,
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
+        local_norms: Tensor | None = None,
     ) -> Tensor:
         result, _, _ = self.step(
             self.init_state(),
@@ -318,6 +336,7 @@ class AggregationRule:
             client_ids=client_ids,
             reference=reference,
             oracle=oracle,
+            local_norms=local_norms,
         )
         return result
 

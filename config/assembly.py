@@ -14,7 +14,7 @@ from aggregation import (
 )
 from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, eval_batch_size, privacy_budget
-from federated.client import ClientData, LocalTraining
+from federated.client import ClientData, LocalTraining, LocalWork
 from federated.data import DatasetInfo
 from federated.seeding import seeded_init
 from federated.server import Defence, FederationConfig, NonIIDCheck
@@ -27,6 +27,7 @@ __all__ = [
     "device_problem",
     "federation_config",
     "local_training",
+    "local_work",
     "noniid_check",
     "read_dataset",  # likewise
     "resolve_device",
@@ -72,6 +73,13 @@ def local_training(params: Params) -> LocalTraining:
         batch_size=train.batch_size,
         prox_mu=train.prox_mu,
     )
+
+
+def local_work(params: Params) -> LocalWork | None:
+    """Heterogeneous local work (``train.local_work``): each client's epochs drawn per
+    round; None when every client trains ``train.local_epochs``."""
+    work = params.train.local_work
+    return None if work is None else LocalWork(epochs=tuple(work.epochs))
 
 
 def federation_config(params: Params) -> FederationConfig:

@@ -245,6 +245,19 @@ class ServerOptimizerParams(_RegistryEntry):
         return self
 
 
+class LocalWorkParams(_Section):
+    """Heterogeneous local work: each client's local epochs drawn per round, seeded."""
+
+    epochs: tuple[int, int]  # [low, high], both included, 1 <= low <= high
+
+    @field_validator("epochs")
+    @classmethod
+    def _range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError("must be [low, high] with 1 <= low <= high")
+        return value
+
+
 class TrainParams(_Section):
     rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
     client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
@@ -260,6 +273,9 @@ class TrainParams(_Section):
     server_lr: Annotated[float, engine(ServerSGD, "lr")] = 1.0
     # what the server does with every aggregate (null: sgd at server_lr, FedAvg's step)
     server_optimizer: ServerOptimizerParams | None = None
+    # heterogeneous local work, e.g. {epochs: [1, 5]}: each client's local epochs drawn
+    # per round, seeded, in place of local_epochs (null: every client local_epochs)
+    local_work: LocalWorkParams | None = None
     min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # how clients are trained: auto = batched on CUDA, and on a CPU for models without
@@ -495,6 +511,15 @@ class Params(_Section):
     federation: FederationParams = FederationParams()
 
     @model_validator(mode="after")
+    def _fednova_sees_each_client(self) -> Params:
+        if self.aggregate.name == "fednova" and self.preaggregators:
+            raise ValueError(
+                "aggregate fednova normalises each client's own update by its local work: "
+                "preaggregators, which remake the rows, cannot go before it (use [])"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _replacement_scaled_by_sgd(self) -> Params:
         """A backdoor's model replacement scales by n/η for the server step
         ``x + η·mean``: only sgd takes that step."""
@@ -623,6 +648,13 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
         )
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
+    if params.train.local_work is not None:
+        refused.append(
+            (
+                "train.local_work",
+                "must be null: each site trains the epochs of the plan it approved",
+            )
+        )
     sites, given = len(params.federation.sites), params.partition.num_clients
     if sites and "num_clients" in params.partition.model_fields_set and given != sites:
         refused.append(
@@ -888,6 +920,7 @@ def params_hash(params: Params) -> str:
         payload["data"].pop("own")
     if params.eval.where == "hub":  # as they were before eval.where
         payload["eval"].pop("where")
-    if params.train.server_optimizer is None:  # as they were before train.server_optimizer
-        payload["train"].pop("server_optimizer")
+    for key in ("server_optimizer", "local_work"):  # unset: hashed as before they existed
+        if getattr(params.train, key) is None:
+            payload["train"].pop(key)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

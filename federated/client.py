@@ -11,13 +11,15 @@ arithmetic on lists of tensors (:mod:`federated.foreach_sgd` says why it is not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from federated.foreach_sgd import sgd_step_ as foreach_sgd_step_
-from federated.seeding import derive_seed, torch_generator
+from federated.seeding import LOCAL_WORK, derive_seed, torch_generator
 from federated.vectors import model_to_vector, vector_to_model_
 from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
@@ -25,8 +27,10 @@ __all__ = [
     "ClientData",
     "ClientUpdate",
     "LocalTraining",
+    "LocalWork",
     "RegisteredClient",
     "client_gradient",
+    "local_steps",
     "sgd_step_",
     "train_client",
 ]
@@ -47,6 +51,36 @@ class LocalTraining:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalWork:
+    """Heterogeneous local work (what FedNova is for): each client draws its local epochs
+    for a round uniformly from ``epochs`` = (low, high), both included, seeded by (run
+    seed, round, client), so a resumed run and either backend draw the same."""
+
+    epochs: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        low, high = self.epochs
+        if not 1 <= low <= high:
+            raise ValueError(
+                f"local_work epochs must be [low, high] with 1 <= low <= high, got {list(self.epochs)}"
+            )
+
+    def epochs_of(self, seed: int, round_number: int, client_id: int) -> int:
+        """The client's local epochs in the round."""
+        generator = np.random.default_rng(derive_seed(seed, round_number, client_id, LOCAL_WORK))
+        return int(generator.integers(self.epochs[0], self.epochs[1] + 1))
+
+
+def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
+    """The SGD steps :func:`train_client` takes on ``num_samples`` samples: its batches per
+    epoch (a trailing one-sample batch joins the previous one) times ``epochs``."""
+    per_epoch = math.ceil(num_samples / batch_size)
+    if per_epoch > 1 and num_samples % batch_size == 1:
+        per_epoch -= 1
+    return per_epoch * epochs
 
 
 @dataclass(frozen=True)

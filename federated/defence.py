@@ -15,7 +15,7 @@ attacks see the same defence through :meth:`RoundDefence._simulated_defence`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from aggregation.base import drop_non_finite
 from aggregation.defence import Rows, RuleOutcome, run_filters, run_rule
+from aggregation.fednova import local_norm
 from aggregation.mean import FedAvg
 from federated.client import ClientUpdate, LocalTraining, train_client
 from federated.parts import Defence, FederationConfig, ServerState, ThreatModel
@@ -87,7 +88,7 @@ class RoundDefence:
         )
         if self.defence.privacy is not None and self.defence.privacy.mode == "local":
             stacked = self._privatised_for_simulated(round_number, stacked, ids)
-        stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
+        stacked = self._attacked(state, round_number, stacked, weights, ids, outcome, rows)
         keep = self._screened(outcome, stacked, weights, ids, rows)
         positions = keep.nonzero().flatten()
         outcome.kept_ids = [ids[p] for p in positions.tolist()]
@@ -146,7 +147,7 @@ class RoundDefence:
         if privacy is not None:
             kept = privacy.clipped(kept) if privacy.mode == "central" else kept
             kept_weights = torch.ones_like(kept_weights)
-        decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids)
+        decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids, rows)
         outcome.aggregator_state = decided.rule_state
         outcome.preaggregator_states = decided.preaggregator_states
         record_decisions(decided.columns, outcome.kept_ids, rows)
@@ -205,6 +206,7 @@ class RoundDefence:
         weights: Tensor,
         ids: list[int],
         outcome: Aggregation,
+        rows: TrailRows,
     ) -> Tensor:
         """The round's updates ``(n, d)`` after the model attack, if any malicious client
         is among them; the attack's new state and its diagnostics go into ``outcome``."""
@@ -218,7 +220,7 @@ class RoundDefence:
             derive_seed(self.config.seed, round_number, ATTACK), stacked.device
         )
         defence = (
-            self._simulated_defence(state, round_number, weights, ids)
+            self._simulated_defence(state, round_number, weights, ids, rows)
             if attack.requires_aggregate
             else None
         )
@@ -229,8 +231,9 @@ class RoundDefence:
         return attacked
 
     def _simulated_defence(
-        self, state: ServerState, round_number: int, weights: Tensor, ids: list[int]
-    ) -> Callable[[Tensor], Tensor]:
+        self, state: ServerState, round_number: int, weights: Tensor, ids: list[int],
+        rows: TrailRows,
+    ) -> Callable[[Tensor], Tensor]:  # fmt: skip
         """What the server would make of a candidate round ``(n, d)`` (rows in ``ids``'
         order): non-finite rows dropped, the filters, the rule; no state advanced. What an
         optimising attacker (Opt-ALIE, Opt-IPM) is assumed to know of the defence."""
@@ -244,7 +247,7 @@ class RoundDefence:
                 return torch.zeros_like(candidate[0])
             kept = [ids[p] for p in positions.tolist()]
             return self._decide(
-                state, round_number, candidate[positions], weights[positions], kept
+                state, round_number, candidate[positions], weights[positions], kept, rows
             ).aggregate
 
         return defend
@@ -273,18 +276,34 @@ class RoundDefence:
         updates: Tensor,
         weights: Tensor,
         ids: list[int],
+        rows: TrailRows,
     ) -> RuleOutcome:
         """The pre-aggregators, then the rule, on the rows that passed the filters
-        (:func:`aggregation.defence.run_rule`, with the server's oracle and reference)."""
+        (:func:`aggregation.defence.run_rule`, with the server's oracle and reference and
+        the clients' local work)."""
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
         )
+        norms = self._local_norms(ids, rows) if self.defence.rule.requires_local_norms else None
         return run_rule(
             self.defence.rule, state.aggregator_state, self.defence.preaggregators,
-            state.preaggregator_states, Rows(updates, weights, ids), generator=generator,
+            state.preaggregator_states, Rows(updates, weights, ids, norms), generator=generator,
             oracle=lambda: self._oracle(state),
             reference=lambda: self._reference(state, round_number),
         )  # fmt: skip
+
+    def _local_norms(self, client_ids: Sequence[int], rows: TrailRows) -> Tensor:
+        """FedNova's ‖a_i‖₁ of each client: its round's SGD steps (from its trail row),
+        discounted by the local momentum and proximal term."""
+        assert self.local is not None  # a rule that needs them needs local= (checked)
+        lr_mu = self.local.lr * self.local.prox_mu
+        return torch.tensor(
+            [
+                local_norm(rows[i]["local_steps"], momentum=self.local.momentum, lr_mu=lr_mu)
+                for i in client_ids
+            ],
+            dtype=torch.float64,
+        )
 
     def _reference(self, state: ServerState, round_number: int) -> Tensor:
         """The server's own update from its root data, made as a client makes its own."""

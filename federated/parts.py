@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from aggregation.base import AggregationRule, Filter, PreAggregator, ServerOptimizer
 from aggregation.server_optimizers import ServerSGD
 from federated.attacks.base import ModelAttack
-from federated.client import ClientData, RegisteredClient
+from federated.client import ClientData, LocalWork, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
@@ -217,6 +217,11 @@ class Defence:
     server_optimizer: ServerOptimizer = field(default_factory=ServerSGD)
 
     def __post_init__(self) -> None:
+        if self.rule.requires_local_norms and self.preaggregators:
+            raise ValueError(
+                f"aggregator {type(self.rule).__name__} normalises each client's own update by "
+                "its local work: pre-aggregators, which remake the rows, cannot go before it"
+            )
         if self.rule.requires_reference and self.root is None:
             raise ValueError(
                 f"aggregator {type(self.rule).__name__} needs the server's root data (root=): "
@@ -275,15 +280,22 @@ class EvaluationSets:
 @dataclass(frozen=True, kw_only=True)
 class Execution:
     """How the sampled clients are trained: by one of this process's backends, or by an
-    executor of its own (``executor``, e.g. clients that live elsewhere)."""
+    executor of its own (``executor``, e.g. clients that live elsewhere). ``local_work``
+    draws each client's local epochs per round (this process's backends only)."""
 
     backend: Backend = field(default="sequential", metadata=allowed(Options.of(Backend)))
     # batched: clients trained at once (None: by memory)
     max_parallel: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
     executor: ClientExecutor | None = None
+    local_work: LocalWork | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.executor is not None and self.local_work is not None:
+            raise ValueError(
+                "local_work draws the epochs of the clients trained here: an executor of "
+                "its own (executor=) trains its clients as they are set up"
+            )
 
 
 def check_assembly(

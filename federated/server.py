@@ -42,7 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    LocalTraining,
+    RegisteredClient,
+    local_steps,
+)
 from federated.defence import Aggregation, RoundDefence
 from federated.execution import (
     BatchedExecutor,
@@ -110,6 +116,11 @@ class Federation:
             raise ValueError(
                 "local= is needed: it trains the clients held here and the server's root data"
             )
+        if local is None and defence.rule.requires_local_norms:
+            raise ValueError(
+                f"aggregator {type(defence.rule).__name__} needs local= (the clients' local "
+                "training: its steps, momentum and proximal term make each client's ‖a_i‖₁)"
+            )
         device = (
             evaluation.test[0].device
             if evaluation.test is not None
@@ -126,6 +137,7 @@ class Federation:
         self.initial_vector = model_to_vector(self.model).to(self.device)
         self.clients_per_round = clients_per_round(config.client_fraction, len(self.clients))
         self.loss_fn = loss_function(evaluation.multi_label)
+        self.local_work = execution.local_work
         self._assemble_steps(execution)
 
     def _assemble_steps(self, execution: Execution) -> None:
@@ -152,7 +164,16 @@ class Federation:
         return local_executor(
             self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
             backend=execution.backend, max_parallel=execution.max_parallel,
+            epochs_of=self.local_epochs if execution.local_work is not None else None,
         )  # fmt: skip
+
+    def local_epochs(self, round_number: int, client_id: int) -> int:
+        """The local epochs a client trains in a round: drawn (``local_work``) or
+        ``local.epochs``."""
+        if self.local_work is not None:
+            return self.local_work.epochs_of(self.config.seed, round_number, client_id)
+        assert self.local is not None  # only asked where clients train by local
+        return self.local.epochs
 
     @property
     def batched(self) -> bool:
@@ -319,7 +340,17 @@ class Federation:
             update = checked_update(result, rows[result.client_id], state.global_vector)
             if update is not None:
                 updates.append(update)
+                self._record_local_work(round_number, update, rows[update.client_id])
         return rows, updates
+
+    def _record_local_work(self, round_number: int, update: ClientUpdate, row: dict) -> None:
+        """The client's local epochs and SGD steps in its trail row (FedNova's τ_i; known
+        where the local training is: at real sites, from the registered sample count)."""
+        if self.local is None:
+            return
+        epochs = self.local_epochs(round_number, update.client_id)
+        row["local_epochs"] = epochs
+        row["local_steps"] = local_steps(update.num_samples, self.local.batch_size, epochs)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation

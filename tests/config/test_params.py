@@ -65,6 +65,13 @@ BAD = [
     ("train.server_optimizer={name: adam, beta2: 1}", "train.server_optimizer", "beta2 must be"),
     ("train.server_optimizer={name: momentum, eps: 1}", "train.server_optimizer", "accepted: lr"),
     ("train.server_lr=0", "train.server_lr", "must be a finite number > 0"),
+    ("train.local_work={epochs: [0, 2]}", "train.local_work.epochs", "1 <= low <= high"),
+    ("train.local_work={epochs: [3, 2]}", "train.local_work.epochs", "1 <= low <= high"),
+    (
+        "train.local_work={steps: [1, 2]}",
+        "train.local_work.steps",
+        "keys allowed in train.local_work: epochs",
+    ),
 ]
 
 
@@ -99,6 +106,19 @@ def test_the_server_optimizer_is_one_line_of_params_and_server_lr_its_sgd_shorth
         with pytest.raises(ConfigError, match=says) as error:
             load_params(PARAMS, overrides)
         assert "\n" not in str(error.value)
+
+
+def test_fednova_and_local_work_are_params_and_what_cannot_work_is_refused():
+    params = load_params(PARAMS, ["aggregate={name: fednova}", "train.local_work={epochs: [1, 4]}"])
+    default = load_params(PARAMS)
+
+    assert params.train.local_work.epochs == (1, 4) and params.aggregate.name == "fednova"
+    assert params_hash(load_params(PARAMS, ["train.local_work=null"])) == params_hash(default)
+    with pytest.raises(ConfigError, match="preaggregators, which remake the rows") as error:
+        load_params(PARAMS, ["aggregate={name: fednova}", "preaggregators=[{name: clip}]"])
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"train\.local_work must be null: each site trains"):
+        validate_params(at_sites(train={"local_work": {"epochs": [1, 2]}}), "p.yaml")
 
 
 def test_a_bad_value_is_named_where_it_was_given(tmp_path):

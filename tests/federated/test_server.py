@@ -42,6 +42,7 @@ def make_federation(
     defence = {"rule": build_aggregator("fedavg")}
     evaluation = {"test": to_tensors(data.test, data.info)}
     threat = {}
+    execution = {k: overrides[k] for k in ("local_work",) if k in overrides}
     for key, value in overrides.items():  # each override goes to the part that holds it
         if key in (
             "rule",
@@ -67,6 +68,7 @@ def make_federation(
         defence=Defence(**defence),
         evaluation=EvaluationSets(**evaluation),
         threat=ThreatModel(**threat),
+        execution=Execution(**execution),
     )
 
 
@@ -269,6 +271,45 @@ def test_a_server_optimizers_memory_resumes_exactly_from_a_weights_only_checkpoi
     assert state.server_optimizer_state["step"] == 3
     assert torch.equal(state.global_vector, uninterrupted.global_vector)
     assert torch.equal(state.server_optimizer_state["v"], uninterrupted.server_optimizer_state["v"])
+
+
+def test_fednova_with_equal_local_work_is_fedavg(medmnist_root):
+    """Four IID clients of 136-137 images, batches of 64: three steps each."""
+    fedavg = run(make_federation(medmnist_root), 2)
+    fednova = run(make_federation(medmnist_root, rule=build_aggregator("fednova")), 2)
+
+    steps = {row["local_steps"] for row in fednova.trail}
+    assert steps == {3} and {row["local_epochs"] for row in fednova.trail} == {1}
+    torch.testing.assert_close(fednova.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+
+
+def test_local_work_is_drawn_logged_and_normalised_by_fednova(medmnist_root):
+    from aggregation.fednova import local_norm
+    from federated.client import LocalWork
+
+    work = LocalWork(epochs=(1, 3))
+    federation = make_federation(medmnist_root, rule=build_aggregator("fednova"), local_work=work)
+    start = federation.initial_state()
+    fedavg = make_federation(medmnist_root, local_work=work)
+
+    state, report = federation.run_round(start)
+    plain, _ = fedavg.run_round(fedavg.initial_state())
+
+    rows = report.clients
+    assert [r["local_epochs"] for r in rows] == [work.epochs_of(0, 1, r["client"]) for r in rows]
+    assert [r["local_steps"] for r in rows] == [3 * r["local_epochs"] for r in rows]
+    assert len({r["local_steps"] for r in rows}) > 1  # the draw made the work unequal
+    # the same clients' updates as FedAvg got them; FedNova re-weights them by their work
+    sizes = torch.tensor([float(r["num_samples"]) for r in rows], dtype=torch.float64)
+    norms = torch.tensor(
+        [local_norm(r["local_steps"], momentum=0.9) for r in rows], dtype=torch.float64
+    )
+    p = sizes / sizes.sum()
+    weight = p * (p @ norms) / norms
+    assert [r["effective_weight"] for r in rows] == pytest.approx(
+        weight.tolist(), rel=1e-6
+    )  # float32 sizes
+    assert not torch.allclose(state.global_vector, plain.global_vector)
 
 
 def test_config_values_are_validated():
