@@ -96,6 +96,7 @@ def federation_config(params: Params) -> FederationConfig:
         site_every=params.eval.every,
         target_acc=params.eval.target_acc,
         round_scores=params.eval.round_scores,
+        scaffold=train.scaffold,
     )
 
 

@@ -276,6 +276,9 @@ class TrainParams(_Section):
     # heterogeneous local work, e.g. {epochs: [1, 5]}: each client's local epochs drawn
     # per round, seeded, in place of local_epochs (null: every client local_epochs)
     local_work: LocalWorkParams | None = None
+    # SCAFFOLD (Karimireddy et al. 2020, option II): control variates correct every local
+    # step; plain local SGD (momentum 0, prox_mu 0), simulation, sequential training
+    scaffold: bool = False
     min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # how clients are trained: auto = batched on CUDA, and on a CPU for models without
@@ -286,15 +289,6 @@ class TrainParams(_Section):
     # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
     # the round's sampled clients); a round above it halts the run (null: off)
     max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
-
-    @model_validator(mode="after")
-    def _one_server_step(self) -> TrainParams:
-        if self.server_optimizer is not None and self.server_lr != 1.0:
-            raise ValueError(
-                f"train.server_lr = {self.server_lr:g} and train.server_optimizer are both "
-                "set: give the rate as train.server_optimizer.lr (server_lr stays 1.0)"
-            )
-        return self
 
     def server_step(self) -> tuple[str, dict[str, Any]]:
         """The server optimizer's name and parameters: ``server_optimizer``, or sgd at
@@ -511,6 +505,36 @@ class Params(_Section):
     federation: FederationParams = FederationParams()
 
     @model_validator(mode="after")
+    def _scaffold_as_written(self) -> Params:
+        """SCAFFOLD's option II reads the local steps as plain SGD's: (x − y)/(Kη)."""
+        if not self.train.scaffold:
+            return self
+        for key, value, why in (
+            ("momentum", self.train.momentum, "train.momentum: 0"),
+            ("prox_mu", self.train.prox_mu, "train.prox_mu: 0"),
+        ):
+            if value:
+                raise ValueError(
+                    f"train.scaffold with train.{key} = {value:g}: SCAFFOLD's option II "
+                    f"assumes plain local SGD steps; set {why}"
+                )
+        if self.train.backend == "batched":
+            raise ValueError(
+                "train.scaffold trains each client with its own control variate one after "
+                "another: use backend sequential or auto"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_server_step(self) -> Params:
+        if self.train.server_optimizer is not None and self.train.server_lr != 1.0:
+            raise ValueError(
+                f"train.server_lr = {self.train.server_lr:g} and train.server_optimizer are both "
+                "set: give the rate as train.server_optimizer.lr (server_lr stays 1.0)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fednova_sees_each_client(self) -> Params:
         if self.aggregate.name == "fednova" and self.preaggregators:
             raise ValueError(
@@ -655,6 +679,10 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
                 "must be null: each site trains the epochs of the plan it approved",
             )
         )
+    if params.train.scaffold:
+        refused.append(
+            ("train.scaffold", "must be false: sites do not keep SCAFFOLD's control variates yet")
+        )
     sites, given = len(params.federation.sites), params.partition.num_clients
     if sites and "num_clients" in params.partition.model_fields_set and given != sites:
         refused.append(
@@ -750,6 +778,8 @@ def privacy_unaccounted(params: Params) -> list[str]:
         reasons.append(f"pre-aggregators {', '.join(p.name for p in params.preaggregators)}")
     if params.noniid.exclude:
         reasons.append("noniid.exclude")
+    if params.train.scaffold:
+        reasons.append("train.scaffold (its control deltas are neither clipped nor noised)")
     return reasons
 
 
@@ -920,7 +950,7 @@ def params_hash(params: Params) -> str:
         payload["data"].pop("own")
     if params.eval.where == "hub":  # as they were before eval.where
         payload["eval"].pop("where")
-    for key in ("server_optimizer", "local_work"):  # unset: hashed as before they existed
-        if getattr(params.train, key) is None:
+    for key in ("server_optimizer", "local_work", "scaffold"):  # unset: hashed as before
+        if not getattr(params.train, key):
             payload["train"].pop(key)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

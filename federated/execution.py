@@ -39,7 +39,13 @@ from federated.batched import (
     batched_unsupported_reason,
     train_clients_batched,
 )
-from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    ControlVariates,
+    LocalTraining,
+    train_client,
+)
 from federated.metrics import SplitSummary, logits_of, scores_of, summarise
 from federated.vectors import vector_to_model_
 from registry.constraints import Options, allowed, check_fields
@@ -296,12 +302,32 @@ class SequentialExecutor(RoundExecutor):
             return self.local
         return replace(self.local, epochs=self.epochs_of(round_number, client_id))
 
-    def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
+    def train_with_controls(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        controls: Mapping[int, ControlVariates],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """SCAFFOLD's round: each client in ``controls`` trained with its control
+        variates (its update carries Δc_i), in that order."""
+        ids = list(controls)
+        return collect_results(
+            ids, lambda i: self.train_one(global_vector, round_number, i, controls[i]), on_result
+        )
+
+    def train_one(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_id: int,
+        control: ControlVariates | None = None,
+    ) -> ClientResult:
         try:
             update = train_client(
                 self.model, global_vector, self.clients[client_id],
                 self.local_of(round_number, client_id), self.loss_fn,
-                seed=self.seed_of(round_number, client_id),
+                seed=self.seed_of(round_number, client_id), control=control,
             )  # fmt: skip
         except Exception as error:  # a broken client must not stop the federation
             return ClientResult.failed(client_id, error)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from aggregation.base import AggregationRule, Filter, PreAggregator, ServerOptimizer
 from aggregation.server_optimizers import ServerSGD
 from federated.attacks.base import ModelAttack
-from federated.client import ClientData, LocalWork, RegisteredClient
+from federated.client import ClientData, LocalTraining, LocalWork, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
@@ -36,6 +36,7 @@ __all__ = [
     "ServerState",
     "ThreatModel",
     "check_assembly",
+    "check_local",
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
@@ -78,6 +79,9 @@ class FederationConfig:
     # which clients a round samples: a seeded draw of its own per round ("per_round"), or
     # draws from one generator over the run ("stream": FedStNN's rule)
     sampling: Sampling = field(default="per_round", metadata=allowed(Options.of(Sampling)))
+    # SCAFFOLD (Karimireddy et al. 2020, option II): the server's control variate c and
+    # each client's c_i correct every local step; the clients train in this process
+    scaffold: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -124,6 +128,10 @@ class ServerState:
     sites: list[dict[str, float]] = field(default_factory=list)  # per-site scores by round
     # the server optimizer's memory (its step count and moments): state_dict() as it was
     server_optimizer_state: dict[str, Any] = field(default_factory=dict)
+    # SCAFFOLD: the server's control variate c (d,) and, in a simulation, each simulated
+    # client's own c_i by client id (the clients' half, kept here because they are here)
+    control: Tensor | None = None
+    client_controls: dict[int, Tensor] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +151,10 @@ class ServerState:
             "server_optimizer_state": {
                 key: value.detach().cpu() if isinstance(value, Tensor) else value
                 for key, value in self.server_optimizer_state.items()
+            },
+            "control": None if self.control is None else self.control.detach().cpu(),
+            "client_controls": {
+                client: value.detach().cpu() for client, value in self.client_controls.items()
             },
         }
 
@@ -166,6 +178,11 @@ class ServerState:
             server_optimizer_state={
                 key: value.to(device) if isinstance(value, Tensor) else value
                 for key, value in data.get("server_optimizer_state", {}).items()
+            },
+            control=None if data.get("control") is None else data["control"].to(device),
+            client_controls={
+                int(client): value.to(device)
+                for client, value in data.get("client_controls", {}).items()
             },
         )
 
@@ -363,4 +380,38 @@ def _check_privacy(privacy: ClientPrivacy | None, population: int, per_round: in
         raise ValueError(
             f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
             f"a round, but the federation samples {per_round} of {population}"
+        )
+
+
+def check_local(
+    local: LocalTraining | None, config: FederationConfig, defence: Defence, execution: Execution
+) -> None:
+    """What needs the clients' local training settings (``local=``): the clients held
+    here and the server's root data, FedNova's ‖a_i‖₁, SCAFFOLD's plain steps."""
+    if local is None and (execution.executor is None or defence.root is not None):
+        raise ValueError(
+            "local= is needed: it trains the clients held here and the server's root data"
+        )
+    if config.scaffold:
+        _check_scaffold(local, execution)
+    if local is None and defence.rule.requires_local_norms:
+        raise ValueError(
+            f"aggregator {type(defence.rule).__name__} needs local= (the clients' local "
+            "training: its steps, momentum and proximal term make each client's ‖a_i‖₁)"
+        )
+
+
+def _check_scaffold(local: LocalTraining | None, execution: Execution) -> None:
+    """What SCAFFOLD as the paper writes it needs, in one line each: the clients trained
+    here one after another, with plain local SGD steps (option II reads (x − y)/(K·η_l)
+    as their mean corrected gradient)."""
+    if execution.executor is not None or execution.backend == "batched":
+        raise ValueError(
+            "scaffold trains each client with its control variates one after another: "
+            "it needs the clients here and backend 'sequential' (or 'auto')"
+        )
+    if local is not None and (local.momentum or local.prox_mu):
+        raise ValueError(
+            "scaffold's option II assumes plain local SGD steps: local momentum and "
+            f"prox_mu must be 0 (got {local.momentum:g} and {local.prox_mu:g})"
         )

@@ -11,7 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from aggregation.defence import FilterStep
-from federated.client import ClientData, ClientUpdate, RegisteredClient
+from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient, local_steps
 from federated.execution import ClientResult
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "new_row",
     "record_decisions",
     "record_filter_steps",
+    "record_local_work",
     "sent_update",
 ]
 
@@ -145,3 +146,11 @@ def checked_update(
         )
         update = replace(update, num_samples=row["num_samples"])
     return update
+
+
+def record_local_work(
+    row: dict[str, Any], update: ClientUpdate, local: LocalTraining, epochs: int
+) -> None:
+    """The client's local epochs and SGD steps in the round (FedNova's τ_i) into its row."""
+    row["local_epochs"] = epochs
+    row["local_steps"] = local_steps(update.num_samples, local.batch_size, epochs)

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,26 @@ def test_fednova_and_local_work_are_params_and_what_cannot_work_is_refused():
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match=r"train\.local_work must be null: each site trains"):
         validate_params(at_sites(train={"local_work": {"epochs": [1, 2]}}), "p.yaml")
+
+
+def test_scaffold_is_one_line_of_params_and_what_it_cannot_run_with_is_refused():
+    plain_sgd = ["train.scaffold=true", "train.momentum=0"]
+
+    assert load_params(PARAMS, plain_sgd).train.scaffold
+    assert params_hash(load_params(PARAMS, ["train.scaffold=false"])) == params_hash(
+        load_params(PARAMS)
+    )
+    for overrides, says in [
+        (["train.scaffold=true"], "train.momentum = 0.9: SCAFFOLD's option II assumes plain"),
+        ([*plain_sgd, "train.prox_mu=0.1"], "set train.prox_mu: 0"),
+        ([*plain_sgd, "train.backend=batched"], "use backend sequential or auto"),
+        ([*plain_sgd, "privacy.mode=central"], "train.scaffold (its control deltas"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)) as error:
+            load_params(PARAMS, overrides)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="sites do not keep SCAFFOLD's control variates"):
+        validate_params(at_sites(train={"scaffold": True, "momentum": 0}), "p.yaml")
 
 
 def test_a_bad_value_is_named_where_it_was_given(tmp_path):
