@@ -8,6 +8,7 @@ picked by name from params.yaml.
 """
 
 from aggregation import (  # noqa: F401  (importing a module registers its rules/filters)
+    afl,
     bulyan,
     centered_clipping,
     dnc,

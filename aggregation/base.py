@@ -8,7 +8,7 @@ same calls, so the server loop never needs to know which kind it holds:
   tensors and plain Python values so it can be checkpointed with
   ``torch.save``/``torch.load(weights_only=True)``.
 - ``step(state, updates, weights, *, client_ids=None, reference=None, oracle=None,
-  local_norms=None) -> (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
+  local_norms=None, losses=None) -> (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
 - ``__call__(updates, weights=None, **same keywords) -> result``: a ``step`` from a fresh
   state.
 
@@ -28,6 +28,8 @@ Round inputs beyond the updates, for the rules whose class says so:
 - ``requires_local_norms`` (FedNova): ``local_norms`` ``(n,)`` are ‖a_i‖₁, how much
   local work each row's client did (its SGD steps, discounted by momentum and the
   proximal term; :func:`aggregation.fednova.local_norm`), all > 0.
+- ``requires_losses`` (AFL): ``losses`` ``(n,)`` are each row's client's loss of the
+  round's global model on its own training data, all finite.
 
 Diagnostics (a plain dict, for the exclusion trail). Every registered rule returns:
 
@@ -173,6 +175,7 @@ class RoundInputs:
     reference: Tensor | None = None
     oracle: Oracle | None = None
     local_norms: Tensor | None = None
+    losses: Tensor | None = None
 
     @classmethod
     def checked(
@@ -182,6 +185,7 @@ class RoundInputs:
         reference: Tensor | None,
         oracle: Oracle | None,
         local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> RoundInputs:
         n, d = updates.shape
         ids = None
@@ -207,15 +211,27 @@ class RoundInputs:
                     f"local_norms must be {n} positive numbers, one per row of updates, got "
                     f"{local_norms.tolist()}"
                 )
-        return cls(client_ids=ids, reference=reference, oracle=oracle, local_norms=local_norms)
+        if losses is not None:
+            losses = torch.as_tensor(losses, dtype=torch.float64).cpu()
+            if losses.shape != (n,) or not bool(torch.isfinite(losses).all()):
+                raise ValueError(
+                    f"losses must be {n} finite numbers, one per row of updates, got "
+                    f"{losses.tolist()}"
+                )
+        return cls(
+            client_ids=ids, reference=reference, oracle=oracle, local_norms=local_norms,
+            losses=losses,
+        )  # fmt: skip
 
     def rows(self, positions: list[int]) -> RoundInputs:
         """The inputs for a subset of the rows (the reference and oracle are shared)."""
         ids = None if self.client_ids is None else tuple(self.client_ids[p] for p in positions)
         norms = None if self.local_norms is None else self.local_norms[positions]
+        losses = None if self.losses is None else self.losses[positions]
         return RoundInputs(
-            client_ids=ids, reference=self.reference, oracle=self.oracle, local_norms=norms
-        )
+            client_ids=ids, reference=self.reference, oracle=self.oracle, local_norms=norms,
+            losses=losses,
+        )  # fmt: skip
 
 
 def required(value: Any, rule: str, keyword: str, meaning: str) -> Any:
@@ -282,6 +298,7 @@ class AggregationRule:
     requires_reference: ClassVar[bool] = False
     requires_client_ids: ClassVar[bool] = False
     requires_local_norms: ClassVar[bool] = False
+    requires_losses: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}
@@ -307,9 +324,10 @@ class AggregationRule:
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
         local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> tuple[Tensor, State, Diagnostics]:
         check_updates(updates, weights)
-        inputs = RoundInputs.checked(updates, client_ids, reference, oracle, local_norms)
+        inputs = RoundInputs.checked(updates, client_ids, reference, oracle, local_norms, losses)
         kept, kept_weights, positions = _finite_rows(updates, weights, type(self).__name__)
         n = updates.shape[0]
         if positions.numel() == n:
@@ -328,6 +346,7 @@ class AggregationRule:
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
         local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> Tensor:
         result, _, _ = self.step(
             self.init_state(),
@@ -337,6 +356,7 @@ class AggregationRule:
             reference=reference,
             oracle=oracle,
             local_norms=local_norms,
+            losses=losses,
         )
         return result
 

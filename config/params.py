@@ -535,11 +535,15 @@ class Params(_Section):
         return self
 
     @model_validator(mode="after")
-    def _fednova_sees_each_client(self) -> Params:
-        if self.aggregate.name == "fednova" and self.preaggregators:
+    def _each_clients_own_row(self) -> Params:
+        """FedNova and AFL weigh each client's own update by what they know of that
+        client: rows a pre-aggregator remade belong to no one client."""
+        why = {"fednova": "its local work", "afl": "its λ and loss"}
+        if self.aggregate.name in why and self.preaggregators:
             raise ValueError(
-                "aggregate fednova normalises each client's own update by its local work: "
-                "preaggregators, which remake the rows, cannot go before it (use [])"
+                f"aggregate {self.aggregate.name} weighs each client's own update by "
+                f"{why[self.aggregate.name]}: preaggregators, which remake the rows, cannot "
+                "go before it (use [])"
             )
         return self
 
@@ -682,6 +686,10 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
     if params.train.scaffold:
         refused.append(
             ("train.scaffold", "must be false: sites do not keep SCAFFOLD's control variates yet")
+        )
+    if params.aggregate.name == "afl":
+        refused.append(
+            ("aggregate afl", "is simulated only: its λ needs every client's loss each round")
         )
     sites, given = len(params.federation.sites), params.partition.num_clients
     if sites and "num_clients" in params.partition.model_fields_set and given != sites:

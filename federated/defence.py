@@ -284,10 +284,17 @@ class RoundDefence:
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
         )
-        norms = self._local_norms(ids, rows) if self.defence.rule.requires_local_norms else None
+        rule = self.defence.rule
+        norms = self._local_norms(ids, rows) if rule.requires_local_norms else None
+        losses = (
+            torch.tensor([rows[i]["model_loss"] for i in ids], dtype=torch.float64)
+            if rule.requires_losses
+            else None
+        )
         return run_rule(
-            self.defence.rule, state.aggregator_state, self.defence.preaggregators,
-            state.preaggregator_states, Rows(updates, weights, ids, norms), generator=generator,
+            rule, state.aggregator_state, self.defence.preaggregators,
+            state.preaggregator_states, Rows(updates, weights, ids, norms, losses),
+            generator=generator,
             oracle=lambda: self._oracle(state),
             reference=lambda: self._reference(state, round_number),
         )  # fmt: skip

@@ -234,10 +234,11 @@ class Defence:
     server_optimizer: ServerOptimizer = field(default_factory=ServerSGD)
 
     def __post_init__(self) -> None:
-        if self.rule.requires_local_norms and self.preaggregators:
+        if (self.rule.requires_local_norms or self.rule.requires_losses) and self.preaggregators:
             raise ValueError(
-                f"aggregator {type(self.rule).__name__} normalises each client's own update by "
-                "its local work: pre-aggregators, which remake the rows, cannot go before it"
+                f"aggregator {type(self.rule).__name__} weighs each client's own update by what "
+                "it knows of that client: pre-aggregators, which remake the rows, cannot go "
+                "before it"
             )
         if self.rule.requires_reference and self.root is None:
             raise ValueError(

@@ -358,6 +358,10 @@ class Federation:
                 if self.local is not None:  # FedNova's τ_i (sites: by the registered count)
                     epochs = self.local_epochs(round_number, update.client_id)
                     record_local_work(rows[update.client_id], update, self.local, epochs)
+        if self.defence.rule.requires_losses:  # AFL's λ gradient: L_k of the round's model
+            ids = [u.client_id for u in updates]
+            for client_id, loss in self.scorer.model_losses(state.global_vector, ids).items():
+                rows[client_id]["model_loss"] = loss
         return rows, updates
 
     def _results(

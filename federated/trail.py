@@ -26,6 +26,7 @@ __all__ = [
     "record_filter_steps",
     "record_local_work",
     "sent_update",
+    "worst_client",
 ]
 
 TrailRows = dict[int, dict[str, Any]]  # a round's trail rows by client id
@@ -154,3 +155,13 @@ def record_local_work(
     """The client's local epochs and SGD steps in the round (FedNova's τ_i) into its row."""
     row["local_epochs"] = epochs
     row["local_steps"] = local_steps(update.num_samples, local.batch_size, epochs)
+
+
+def worst_client(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The round's worst client by its loss of the global model (``model_loss``, where
+    the round measured it: AFL): that loss and the client's id; empty otherwise."""
+    measured = [row for row in rows if "model_loss" in row]
+    if not measured:
+        return {}
+    worst = max(measured, key=lambda row: row["model_loss"])
+    return {"worst_client_loss": float(worst["model_loss"]), "worst_client": float(worst["client"])}

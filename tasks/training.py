@@ -373,10 +373,11 @@ def report_metrics(report: RoundReport) -> dict[str, float]:
     """A round's metrics with each client's loss (and, under local DP, its own ε) and each
     site's scores under their own MLflow names."""
     per_client = {}
-    for row in report.clients:  # client_loss/<id>, noniid_loss/<id>, ..., local_steps/<id>
+    for row in report.clients:  # client_loss/<id>, ..., local_steps/<id>, afl_lambda/<id>
         for key, name in (("train_loss", "client_loss"), ("noniid_loss", "noniid_loss"),
                           ("privacy_epsilon", "privacy_epsilon"),
-                          ("local_steps", "local_steps")):  # fmt: skip
+                          ("local_steps", "local_steps"), ("afl_lambda", "afl_lambda"),
+                          ("model_loss", "model_loss")):  # fmt: skip
             if key in row:
                 per_client[f"{name}/{row['client']}"] = row[key]
     for row in report.sites:  # site_acc/<id>, site_auc/<id>, site_loss/<id>, ...

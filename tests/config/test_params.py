@@ -115,9 +115,15 @@ def test_fednova_and_local_work_are_params_and_what_cannot_work_is_refused():
 
     assert params.train.local_work.epochs == (1, 4) and params.aggregate.name == "fednova"
     assert params_hash(load_params(PARAMS, ["train.local_work=null"])) == params_hash(default)
-    with pytest.raises(ConfigError, match="preaggregators, which remake the rows") as error:
-        load_params(PARAMS, ["aggregate={name: fednova}", "preaggregators=[{name: clip}]"])
-    assert "\n" not in str(error.value)
+    for rule in ("fednova", "afl"):
+        with pytest.raises(ConfigError, match="preaggregators, which remake the rows") as error:
+            load_params(PARAMS, [f"aggregate={{name: {rule}}}", "preaggregators=[{name: clip}]"])
+        assert "\n" not in str(error.value)
+    assert load_params(PARAMS, ["aggregate={name: afl, step_size: 0.05}"]).aggregate.name == "afl"
+    with pytest.raises(ConfigError, match="afl step_size must be a finite number >= 0, got -1"):
+        load_params(PARAMS, ["aggregate={name: afl, step_size: -1}"])
+    with pytest.raises(ConfigError, match="aggregate afl is simulated only"):
+        validate_params(at_sites(aggregate={"name": "afl"}), "p.yaml")
     with pytest.raises(ConfigError, match=r"train\.local_work must be null: each site trains"):
         validate_params(at_sites(train={"local_work": {"epochs": [1, 2]}}), "p.yaml")
 

@@ -312,6 +312,37 @@ def test_local_work_is_drawn_logged_and_normalised_by_fednova(medmnist_root):
     assert not torch.allclose(state.global_vector, plain.global_vector)
 
 
+def _equal_sizes(clients):
+    for i, c in enumerate(clients):
+        clients[i] = ClientData(c.client_id, c.images[:136], c.targets[:136])
+
+
+def test_afl_without_ascent_is_fedavg_and_logs_lambda_and_the_worst_clients_loss(medmnist_root):
+    """Equal client sizes: FedAvg's sample weights are AFL's uniform λ."""
+    fedavg = run(make_federation(medmnist_root, edit_clients=_equal_sizes), 2)
+    still = run(
+        make_federation(
+            medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=0.0)
+        ),
+        2,
+    )
+    moving = make_federation(
+        medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=1.0)
+    )
+
+    state, report = moving.run_round(moving.initial_state())
+
+    torch.testing.assert_close(still.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+    losses = {r["client"]: r["model_loss"] for r in report.clients}
+    expected = moving.scorer.model_losses(moving.initial_vector, list(losses))
+    assert losses == pytest.approx(expected)
+    assert report.metrics["worst_client_loss"] == max(losses.values())
+    assert report.metrics["worst_client"] == max(losses, key=losses.get)
+    lambdas = [r["afl_lambda"] for r in report.clients]
+    assert sum(lambdas) == pytest.approx(1.0) and len(set(lambdas)) > 1
+    assert state.aggregator_state["lambda"].tolist() == pytest.approx(lambdas)
+
+
 def test_config_values_are_validated():
     with pytest.raises(ValueError, match="client_fraction"):
         FederationConfig(rounds=1, client_fraction=0)
