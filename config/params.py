@@ -360,11 +360,24 @@ class NonIIDParams(_Section):
 
 
 class MethodParams(_Section):
-    """One compared method: an aggregation rule and the filters in front of it."""
+    """One compared method: an aggregation rule, the filters in front of it, and the
+    ``train`` settings it changes (e.g. ``{server_optimizer: {name: adam}}`` for FedAdam,
+    ``{scaffold: true, momentum: 0}`` for SCAFFOLD, ``{prox_mu: 0.01}`` for FedProx)."""
 
     aggregate: AggregateParams = AggregateParams()
     filters: list[FilterParams] = []
     preaggregators: list[PreAggregatorParams] = []
+    train: dict[str, Any] = {}
+
+    @field_validator("train")
+    @classmethod
+    def _train_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(TrainParams.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown train key {unknown[0]!r}; keys allowed: {', '.join(TrainParams.model_fields)}"
+            )
+        return value
 
 
 class CompareParams(_Section):
@@ -601,6 +614,24 @@ class Params(_Section):
         ``privacy.noise_multiplier`` with privacy off believes the model is private."""
         for key, reason in ignored_settings(self):
             raise ValueError(f"{key} is set but {reason}, so it would be ignored")
+        return self
+
+    @model_validator(mode="after")
+    def _methods_run(self) -> Params:
+        """Each compared method's train settings, over the run's, as its cells run them:
+        a combination a cell would refuse is refused here, naming the method."""
+        for name, method in self.compare.methods.items():
+            if not method.train:
+                continue
+            cell = self.model_dump(mode="json", exclude={"compare"}, exclude_unset=True)
+            cell["train"] = {**cell.get("train", {}), **method.train}
+            try:
+                Params.model_validate(cell)
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise ValueError(
+                    f"compare.methods.{name}.train: {first['msg'].removeprefix('Value error, ')}"
+                ) from None
         return self
 
     @model_validator(mode="after")

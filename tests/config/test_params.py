@@ -148,6 +148,19 @@ def test_scaffold_is_one_line_of_params_and_what_it_cannot_run_with_is_refused()
         validate_params(at_sites(train={"scaffold": True, "momentum": 0}), "p.yaml")
 
 
+def test_a_compared_methods_train_settings_are_refused_as_its_cells_would_refuse_them():
+    for methods, says in [
+        (
+            "{s: {train: {scaffold: true}}}",
+            "compare.methods.s.train: train.scaffold with train.momentum",
+        ),
+        ("{s: {train: {lrr: 1}}}", "unknown train key 'lrr'; keys allowed: rounds"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)) as error:
+            load_params(PARAMS, [f"compare.methods={methods}"])
+        assert "\n" not in str(error.value)
+
+
 def test_a_bad_value_is_named_where_it_was_given(tmp_path):
     # a value --set gave is --set's; one the file holds is the file's, --set or not
     (tmp_path / "params.yaml").write_text("train:\n  rounds: 0\n")
