@@ -24,12 +24,15 @@ __all__ = ["FilterStep", "Rows", "RuleOutcome", "run_filters", "run_rule"]
 
 @dataclass(frozen=True)
 class Rows:
-    """A round's rows as the rule receives them: updates ``(n, d)``, weights ``(n,)`` and
-    the client id of each row."""
+    """A round's rows as the rule receives them: updates ``(n, d)``, weights ``(n,)``, the
+    client id of each row and, for FedNova, each row's ‖a_i‖₁ ``(n,)`` (its local work),
+    for AFL each row's client's loss of the global model ``(n,)``."""
 
     updates: Tensor
     weights: Tensor
     ids: Sequence[int]
+    local_norms: Tensor | None = None
+    losses: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ def run_rule(
         inputs["oracle"] = _needed(oracle, "oracle", rule)()
     if rule.requires_reference:
         inputs["reference"] = _needed(reference, "reference", rule)()
+    if rows.local_norms is not None:  # FedNova's; the rule says when they are missing
+        inputs["local_norms"] = rows.local_norms
+    if rows.losses is not None:  # AFL's
+        inputs["losses"] = rows.losses
     if chain.row_ids is not None:
         inputs["client_ids"] = chain.row_ids
     aggregate, new_rule_state, diagnostics = rule.step(

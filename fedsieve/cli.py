@@ -278,7 +278,12 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
 
 
 def _list(args: argparse.Namespace, workdir: Path) -> int:
-    from aggregation import list_aggregators, list_filters, list_preaggregators
+    from aggregation import (
+        list_aggregators,
+        list_filters,
+        list_preaggregators,
+        list_server_optimizers,
+    )
     from federated.attacks import list_attacks
     from federated.data import is_volume_flag, list_datasets
     from federated.partition import list_partitioners
@@ -294,6 +299,7 @@ def _list(args: argparse.Namespace, workdir: Path) -> int:
         ("aggregators", list_aggregators()),
         ("pre-aggregators", list_preaggregators()),
         ("filters", list_filters()),
+        ("server optimizers", list_server_optimizers()),
         ("attacks", list_attacks()),
     ):
         print(f"{title}: {', '.join(names)}")

@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch import nn
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_server_optimizer
 from federated.batched import supports_batched, train_clients_batched
-from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.client import ClientData, ClientUpdate, LocalTraining, LocalWork, train_client
 from federated.data import load_medmnist, to_tensors
 from federated.metrics import loss_function
 from federated.partition import build_partitioner
@@ -224,8 +224,9 @@ def test_support_check_names_what_the_batched_backend_cannot_train():
 
 
 def federation(
-    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2
-) -> Federation:
+    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2,
+    server_optimizer: str = "sgd", local_work: LocalWork | None = None,
+) -> Federation:  # fmt: skip
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("dirichlet", alpha=1.0)(data.train.targets, 4, seed=0)
@@ -240,9 +241,12 @@ def federation(
         clients=clients,
         local=LocalTraining(lr=0.05, momentum=0.9, batch_size=32, prox_mu=0.01),
         config=FederationConfig(rounds=2, seed=0),
-        defence=Defence(rule=build_aggregator("fedavg")),
+        defence=Defence(
+            rule=build_aggregator("fedavg"),
+            server_optimizer=build_server_optimizer(server_optimizer),
+        ),
         evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
-        execution=Execution(backend=backend, max_parallel=max_parallel),  # type: ignore[arg-type]
+        execution=Execution(backend=backend, max_parallel=max_parallel, local_work=local_work),  # type: ignore[arg-type]
     )
 
 
@@ -262,17 +266,30 @@ def run_rounds(fed: Federation, rounds: int):
     return state, report
 
 
-@pytest.mark.parametrize(("broken", "rounds"), [(False, 2), (True, 1)])
-def test_federation_rounds_match_across_backends(medmnist_root, broken_client, broken, rounds):
+@pytest.mark.parametrize(
+    ("broken", "rounds", "server", "work"), [(False, 2, "adam", (1, 3)), (True, 1, "sgd", None)]
+)
+def test_federation_rounds_match_across_backends(
+    medmnist_root, broken_client, broken, rounds, server, work
+):
+    """The server optimizer (FedAdam here) steps on either backend's aggregate alike;
+    clients drawing unequal local epochs train batched in groups of equal epochs."""
     breaking = broken_client if broken else None
-    sequential_fed = federation(medmnist_root, "sequential", broken_client=breaking)
-    batched_fed = federation(medmnist_root, "batched", broken_client=breaking)
+    local_work = None if work is None else LocalWork(epochs=work)
+    sequential_fed, batched_fed = (
+        federation(
+            medmnist_root, backend, broken_client=breaking, server_optimizer=server,
+            local_work=local_work,
+        )
+        for backend in ("sequential", "batched")
+    )  # fmt: skip
     start = sequential_fed.initial_state().global_vector
 
     sequential, last_sequential = run_rounds(sequential_fed, rounds)
     batched, last_batched = run_rounds(batched_fed, rounds)
 
     assert batched_fed.batched and not sequential_fed.batched
+    assert batched.server_optimizer_state["step"] == sequential.server_optimizer_state["step"]
     moved = (sequential.global_vector - start).norm()
     assert (batched.global_vector - sequential.global_vector).norm() <= 1e-5 * moved
     for s, b in zip(sequential.history, batched.history, strict=True):
@@ -281,6 +298,10 @@ def test_federation_rounds_match_across_backends(medmnist_root, broken_client, b
         assert b["test_acc"] == pytest.approx(s["test_acc"], abs=1e-9)
     rows = [(r["client"], r["excluded"], r["reason"]) for r in last_batched.clients]
     assert rows == [(r["client"], r["excluded"], r["reason"]) for r in last_sequential.clients]
+    steps = [r.get("local_steps") for r in last_batched.clients]
+    assert steps == [r.get("local_steps") for r in last_sequential.clients]
+    drawn = {r["local_epochs"] for r in last_batched.clients if "local_epochs" in r}
+    assert (len(drawn) > 1) == (work is not None)  # the draw made the epochs unequal
     # a broken client makes the batched call fail; retried one by one, it alone is dropped
     assert ((2, True, "client_error") in rows) == broken
 

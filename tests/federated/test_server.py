@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_server_optimizer
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
@@ -42,8 +42,17 @@ def make_federation(
     defence = {"rule": build_aggregator("fedavg")}
     evaluation = {"test": to_tensors(data.test, data.info)}
     threat = {}
+    execution = {k: overrides[k] for k in ("local_work",) if k in overrides}
     for key, value in overrides.items():  # each override goes to the part that holds it
-        if key in ("rule", "filters", "preaggregators", "noniid", "privacy", "root"):
+        if key in (
+            "rule",
+            "filters",
+            "preaggregators",
+            "noniid",
+            "privacy",
+            "root",
+            "server_optimizer",
+        ):
             defence[key] = value
         elif key in ("val", "sites", "site_vals", "where"):
             evaluation[key] = value
@@ -59,6 +68,7 @@ def make_federation(
         defence=Defence(**defence),
         evaluation=EvaluationSets(**evaluation),
         threat=ThreatModel(**threat),
+        execution=Execution(**execution),
     )
 
 
@@ -223,6 +233,114 @@ def test_resumed_rounds_equal_uninterrupted_rounds(medmnist_root):
 
     assert state.history == uninterrupted.history
     assert torch.equal(state.global_vector, uninterrupted.global_vector)
+
+
+def test_the_server_optimizer_steps_on_the_rules_aggregate(medmnist_root):
+    """FedAdam on the median: the median's aggregate is Adam's pseudo-gradient."""
+    start = make_federation(medmnist_root).initial_state()
+    plain = run(make_federation(medmnist_root, rule=build_aggregator("median")), 1)
+    aggregate = plain.global_vector - start.global_vector
+    expected = build_server_optimizer("adam", lr=0.01).step(start.global_vector, aggregate)
+
+    adam = run(
+        make_federation(
+            medmnist_root, rule=build_aggregator("median"),
+            server_optimizer=build_server_optimizer("adam", lr=0.01),
+        ),
+        1,
+    )  # fmt: skip
+
+    torch.testing.assert_close(adam.global_vector, expected, rtol=0, atol=1e-6)
+    assert adam.server_optimizer_state["step"] == 1
+
+
+def test_a_server_optimizers_memory_resumes_exactly_from_a_weights_only_checkpoint(
+    medmnist_root,
+):
+    def federation():
+        return make_federation(medmnist_root, server_optimizer=build_server_optimizer("yogi"))
+
+    uninterrupted = run(federation(), 3)
+    buffer = io.BytesIO()
+    torch.save(run(federation(), 2).to_dict(), buffer)
+    buffer.seek(0)
+    state = ServerState.from_dict(torch.load(buffer, weights_only=True))
+
+    state, _ = federation().run_round(state)
+
+    assert state.server_optimizer_state["step"] == 3
+    assert torch.equal(state.global_vector, uninterrupted.global_vector)
+    assert torch.equal(state.server_optimizer_state["v"], uninterrupted.server_optimizer_state["v"])
+
+
+def test_fednova_with_equal_local_work_is_fedavg(medmnist_root):
+    """Four IID clients of 136-137 images, batches of 64: three steps each."""
+    fedavg = run(make_federation(medmnist_root), 2)
+    fednova = run(make_federation(medmnist_root, rule=build_aggregator("fednova")), 2)
+
+    steps = {row["local_steps"] for row in fednova.trail}
+    assert steps == {3} and {row["local_epochs"] for row in fednova.trail} == {1}
+    torch.testing.assert_close(fednova.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+
+
+def test_local_work_is_drawn_logged_and_normalised_by_fednova(medmnist_root):
+    from aggregation.fednova import local_norm
+    from federated.client import LocalWork
+
+    work = LocalWork(epochs=(1, 3))
+    federation = make_federation(medmnist_root, rule=build_aggregator("fednova"), local_work=work)
+    start = federation.initial_state()
+    fedavg = make_federation(medmnist_root, local_work=work)
+
+    state, report = federation.run_round(start)
+    plain, _ = fedavg.run_round(fedavg.initial_state())
+
+    rows = report.clients
+    assert [r["local_epochs"] for r in rows] == [work.epochs_of(0, 1, r["client"]) for r in rows]
+    assert [r["local_steps"] for r in rows] == [3 * r["local_epochs"] for r in rows]
+    assert len({r["local_steps"] for r in rows}) > 1  # the draw made the work unequal
+    # the same clients' updates as FedAvg got them; FedNova re-weights them by their work
+    sizes = torch.tensor([float(r["num_samples"]) for r in rows], dtype=torch.float64)
+    norms = torch.tensor(
+        [local_norm(r["local_steps"], momentum=0.9) for r in rows], dtype=torch.float64
+    )
+    p = sizes / sizes.sum()
+    weight = p * (p @ norms) / norms
+    assert [r["effective_weight"] for r in rows] == pytest.approx(
+        weight.tolist(), rel=1e-6
+    )  # float32 sizes
+    assert not torch.allclose(state.global_vector, plain.global_vector)
+
+
+def _equal_sizes(clients):
+    for i, c in enumerate(clients):
+        clients[i] = ClientData(c.client_id, c.images[:136], c.targets[:136])
+
+
+def test_afl_without_ascent_is_fedavg_and_logs_lambda_and_the_worst_clients_loss(medmnist_root):
+    """Equal client sizes: FedAvg's sample weights are AFL's uniform λ."""
+    fedavg = run(make_federation(medmnist_root, edit_clients=_equal_sizes), 2)
+    still = run(
+        make_federation(
+            medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=0.0)
+        ),
+        2,
+    )
+    moving = make_federation(
+        medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=1.0)
+    )
+
+    state, report = moving.run_round(moving.initial_state())
+
+    torch.testing.assert_close(still.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+    losses = {r["client"]: r["model_loss"] for r in report.clients}
+    expected = moving.scorer.model_losses(moving.initial_vector, list(losses))
+    assert losses == pytest.approx(expected)
+    assert report.metrics["worst_client_loss"] == max(losses.values())
+    assert report.metrics["worst_client"] == max(losses, key=losses.get)
+    lambdas = [r["afl_lambda"] for r in report.clients]
+    assert sum(lambdas) == pytest.approx(1.0) and len(set(lambdas)) > 1
+    assert state.aggregator_state["lambda"].tolist() == pytest.approx(lambdas)
 
 
 def test_config_values_are_validated():

@@ -263,6 +263,7 @@ def test_list_names_every_registry_and_an_unknown_command_is_refused(medmnist_ro
         "partition schemes:",
         "aggregators:",
         "filters:",
+        "server optimizers:",
         "attacks:",
     ):
         assert title in listed.stdout

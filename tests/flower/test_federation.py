@@ -170,6 +170,23 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
             assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
 
 
+def test_the_hub_holds_the_server_optimizer_and_ends_where_the_simulation_ends(hub: Hub) -> None:
+    """FedAdam on PID-MADE's kept mean at real sites: the hub steps and keeps the
+    optimizer's memory (in its checkpoint), the sites train as they always do."""
+    names = site_names()
+    raw = hub.flower_params(names, train={"server_optimizer": {"name": "adam", "lr": 0.01}})
+
+    remote = run_at_sites(hub, raw, "server-adam")
+    local = simulated(raw, hub, names)
+
+    assert remote.server_optimizer_state["step"] == local.server_optimizer_state["step"] == 2
+    assert decisions(remote) == decisions(local)
+    diff = (remote.global_vector - local.global_vector).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
+    moments = remote.server_optimizer_state["v"] - local.server_optimizer_state["v"]
+    assert moments.abs().max().item() <= TOLERANCE
+
+
 def test_the_non_iid_check_that_excludes_at_the_sites_equals_the_simulations(hub: Hub) -> None:
     raw = noniid_checked(hub, exclude=True)
     remote = run_at_sites(hub, raw, "noniid-True")
