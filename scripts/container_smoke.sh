@@ -49,8 +49,14 @@ for secret in FEDSIEVE_PREFECT_AUTH FEDSIEVE_MLFLOW_PASSWORD FEDSIEVE_MLFLOW_SEC
         export "$secret=$value"
     fi
 done
-CLIENT_AUTH=(-e PREFECT_API_AUTH_STRING="$FEDSIEVE_PREFECT_AUTH" -e MLFLOW_TRACKING_USERNAME=fedsieve
-             -e MLFLOW_TRACKING_PASSWORD="$FEDSIEVE_MLFLOW_PASSWORD")
+# The client steps also get the retries docker-compose.yml gives every client of the
+# stack (x-clients): its Prefect server answered one poll of the load step's dispatched
+# grid with a 500 on a loaded 2-core machine, which ended the smoke (cause not found: the
+# stack's logs went with its teardown).
+CLIENT_ENV=(-e PREFECT_API_AUTH_STRING="$FEDSIEVE_PREFECT_AUTH" -e MLFLOW_TRACKING_USERNAME=fedsieve
+            -e MLFLOW_TRACKING_PASSWORD="$FEDSIEVE_MLFLOW_PASSWORD"
+            -e PREFECT_CLIENT_MAX_RETRIES=6 -e PREFECT_CLIENT_RETRY_EXTRA_CODES=500
+            -e MLFLOW_HTTP_REQUEST_MAX_RETRIES=7 -e MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1)
 VOLUMES=(data reports artifacts tracking)
 NETWORK=()
 if ! docker network inspect bridge >/dev/null 2>&1 || [ "${DOCKER_NETWORK:-}" = host ]; then
@@ -146,7 +152,7 @@ deployed=$(timeout 900 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" exec 
     prefect deployment run pipeline-from-file/fedsieve --param 'overrides=["train.rounds=2"]' \
     --watch 2>&1) || { echo "container-smoke: the deployment run failed:" >&2; echo "$deployed" >&2; exit 1; }
 FLOW_RUN=$(grep -oE 'UUID: [0-9a-f-]{36}' <<<"$deployed" | head -1 | cut -d' ' -f2)
-docker run --rm --network host "${CLIENT_AUTH[@]}" -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 \
+docker run --rm --network host "${CLIENT_ENV[@]}" -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 \
     -e FLOW_RUN="$FLOW_RUN" --entrypoint python fedsieve:cpu -c '
 import os
 from mlflow import MlflowClient
@@ -178,7 +184,7 @@ docker run --rm --network host "${MOUNTS[@]}" -v "$PWD/scripts:/smoke:ro" \
     --entrypoint python fedsieve:cpu /smoke/container_model.py
 done_step
 step "load: a grid of 8 cells at once beside 2 deployment runs, against the stack"
-docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api "${CLIENT_AUTH[@]}" \
+docker run --rm --network host -e PREFECT_API_URL=http://127.0.0.1:4200/api "${CLIENT_ENV[@]}" \
     -e MLFLOW_TRACKING_URI=http://127.0.0.1:5000 "${MOUNTS[@]}" -v "$PWD/scripts:/smoke:ro" \
     --entrypoint python fedsieve:cpu /smoke/container_load.py
 done_step
