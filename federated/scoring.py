@@ -34,7 +34,7 @@ from federated.execution import (
 from federated.metrics import ModelDiverged, evaluate, pooled_scores, site_scores
 from federated.parts import EvaluationSets, FederationConfig
 from federated.stats.noniid import NonIIDResult, client_losses, noniid_verdict
-from federated.trail import TrailRows, detection_counts
+from federated.trail import TrailRows, contributions, detection_counts
 from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = ["RoundScorer", "scored_together"]
@@ -200,6 +200,7 @@ class RoundScorer:
             **screen_metrics,
             **outcome.attack_metrics,
             **detection_counts(trail_rows),
+            **contributions(trail_rows),
         }
 
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:
