@@ -728,7 +728,8 @@ def params_warnings(params: Params) -> list[str]:
             else attack.fraction
         )
         guarded = [params.aggregate.name] if params.aggregate.name in HONEST_MAJORITY_RULES else []
-        guarded += [f.name for f in params.filters if f.name in ("pid_made", "distance_cusum")]
+        honest_majority = ("pid_made", "distance_cusum", "site_validation")  # votes: a majority
+        guarded += [f.name for f in params.filters if f.name in honest_majority]
         if share >= 0.5 and guarded:
             warnings.append(
                 f"attack.fraction={share:.2f}: {', '.join(guarded)} assume an honest majority "
