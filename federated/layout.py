@@ -2,11 +2,11 @@
 
 On a CPU, PyTorch sends convolutions whose weights are channels-last to oneDNN; with the
 default (contiguous) weights of these small models it takes a slower path (measured by
-``python -m benchmarks.round_speed --device cpu``; docs/results.md). Only the layout
+``python -m benchmarks.speed.round_speed --device cpu``; docs/results.md). Only the layout
 changes: state_dicts and the flat vectors of :mod:`federated.vectors` are read in logical
 order, so the numbers differ from the contiguous layout by float rounding only. On CUDA
 the layout is left alone: channels-last did not speed up rounds there
-(``python -m benchmarks.round_speed --device cuda --channels-last``).
+(``python -m benchmarks.speed.round_speed --device cuda --channels-last``).
 """
 
 from __future__ import annotations

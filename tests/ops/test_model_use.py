@@ -22,7 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from pydicom.data import get_testdata_file
 
-from benchmarks.serving import register_champion
+from benchmarks.sites.serving import register_champion
 from federated.data import Split, load_medmnist
 from federated.inference import load_classifier
 from federated.own_data import write_image_folder
