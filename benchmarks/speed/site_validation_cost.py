@@ -4,7 +4,8 @@ the median and without it, on the same seeds, in one process (the sites simulate
 same code a real site runs for the validation, :func:`federated.execution.held_out_losses`).
 
 Per round it records the round's wall time and, with the filter, the time spent scoring
-the candidates (``m + 1`` candidate models on every judged site's held-out split, timed
+the candidates (its ratio to the rest of the same round is the figure to read: the two
+configurations' medians are runs apart, and a shared machine's load moves them) (``m + 1`` candidate models on every judged site's held-out split, timed
 around the sites' validator). At real sites the validation adds one exchange a round,
 whose message carries ``m + 1`` models to each judged site (the bytes are recorded); the
 Flower exchange's own floor is measured in ``benchmarks/speed/flower_race.py`` and the
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> None:
         "round_without_s": statistics.median(without),
         "round_with_s": statistics.median(r["seconds"] for r in with_),
         "validation_s": statistics.median(r["validation_seconds"] for r in with_),
+        # within each round: the validation against the rest of that round (paired, so a
+        # busy spell that slows the whole round does not change it much)
+        "validation_over_rest": statistics.median(
+            r["validation_seconds"] / (r["seconds"] - r["validation_seconds"]) for r in with_
+        ),
         "candidate_models": statistics.median(r["candidate_models"] for r in with_),
         "message_bytes_per_site": statistics.median(r["message_bytes_per_site"] for r in with_),
     }
