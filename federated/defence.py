@@ -272,13 +272,11 @@ class RoundDefence:
         def validate(candidates: Tensor, client_ids: Sequence[int]) -> SiteLosses:
             models = global_vector + self.config.server_lr * candidates.to(global_vector)
             answers = validator.validate(models, client_ids)
-            k = candidates.shape[0]
+            table = [list(a.losses) for a in answers]  # (sites, candidates)
             return SiteLosses(
                 sites=tuple(a.site for a in answers),
                 counts=torch.tensor([float(a.n) for a in answers], dtype=torch.float64),
-                losses=torch.tensor([list(a.losses) for a in answers], dtype=torch.float64).reshape(
-                    -1, k
-                ),
+                losses=torch.tensor(table, dtype=torch.float64).reshape(-1, len(candidates)),
             )
 
         return validate

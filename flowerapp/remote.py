@@ -81,7 +81,8 @@ OnExchange = Callable[[dict[str, Any]], None]
 
 
 def vector_record(vector: Tensor) -> ArrayRecord:
-    """A flat float vector as the one array of a record (the global model, an update)."""
+    """A float vector as the one array of a record (the global model, an update; or the
+    candidate models of a validation, one row each)."""
     return ArrayRecord({"vector": Array(vector.detach().cpu().numpy())})
 
 
