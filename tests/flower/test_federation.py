@@ -78,18 +78,6 @@ def noniid_checked(hub: Hub, exclude: bool) -> dict[str, Any]:
 VALIDATION = ("val_n", "val_loss", "votes", "voters", "contribution")  # site_validation's
 
 
-@contextmanager
-def approving(hub: Hub, raw: dict[str, Any]) -> Iterator[None]:
-    """Every site approves the plan of ``raw`` while the block runs (the file they pinned is
-    rewritten, and a site reads it again when it changes), then the hub's plan again."""
-    base = hub.plan.read_text()
-    write_plan(hub.plan, site_task(Params.model_validate(raw), dataset_info("digits")))
-    try:
-        yield
-    finally:
-        hub.plan.write_text(base)
-
-
 def with_validation(exchanges: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """A run's exchanges when its sites validate: each round's training is followed by the
     validation of the round's candidates (site_validation)."""
@@ -179,7 +167,7 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
     cold = names[-1]
     hub.fed.stop_site(f"{cold}.trainer")
     try:
-        with approving(hub, raw):
+        with approved(hub, raw):
             remote = run_at_sites(hub, raw, "noniid-False")
     finally:
         hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
