@@ -73,7 +73,9 @@ __all__ = [
     "RoundInputs",
     "RoundSeededRule",
     "ServerOptimizer",
+    "SiteLosses",
     "TolerantPreAggregator",
+    "Validate",
     "check_int",
     "check_minority",
     "check_updates",
@@ -496,8 +498,28 @@ class FilterDecision:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class SiteLosses:
+    """Each answering site's mean loss of each candidate model on its own held-out split:
+    ``sites`` (m ids), their held-out ``counts`` ``(m,)`` and ``losses`` ``(m, k)``, float64
+    on the CPU (candidate order as asked). Only these numbers come back from a site."""
+
+    sites: tuple[int, ...]
+    counts: Tensor
+    losses: Tensor
+
+
+# (candidate updates (k, d), the site ids to ask) -> each site's held-out loss of the
+# model each candidate makes (the sites that answered).
+Validate = Callable[[Tensor, Sequence[int]], SiteLosses]
+
+
 class Filter:
-    """Base for filters (exclusion steps in front of an aggregator)."""
+    """Base for filters (exclusion steps in front of an aggregator). A filter whose class
+    sets ``requires_validation`` is given ``validate`` (:data:`Validate`) in ``step``: the
+    sites' losses of candidate updates on their own held-out splits."""
+
+    requires_validation: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}

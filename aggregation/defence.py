@@ -16,7 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, Filter, FilterDecision, PreAggregator, State
+from aggregation.base import (
+    AggregationRule,
+    Filter,
+    FilterDecision,
+    PreAggregator,
+    State,
+    Validate,
+)
 from aggregation.preaggregators import client_columns, preaggregate
 
 __all__ = ["FilterStep", "Rows", "RuleOutcome", "run_filters", "run_rule"]
@@ -50,19 +57,23 @@ def run_filters(
     weights: Tensor,
     ids: Sequence[int],
     keep: Tensor,
+    *,
+    validate: Validate | None = None,
 ) -> tuple[list[FilterStep], list[State]]:
     """Each filter in order on the rows still kept (``keep``, bool ``(n,)``, is updated in
     place): what each decided, and the filters' new states. A filter left no row to judge
-    is not stepped; its state is kept."""
+    is not stepped; its state is kept. ``validate``: the sites' held-out losses of
+    candidate updates, for a filter that ``requires_validation``."""
     steps: list[FilterStep] = []
     new_states = list(states)
     for index, flt in enumerate(filters):
         positions = keep.nonzero().flatten()
         if len(positions) == 0:
             break
+        extra = {"validate": validate} if flt.requires_validation else {}
         decision, new_states[index] = flt.step(
             new_states[index], updates[positions], [ids[p] for p in positions.tolist()],
-            weights[positions],
+            weights[positions], **extra,
         )  # fmt: skip
         keep[positions[~decision.keep.to(keep.device)]] = False
         steps.append(FilterStep(positions, decision))

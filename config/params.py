@@ -667,6 +667,26 @@ class Params(_Section):
         return self
 
     @model_validator(mode="after")
+    def _sites_can_validate(self) -> Params:
+        """Validation at the sites needs held-out splits there, and its candidates (models
+        one site's update apart) are seen by the peers: not under central DP."""
+        if not any(f.name == "site_validation" for f in self.filters):
+            return self
+        if self.federation.runtime == "simulation" and not self.partition.local_test:
+            raise ValueError(
+                "filters site_validation: each site scores candidates on its own held-out "
+                "split, in a simulation its local test split: set partition.local_test > 0 "
+                "(e.g. 0.2)"
+            )
+        if self.privacy.mode == "central":
+            raise ValueError(
+                "filters site_validation with privacy.mode = central: the sites would see "
+                "candidate models one site's unnoised update apart, which the hub's ε does not "
+                "cover; use privacy.mode local (docs/privacy.md)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _privacy_accounted(self) -> Params:
         privacy = self.privacy
         if privacy.mode == "off":
@@ -909,7 +929,8 @@ def params_warnings(params: Params) -> list[str]:
             else attack.fraction
         )
         guarded = [params.aggregate.name] if params.aggregate.name in HONEST_MAJORITY_RULES else []
-        guarded += [f.name for f in params.filters if f.name in ("pid_made", "distance_cusum")]
+        honest_majority = ("pid_made", "distance_cusum", "site_validation")  # votes: a majority
+        guarded += [f.name for f in params.filters if f.name in honest_majority]
         if share >= 0.5 and guarded:
             warnings.append(
                 f"attack.fraction={share:.2f}: {', '.join(guarded)} assume an honest majority "

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import drop_non_finite
+from aggregation.base import SiteLosses, Validate, drop_non_finite
 from aggregation.defence import Rows, RuleOutcome, run_filters, run_rule
 from aggregation.fednova import local_norm
 from aggregation.mean import FedAvg
 from federated.client import ClientUpdate, LocalTraining, train_client
+from federated.execution import SiteValidator
 from federated.parts import Defence, FederationConfig, ServerState, ThreatModel
 from federated.seeding import ATTACK, PREAGGREGATION, PRIVACY, SHUFFLE, derive_seed, torch_generator
 from federated.trail import TrailRows, record_decisions, record_filter_steps, sent_update
@@ -63,6 +64,7 @@ class RoundDefence:
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     local: LocalTraining | None  # trains the root data's reference update (FLTrust)
     held_here: frozenset[int]
+    validator: SiteValidator | None = None  # the sites that score candidates (site_validation)
 
     def aggregate(
         self,
@@ -127,7 +129,7 @@ class RoundDefence:
             if not finite:
                 rows[client_id].update(excluded=True, reason="non_finite")
         outcome.filter_states = self._filter(
-            outcome.filter_states, stacked, weights, ids, keep, rows
+            outcome.filter_states, outcome.global_vector, stacked, weights, ids, keep, rows
         )
         return keep
 
@@ -241,7 +243,10 @@ class RoundDefence:
         def defend(candidate: Tensor) -> Tensor:
             _, _, keep = drop_non_finite(candidate, weights)
             keep = keep.clone()
-            run_filters(self.defence.filters, state.filter_states, candidate, weights, ids, keep)
+            run_filters(
+                self.defence.filters, state.filter_states, candidate, weights, ids, keep,
+                validate=self._validate(state.global_vector),
+            )  # fmt: skip
             positions = keep.nonzero().flatten()
             if len(positions) < self.config.min_clients:  # the round would be skipped
                 return torch.zeros_like(candidate[0])
@@ -255,6 +260,7 @@ class RoundDefence:
     def _filter(
         self,
         filter_states: list[dict[str, Any]],
+        global_vector: Tensor,
         stacked: Tensor,
         weights: Tensor,
         ids: list[int],
@@ -264,10 +270,31 @@ class RoundDefence:
         """Run the filters in order on the rows still kept (``keep`` is updated in place),
         recording each client's scores and any exclusion; the filters' new states."""
         steps, states = run_filters(
-            self.defence.filters, filter_states, stacked, weights, ids, keep
-        )
+            self.defence.filters, filter_states, stacked, weights, ids, keep,
+            validate=self._validate(global_vector),
+        )  # fmt: skip
         record_filter_steps(steps, ids, rows)
         return states
+
+    def _validate(self, global_vector: Tensor) -> Validate | None:
+        """The sites' held-out losses of candidate updates applied to ``global_vector``
+        (as the round would apply its aggregate: ``server_lr`` times it); None without
+        sites that validate."""
+        validator = self.validator
+        if validator is None:
+            return None
+
+        def validate(candidates: Tensor, client_ids: Sequence[int]) -> SiteLosses:
+            models = global_vector + self.config.server_lr * candidates.to(global_vector)
+            answers = validator.validate(models, client_ids)
+            table = [list(a.losses) for a in answers]  # (sites, candidates)
+            return SiteLosses(
+                sites=tuple(a.site for a in answers),
+                counts=torch.tensor([float(a.n) for a in answers], dtype=torch.float64),
+                losses=torch.tensor(table, dtype=torch.float64).reshape(-1, len(candidates)),
+            )
+
+        return validate
 
     def _decide(
         self,

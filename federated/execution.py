@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from federated.batched import (
@@ -46,7 +47,7 @@ from federated.client import (
     LocalTraining,
     train_client,
 )
-from federated.metrics import SplitSummary, logits_of, scores_of, summarise
+from federated.metrics import ModelDiverged, SplitSummary, logits_of, scores_of, summarise
 from federated.vectors import vector_to_model_
 from registry.constraints import Options, allowed, check_fields
 
@@ -54,6 +55,7 @@ __all__ = [
     "BatchedExecutor",
     "ClientExecutor",
     "ClientResult",
+    "HeldOutLosses",
     "LocalSiteScorer",
     "NextRound",
     "OnResult",
@@ -64,9 +66,12 @@ __all__ = [
     "SequentialExecutor",
     "SiteEvaluation",
     "SiteScorer",
+    "SiteValidator",
     "collect_results",
     "evaluate_site",
+    "held_out_losses",
     "local_executor",
+    "validation_split",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -250,6 +255,64 @@ def evaluate_site(
     return row, summaries
 
 
+@dataclass(frozen=True)
+class HeldOutLosses:
+    """One site's answer to a validation request: its held-out count and its mean loss of
+    each candidate model, in the order asked (``inf`` where the model's outputs are not
+    finite there). Nothing else about its data."""
+
+    site: int
+    n: int
+    losses: tuple[float, ...]
+
+
+class SiteValidator(Protocol):
+    """Scores candidate models on sites' own held-out splits, where those splits live."""
+
+    def validate(self, candidates: Tensor, client_ids: Sequence[int]) -> list[HeldOutLosses]:
+        """Each answering site's losses of the models ``candidates`` ``(k, d)`` (full model
+        vectors), in the order of ``client_ids``."""
+        ...
+
+
+def validation_split(
+    splits: Mapping[str, tuple[Tensor, Tensor]],
+) -> tuple[Tensor, Tensor] | None:
+    """The split a site validates candidates on: its validation split, or, holding none,
+    its held-out test split (None when it holds neither)."""
+    for name in ("val", "test"):
+        images, targets = splits.get(name, (None, None))
+        if images is not None and targets is not None and len(targets):
+            return images, targets
+    return None
+
+
+def held_out_losses(
+    model: nn.Module,
+    candidates: Tensor,
+    split: tuple[Tensor, Tensor] | None,
+    *,
+    multi_label: bool,
+    batch_size: int,
+) -> tuple[int, tuple[float, ...]]:
+    """What every site (real or simulated) answers a validation request with: the size of
+    its held-out ``split`` and the mean loss of each candidate model ``(k, d)`` on it
+    (``nan`` for each when it holds no split)."""
+    if split is None:
+        return 0, tuple(math.nan for _ in range(len(candidates)))
+    images, targets = split
+    losses = []
+    for vector in candidates:
+        vector_to_model_(model, vector)
+        try:
+            with torch.no_grad():
+                logits = logits_of(model.eval(), images, batch_size)
+            losses.append(scores_of(logits, targets, multi_label=multi_label, full=False)["loss"])
+        except ModelDiverged:
+            losses.append(math.inf)
+    return len(targets), tuple(float(x) for x in losses)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LocalSiteScorer:
     """Sites simulated in this process: each client's held-out splits (client id -> split
@@ -274,6 +337,19 @@ class LocalSiteScorer:
             )  # fmt: skip
             evaluations.append(SiteEvaluation(client_id, row, summaries))
         return evaluations
+
+    def validate(self, candidates: Tensor, client_ids: Sequence[int]) -> list[HeldOutLosses]:
+        """Each site's losses of the ``candidates`` on its held-out split, as a site
+        computes them (:func:`held_out_losses`)."""
+        answers = []
+        for client_id in client_ids:
+            split = validation_split(self.splits.get(client_id, {}))
+            n, losses = held_out_losses(
+                self.model, candidates, split, multi_label=self.multi_label,
+                batch_size=self.batch_size,
+            )  # fmt: skip
+            answers.append(HeldOutLosses(client_id, n, losses))
+        return answers
 
 
 SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle seed

@@ -338,6 +338,14 @@ def check_assembly(
         if splits and len(splits) != len(clients):
             raise ValueError(f"{what} per client ({len(clients)}), got {len(splits)}")
     _check_evaluation(config, evaluation, defence, threat)
+    validating = [type(f).__name__ for f in defence.filters if f.requires_validation]
+    held_out = evaluation.site_scorer is not None or evaluation.sites or evaluation.site_vals
+    if validating and not held_out:
+        raise ValueError(
+            f"filter {validating[0]} has the sites score candidates on their own held-out "
+            "splits, but the clients hold none: give each a held-out split "
+            "(partition.local_test) or sites that score (evaluation.site_scorer=)"
+        )
     remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
     if remote and execution.executor is None:
         raise ValueError(

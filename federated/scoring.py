@@ -34,7 +34,7 @@ from federated.execution import (
 from federated.metrics import ModelDiverged, evaluate, pooled_scores, site_scores
 from federated.parts import EvaluationSets, FederationConfig
 from federated.stats.noniid import NonIIDResult, client_losses, noniid_verdict
-from federated.trail import TrailRows, detection_counts, worst_client
+from federated.trail import TrailRows, contributions, detection_counts, worst_client
 from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = ["RoundScorer", "scored_together"]
@@ -201,6 +201,7 @@ class RoundScorer:
             **outcome.attack_metrics,
             **detection_counts(trail_rows),
             **worst_client(trail_rows),
+            **contributions(trail_rows),
         }
 
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:

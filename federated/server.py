@@ -157,9 +157,11 @@ class Federation:
             check=self.defence.noniid, scorer=self.scorer,
             all_held_here=len(held_here) == len(self.clients),
         )  # fmt: skip
+        validates = any(f.requires_validation for f in self.defence.filters)
         self.round_defence = RoundDefence(
             defence=self.defence, threat=self.threat, config=self.config, model=self.model,
             loss_fn=self.loss_fn, local=self.local, held_here=held_here,
+            validator=self.scorer.site_scorer() if validates else None,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def _local_executor(self, execution: Execution) -> ClientExecutor:

@@ -17,6 +17,7 @@ from federated.execution import ClientResult
 __all__ = [
     "TrailRows",
     "checked_update",
+    "contributions",
     "detection_counts",
     "failed_to_answer",
     "is_left_out",
@@ -58,6 +59,16 @@ def record_decisions(columns: dict[str, Tensor], kept_ids: Sequence[int], rows: 
                 rows[client_id]["selected"] = bool(value)
             elif value == value:  # NaN: the value does not apply to this client
                 rows[client_id][name] = float(value)
+
+
+def contributions(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each client's contribution this round as validation at the sites measured it (the
+    others' held-out loss without it minus with it), as ``contribution_<client>``."""
+    return {
+        f"contribution_{row['client']}": float(row["contribution"])
+        for row in rows
+        if "contribution" in row and row["contribution"] == row["contribution"]
+    }
 
 
 def failed_to_answer(row: dict[str, Any]) -> bool:

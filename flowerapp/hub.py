@@ -72,6 +72,7 @@ def site_task(params: Params, info: DatasetInfo) -> SiteTask:
         intensity=info.intensity, percentiles=info.percentiles, mean=info.mean, std=info.std, epochs=local.epochs, lr=local.lr, momentum=local.momentum,
         weight_decay=local.weight_decay, batch_size=local.batch_size, prox_mu=local.prox_mu,
         eval_batch_size=eval_batch_size(params), **privacy_task(params),
+        validation=any(f.name == "site_validation" for f in params.filters),
     )  # fmt: skip
 
 
@@ -151,6 +152,7 @@ def simulated_federation(
         evaluation = EvaluationSets(
             test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label,
             sites=tuple(to_tensors(site.test, info) for site in sites),  # their own rows
+            site_vals=tuple(to_tensors(site.val, info) for site in sites),  # site_validation's
         )  # fmt: skip
     return Federation(
         model=build_global_model(params, info),

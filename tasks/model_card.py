@@ -154,6 +154,22 @@ def _exclusions(trail: Path) -> dict[str, Any]:
         "excluded": len(excluded),
         "by_reason": dict(Counter(r.get("reason") or "unstated" for r in excluded)),
         "clients_ever_excluded": sorted({int(r["client"]) for r in excluded}),
+        "contribution": _contributions(rows),
+    }
+
+
+def _contributions(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """Each site's mean contribution over the rounds validation at the sites measured it
+    (the others' held-out loss without it minus with it), and how many rounds: by name."""
+    measured: dict[str, list[float]] = {}
+    for row in rows:
+        value = row.get("contribution", "")
+        if value not in ("", "nan"):
+            name = row.get("site") or f"client {row['client']}"
+            measured.setdefault(name, []).append(float(value))
+    return {
+        name: {"mean": sum(values) / len(values), "rounds": len(values)}
+        for name, values in measured.items()
     }
 
 
@@ -190,6 +206,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"{exclusions['excluded']} of {exclusions['client_rounds']} client-rounds excluded"
         + (f" ({_counts(exclusions['by_reason'])})" if exclusions.get("by_reason") else "")
         + ".",
+        *_contribution_lines(exclusions.get("contribution", {})),
         "",
         "## Performance on held-out data",
         "",
@@ -224,6 +241,23 @@ def _per_site_lines(rows: list[dict[str, Any]]) -> list[str]:
         scores = " | ".join(_value(row[k]) if k in row else "-" for k in ("acc", "auc"))
         lines.append(f"| {row['site']} | {row['held_out']} | {scores} |")
     return lines
+
+
+def _contribution_lines(contribution: dict[str, dict[str, float]]) -> list[str]:
+    """Validation at the sites: each site's mean contribution (none without it)."""
+    if not contribution:
+        return []
+    return [
+        "",
+        "Contribution per site (validation at the sites: the other sites' held-out loss "
+        "without it minus with it, the mean over the rounds it was measured; positive "
+        "helps the others):",
+        "",
+        *(
+            f"- {name}: {c['mean']:+.4f} over {c['rounds']:.0f} rounds"
+            for name, c in contribution.items()
+        ),
+    ]
 
 
 def _counts(by_reason: dict[str, int]) -> str:

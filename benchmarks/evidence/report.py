@@ -85,6 +85,7 @@ from benchmarks.evidence.tables.speed import (
     overhead_block,
     pid_cost_block,
     round_speed_block,
+    site_validation_cost_block,
     speed_notes_block,
 )
 from benchmarks.papers import ema_monte_carlo
@@ -139,6 +140,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
         "aggregation-cpu": partial(aggregation_block, "cpu"),
         "aggregation-cuda": partial(aggregation_block, "cuda"),
         "pid-cost": pid_cost_block,
+        "site-validation-cost": site_validation_cost_block,
         "round-speed-cuda": partial(round_speed_block, "cuda"),
         "round-speed-cpu": partial(round_speed_block, "cpu"),
         "speed-notes": speed_notes_block,

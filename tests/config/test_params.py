@@ -354,3 +354,29 @@ def test_a_volume_run_validates_and_scores_in_batches_sized_by_its_voxels():
     assert all(params.volumes for params in sizes.values())
     assert {s: eval_batch_size(p) for s, p in sizes.items()} == {28: 18, 64: 8}
     assert not load_params(PARAMS).volumes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "what"),
+    [
+        (["partition.local_test=0"], "set partition.local_test > 0"),
+        (["privacy.mode=central", "privacy.unaccounted=warn"], "privacy.mode = central"),
+    ],
+)
+def test_validation_at_the_sites_needs_held_out_splits_and_no_central_dp(overrides, what):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, ["filters=[{name: site_validation}]", *overrides])
+
+    message = str(error.value)
+    assert "\n" not in message and "filters site_validation" in message and what in message
+
+
+def test_validation_at_the_sites_is_in_the_plan_the_sites_approve():
+    from federated.data import dataset_info
+    from flowerapp.hub import site_task
+
+    plain = load_params(PARAMS)
+    validated = load_params(PARAMS, ["filters=[{name: site_validation}]"])
+
+    assert site_task(plain, dataset_info("breastmnist")).plan()["validation"] is False
+    assert site_task(validated, dataset_info("breastmnist")).plan()["validation"] is True

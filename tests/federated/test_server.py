@@ -1,11 +1,12 @@
 import io
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from aggregation import build_aggregator, build_server_optimizer
+from aggregation import build_aggregator, build_filter, build_server_optimizer
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
@@ -63,12 +64,12 @@ def make_federation(
     return Federation(
         model=model,
         clients=overrides.get("clients", clients),
-        local=LocalTraining(lr=0.05, batch_size=64),
+        local=overrides.get("local", LocalTraining(lr=0.05, batch_size=64)),
         config=overrides.get("config", FederationConfig(rounds=rounds, seed=seed)),
         defence=Defence(**defence),
         evaluation=EvaluationSets(**evaluation),
         threat=ThreatModel(**threat),
-        execution=Execution(**execution),
+        execution=overrides.get("execution", Execution(**execution)),
     )
 
 
@@ -886,3 +887,39 @@ def test_a_round_that_released_no_model_spends_no_epsilon(medmnist_root):
     assert [row["round_skipped"] for row in state.history] == [1.0, 1.0, 1.0]
     assert [row["privacy_epsilon"] for row in state.history] == [0.0, 0.0, 0.0]
     assert federation.budget_spent(state) is None  # the budget still admits a round
+
+
+def _flipped(clients):
+    """Client 3 flips every label (BreastMNIST's two classes swapped)."""
+    flipper = clients[3]
+    clients[3] = ClientData(flipper.client_id, flipper.images, 1 - flipper.targets)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_validation_at_the_sites_takes_the_flipper_out_with_every_number_in_the_trail(
+    medmnist_root, backend
+):
+    base = make_federation(medmnist_root, edit_clients=_flipped)
+    kept, (vals,) = _held_out(base, 0.25)
+    federation = make_federation(
+        medmnist_root, clients=kept, site_vals=vals, sites=vals,
+        filters=(build_filter("site_validation"),), rule=build_aggregator("median"),
+        malicious=frozenset({3}), execution=Execution(backend=backend),
+        local=LocalTraining(epochs=2, lr=0.05, momentum=0.9, batch_size=32),
+    )  # fmt: skip
+
+    state = run(federation, 2)
+
+    first = [row for row in state.trail if row["round"] == 1]
+    assert [row["excluded"] for row in first] == [False, False, False, True]
+    assert first[3]["reason"] == "site_validation" and first[3]["votes"] >= 2
+    for row in first:  # each site's count, its loss of the round's and of each candidate
+        assert row["val_n"] == len(vals[row["client"]][1])
+        assert {"val_loss", "voters", "contribution"} <= row.keys()
+        assert all(f"val_loss_without_{i}" in row for i in range(4))
+    assert first[3]["contribution"] < min(row["contribution"] for row in first[:3])
+    assert state.history[0]["contribution_3"] == first[3]["contribution"]
+    second = [row for row in state.trail if row["round"] == 2]
+    assert second[3]["excluded"] and second[3]["banned"] == 1.0
+    assert math.isnan(second[3]["votes"])  # banned: not judged again
+    assert not any(row["excluded"] for row in second[:3])

@@ -76,12 +76,27 @@ def noniid_checked(hub: Hub, exclude: bool) -> dict[str, Any]:
     return hub.flower_params(site_names(), noniid=checked, eval={"every": 1})
 
 
+VALIDATION = ("val_n", "val_loss", "votes", "voters", "contribution")  # site_validation's
+
+
+def with_validation(exchanges: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A run's exchanges when its sites validate: each round's training is followed by the
+    validation of the round's candidates (site_validation)."""
+    validated = []
+    for kind, number in exchanges:
+        validated.append((kind, number))
+        if kind.endswith("train"):
+            validated.append(("query.validate", number))
+    return validated
+
+
 def assert_noniid_as_simulated(
     hub: Hub, raw: dict[str, Any], remote: ServerState, folder: str, exclude: bool
 ) -> list[dict[str, Any]]:
     """EMA's CV check at real sites: each site sends its loss of the model it received on
     its own training data, one number; the hub's losses, CVs, exclusions and final verdict
-    equal the simulation's, which computes them on the same data in one process. The
+    equal the simulation's, which computes them on the same data in one process (and,
+    where the sites validate, every site's loss of every candidate and every vote). The
     run's exchanges, in order."""
     params = Params.model_validate(raw)
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in site_names()])
@@ -93,6 +108,10 @@ def assert_noniid_as_simulated(
     assert bool(left_out) == exclude, remote.trail
     for at_site, here in zip(remote.trail, local.trail, strict=True):
         assert abs(at_site["noniid_loss"] - here["noniid_loss"]) <= TOLERANCE, (at_site, here)
+        validation = [k for k in here if k in VALIDATION or k.startswith("val_loss_without_")]
+        assert validation == [k for k in at_site if k in validation], (at_site, here)
+        for key in validation:  # nan (not judged) at both, or equal
+            assert at_site[key] == pytest.approx(here[key], abs=TOLERANCE, nan_ok=True), key
     for at_site, here in zip(remote.history, local.history, strict=True):
         assert abs(at_site["noniid_cv"] - here["noniid_cv"]) <= TOLERANCE
     diff = (remote.global_vector - local.global_vector).abs().max().item()
@@ -109,7 +128,9 @@ def assert_noniid_as_simulated(
     for site, loss in expected["client_losses"].items():
         assert abs(trained["client_losses"][site] - loss) <= TOLERANCE
     exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
-    assert [(e["kind"], e["round"]) for e in exchanges] == EXCHANGES[exclude]
+    validates = any(f.name == "site_validation" for f in params.filters)
+    expected = with_validation(EXCHANGES[exclude]) if validates else EXCHANGES[exclude]
+    assert [(e["kind"], e["round"]) for e in exchanges] == expected
     if exclude:  # the left-out sites were not asked to train
         for row in left_out:
             trained_in = next(
@@ -139,20 +160,27 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
 ) -> None:
     """One run at the sites (EMA's non-IID check not excluding) ends where its simulation
     ends, with the simulation's exclusions, scores, losses and verdicts; one site's warm
-    trainer is down, and its ClientApps run the tasks themselves."""
+    trainer is down, and its ClientApps run the tasks themselves. Its defence is validation
+    at the sites, in the plan every site approved: each site's loss of every candidate,
+    each vote and the flipper's exclusion in round 1 are the simulation's."""
     names = site_names()
-    raw = noniid_checked(hub, exclude=False)
+    raw = noniid_checked(hub, exclude=False) | {"filters": [{"name": "site_validation"}]}
     cold = names[-1]
     hub.fed.stop_site(f"{cold}.trainer")
     try:
-        remote = run_at_sites(hub, raw, "noniid-False")
+        with approved(hub, raw):
+            remote = run_at_sites(hub, raw, "noniid-False")
     finally:
         hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
 
     exchanges = assert_noniid_as_simulated(hub, raw, remote, "noniid-False", exclude=False)
-    caught = {row["client"] for row in remote.trail if row["excluded"]}
-    assert caught == {FLIPPER}, remote.trail
-    assert all(row["reason"] == "pid_made" for row in remote.trail if row["excluded"])
+    caught = {(row["round"], row["client"]) for row in remote.trail if row["excluded"]}
+    assert caught == {(1, FLIPPER), (2, FLIPPER)}, remote.trail
+    assert all(row["reason"] == "site_validation" for row in remote.trail if row["excluded"])
+    # round 1: every other site voted against the flipper
+    flipper = next(r for r in remote.trail if (r["round"], r["client"]) == (1, FLIPPER))
+    assert (flipper["votes"], flipper["voters"]) == (len(names) - 1, len(names) - 1)
+    assert remote.history[0][f"contribution_{FLIPPER}"] == flipper["contribution"] < 0
     assert {(row["round"], int(row["site"])) for row in remote.sites} == {
         (t, k) for t in (1, 2) for k in range(len(names))
     }
@@ -160,7 +188,10 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
     # site's phases, which its process spent within that wall time; a site's warm trainer
     # did every task (the ClientApp only handed it over), but where none answered
     for exchange in exchanges:
-        assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
+        asked = {str(k) for k in range(len(names))}
+        if exchange["kind"] == "query.validate" and exchange["round"] > 1:
+            asked -= {str(FLIPPER)}  # banned: not asked to validate
+        assert set(exchange["sites"]) == asked, exchange
         for site, phases in exchange["sites"].items():
             assert phases.pop("warm") == float(site != str(names.index(cold))), exchange
             assert set(phases) == {

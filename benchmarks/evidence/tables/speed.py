@@ -124,6 +124,25 @@ def pid_cost_block() -> str:
     return table(("clients", "PID-MADE", "Krum", "geometric median"), rows)
 
 
+def site_validation_cost_block() -> str:
+    """A round with validation at the sites beside the round without it
+    (benchmarks/speed/site_validation_cost.py)."""
+    r = results_json("site-validation-cost-cpu")
+    s = r["summary"]
+    rows = [
+        ("round without validation (median)", f"{s['round_without_s']:.2f} s"),
+        ("round with validation (median)", f"{s['round_with_s']:.2f} s"),
+        ("of which the sites validating (median)", f"{s['validation_s']:.2f} s "
+         f"({s['candidate_models']:.0f} candidate models)"),
+        ("validation against the rest of its round (median of rounds)",
+         f"{s['validation_over_rest']:+.0%}"),
+        ("a site's validation message at real sites", f"{s['message_bytes_per_site'] / 1e6:.2f} MB"),
+    ]  # fmt: skip
+    return f"{r['setup']}; {r['seeds']} seeds × {r['rounds']} rounds each way.\n\n" + table(
+        ("", "CPU"), rows
+    )
+
+
 def round_speed_block(device: str) -> str:
     """Batched against sequential client training (benchmarks/speed/round_speed.py)."""
     r = results_json("round-speed-cuda" if device == "cuda" else "round-speed-cpu-quick")
