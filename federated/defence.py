@@ -129,8 +129,10 @@ class RoundDefence:
             if not finite:
                 rows[client_id].update(excluded=True, reason="non_finite")
         outcome.filter_states = self._filter(
-            outcome.filter_states, outcome.global_vector, stacked, weights, ids, keep, rows
-        )
+            outcome.filter_states,
+            self._validate(outcome.global_vector, outcome.server_optimizer_state),
+            stacked, weights, ids, keep, rows,
+        )  # fmt: skip
         return keep
 
     def _ruled(
@@ -245,7 +247,7 @@ class RoundDefence:
             keep = keep.clone()
             run_filters(
                 self.defence.filters, state.filter_states, candidate, weights, ids, keep,
-                validate=self._validate(state.global_vector),
+                validate=self._validate(state.global_vector, state.server_optimizer_state),
             )  # fmt: skip
             positions = keep.nonzero().flatten()
             if len(positions) < self.config.min_clients:  # the round would be skipped
@@ -260,7 +262,7 @@ class RoundDefence:
     def _filter(
         self,
         filter_states: list[dict[str, Any]],
-        global_vector: Tensor,
+        validate: Validate | None,
         stacked: Tensor,
         weights: Tensor,
         ids: list[int],
@@ -271,21 +273,27 @@ class RoundDefence:
         recording each client's scores and any exclusion; the filters' new states."""
         steps, states = run_filters(
             self.defence.filters, filter_states, stacked, weights, ids, keep,
-            validate=self._validate(global_vector),
+            validate=validate,
         )  # fmt: skip
         record_filter_steps(steps, ids, rows)
         return states
 
-    def _validate(self, global_vector: Tensor) -> Validate | None:
-        """The sites' held-out losses of candidate updates applied to ``global_vector``
-        (as the round would apply its aggregate: ``server_lr`` times it); None without
-        sites that validate."""
+    def _validate(self, global_vector: Tensor, optimizer_state: dict[str, Any]) -> Validate | None:
+        """The sites' held-out losses of candidate updates applied to ``global_vector`` as
+        the round would apply its aggregate (the server optimizer's step from
+        ``optimizer_state``, which the candidates do not advance); None without sites that
+        validate."""
         validator = self.validator
         if validator is None:
             return None
+        optimizer = self.defence.server_optimizer
+
+        def stepped(candidate: Tensor) -> Tensor:
+            optimizer.load_state_dict(optimizer_state)
+            return optimizer.step(global_vector, candidate.to(global_vector))
 
         def validate(candidates: Tensor, client_ids: Sequence[int]) -> SiteLosses:
-            models = global_vector + self.config.server_lr * candidates.to(global_vector)
+            models = torch.stack([stepped(candidate) for candidate in candidates])
             answers = validator.validate(models, client_ids)
             table = [list(a.losses) for a in answers]  # (sites, candidates)
             return SiteLosses(
