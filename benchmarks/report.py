@@ -248,9 +248,7 @@ FIGURED = (DOC, README)  # the documents whose every figure is generated or cite
 def passing_claims(verdicts: list[claims.Verdict]) -> set[str]:
     """The ids a sentence may cite to back its figures: the ledger's claims that hold
     (``verdicts``) and the pre-registered ones that hold once their records exist."""
-    registered = preregistration.PREREGISTERED
-    ready = all((REPO / r).exists() for c in preregistration.load() for r in c["records"])
-    held = claims.verdicts(registered, declared_lists=True) if ready else []
+    held = preregistration.verdicts()
     return {v.claim for v in [*verdicts, *held] if v.holds}
 
 
