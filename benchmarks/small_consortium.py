@@ -139,7 +139,8 @@ def run_small_cell(cell: Any) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         federation, state, _ = trained(cell)
-        record["test_acc"] = federation.scorer.evaluate(state.selected_vector)["acc"]
+        test_acc = federation.scorer.evaluate(state.selected_vector)["acc"]
+        record |= {"metrics": {"test_acc": test_acc}, "test_acc": test_acc}
         record |= exclusions(state.trail)
     except Exception as error:  # recorded, never dropped
         record["error"] = f"{type(error).__name__}: {error}"
