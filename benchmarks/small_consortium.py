@@ -60,6 +60,10 @@ DEFENCES: dict[str, list[dict[str, Any]]] = {
     "distance_cusum": [{"name": "distance_cusum", "exclusion": "permanent"}],
     "site_validation": [{"name": "site_validation"}],
 }
+# validation at the sites scores candidates on each site's own held-out split: a fifth of
+# its images (the pipeline's default partition.local_test), which it then does not train
+# on; the other defences train on every image
+HELD_OUT = {"site_validation": 0.2}
 ROUNDS = 5
 BY_ROUND = 3  # the attacker out by this round ...
 CAUGHT_AT_LEAST = 9  # ... in at least this many of 10 seeds
@@ -94,19 +98,25 @@ def cells_for(
     cells = []
     for dataset in datasets:
         for sites in sizes:
-            grid = {
-                "methods": {
-                    f"{dataset}.sites{sites}.{name}": {
-                        "aggregate": {"name": "median"}, "filters": DEFENCES[name]
-                    }
-                    for name in defences
-                },
-                "attacks": [{"name": a, **ATTACKS[a]} for a in ATTACKED],
-                "fractions": [1 / sites],
-                "seeds": list(seeds),
-            }  # fmt: skip
-            params = Params.model_validate({**base_params(dataset, sites), "compare": grid})
-            cells += grid_cells(params, REPO)
+            for held_out in dict.fromkeys(HELD_OUT.get(name, 0.0) for name in defences):
+                grid = {
+                    "methods": {
+                        f"{dataset}.sites{sites}.{name}": {
+                            "aggregate": {"name": "median"}, "filters": DEFENCES[name]
+                        }
+                        for name in defences
+                        if HELD_OUT.get(name, 0.0) == held_out
+                    },
+                    "attacks": [{"name": a, **ATTACKS[a]} for a in ATTACKED],
+                    "fractions": [1 / sites],
+                    "seeds": list(seeds),
+                }  # fmt: skip
+                base = base_params(dataset, sites)
+                if held_out:  # the sites' own scores of the model: the last round's only
+                    base["partition"]["local_test"] = held_out
+                    base["eval"] |= {"every": ROUNDS}
+                params = Params.model_validate({**base, "compare": grid})
+                cells += grid_cells(params, REPO)
     return cells
 
 
@@ -252,7 +262,7 @@ def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     settings = {
         "datasets": list(DATASETS), "sizes": list(SIZES), "attacks": list(ATTACKED),
         "attackers": 1, "rule": "median", "model": "logreg", "rounds": ROUNDS, "seeds": seeds,
-        "defences": {name: spec for name, spec in DEFENCES.items()},
+        "defences": {name: spec for name, spec in DEFENCES.items()}, "held_out": HELD_OUT,
         "by_round": BY_ROUND, "caught_at_least": CAUGHT_AT_LEAST,
         "honest_banned_at_most": HONEST_BANNED_AT_MOST,
     }  # fmt: skip
@@ -270,6 +280,8 @@ def main() -> None:
     args = parser.parse_args()
     cells_file = STEM.with_name(STEM.name + "-cells.jsonl")
     cells = cells_for(range(args.seeds), tuple(args.defences))
+    # the label flipper's runs first: the recommendation rests on them (then by attack)
+    cells.sort(key=lambda cell: ATTACKED.index(cell.attack))
     run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
     records = list(finished(cells_file).values())
     write_seed_rows(records)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from benchmarks.tables.cells import table
 from benchmarks.tables.records import results_json
 
@@ -110,7 +112,13 @@ def recommendation_block() -> str:
         )
         holds = ", ".join(choice.get("holds_on", [])) or "none"
         fails = ", ".join(choice.get("fails_on", [])) or "none"
-        use = "the median alone (no measured filter holds)" if defence == "median" else defence
+        spec = record["settings"].get("defences", {}).get(defence)
+        flow = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=1000).strip()
+        use = (
+            "the median alone: `filters: []` (no measured filter holds)"
+            if defence == "median"
+            else f"{defence}: `filters: {flow}`"
+        )
         body.append((sites, use, holds, fails, measured or "–"))
     header = ("sites", "use (in front of `median`)", "holds against one label flipper on",
               "does not hold on", "the label flipper, as measured")  # fmt: skip

@@ -378,6 +378,9 @@ def test_the_small_consortium_grid_is_every_dataset_size_attack_and_defence():
     assert {c.params.aggregate.name for c in ten} == {"median"}
     assert {round(c.fraction * 10) for c in ten} == {1}
     assert {c.params.data.dataset for c in ten} == set(small_consortium.DATASETS)
+    # only validation at the sites holds out each site's split (it scores candidates there)
+    held_out = {c.method.split(".")[-1]: c.params.partition.local_test for c in cells}
+    assert held_out == {d: small_consortium.HELD_OUT.get(d, 0.0) for d in defences}
 
 
 def test_the_label_skewed_cnn_regime_is_the_cnn_on_the_logistic_regimes_clients():

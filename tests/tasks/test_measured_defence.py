@@ -102,3 +102,9 @@ def test_with_nobody_excluded_the_run_says_how_many_flippers_this_defence_caught
         "no site excluded; this defence was not measured against a label flipper in our "
         f"measurements ({measured_defence.SHOWN})"
     )
+
+
+def test_the_committed_record_is_read_for_the_distance_cusum_at_three_sites():
+    line = start_line(params(3, [{"name": "distance_cusum", "exclusion": "permanent"}]))
+    assert line.startswith("defence as measured: distance_cusum (measured in front of the median)")
+    assert "breastmnist" in line and "digits" in line and "retinamnist" in line
