@@ -106,5 +106,12 @@ def test_with_nobody_excluded_the_run_says_how_many_flippers_this_defence_caught
 
 def test_the_committed_record_is_read_for_the_distance_cusum_at_three_sites():
     line = start_line(params(3, [{"name": "distance_cusum", "exclusion": "permanent"}]))
-    assert line.startswith("defence as measured: distance_cusum (measured in front of the median)")
-    assert "breastmnist" in line and "digits" in line and "retinamnist" in line
+    record = measured_defence.load_record()
+    assert record is not None
+    [row] = [r for r in record["rows"] if (r["dataset"], r["sites"], r["attack"], r["defence"])
+             == ("breastmnist", 3, "label_flip", "distance_cusum")]  # fmt: skip
+    assert line.startswith(
+        "defence as measured: distance_cusum (measured in front of the median) at 3 sites, "
+        "one attacking site, 5 rounds"
+    )
+    assert f"a label flipper out in {row['caught_seeds']} of 10 seeds on breastmnist" in line
