@@ -119,6 +119,8 @@ def recommendation_block() -> str:
             if defence == "median"
             else f"{defence}: `filters: {flow}`"
         )
+        held_out = record["settings"].get("held_out", {}).get(defence)
+        use += f", `partition.local_test: {held_out}`" if held_out else ""
         body.append((sites, use, holds, fails, measured or "–"))
     header = ("sites", "use (in front of `median`)", "holds against one label flipper on",
               "does not hold on", "the label flipper, as measured")  # fmt: skip
