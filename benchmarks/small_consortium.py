@@ -269,6 +269,21 @@ def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     return {"settings": settings, "rows": rows, "recommended": choice} | cpu_environment()
 
 
+def summary_lines(payload: dict[str, Any]) -> list[str]:
+    """The record's rows as a Markdown table (``small-consortium-cpu.md``, the console)."""
+    lines = ["| dataset | sites | attack | defence | caught (seeds) | by round 3 (seeds) | "
+             "median round | honest client-rounds excluded (mean) | honest banned (seeds) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in payload["rows"]:
+        lines.append(
+            f"| {row['dataset']} | {row['sites']} | {row['attack']} | {row['defence']} | "
+            f"{row['caught_seeds']}/{row['seeds']} | {row['caught_by_round_seeds']} | "
+            f"{row['median_round'] or '-'} | {row['false_exclusions']} | "
+            f"{row['honest_banned_seeds']} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=positive_int, default=10)
@@ -286,17 +301,7 @@ def main() -> None:
     records = list(finished(cells_file).values())
     write_seed_rows(records)
     payload = summarise(read_seed_rows(), args.seeds)
-    lines = ["| dataset | sites | attack | defence | caught (seeds) | by round 3 (seeds) | "
-             "median round | honest client-rounds excluded (mean) | honest banned (seeds) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for row in payload["rows"]:
-        lines.append(
-            f"| {row['dataset']} | {row['sites']} | {row['attack']} | {row['defence']} | "
-            f"{row['caught_seeds']}/{row['seeds']} | {row['caught_by_round_seeds']} | "
-            f"{row['median_round'] or '-'} | {row['false_exclusions']} | "
-            f"{row['honest_banned_seeds']} |"
-        )
-    write_summary(STEM.with_name(STEM.name + "-cpu"), payload, lines)
+    write_summary(STEM.with_name(STEM.name + "-cpu"), payload, summary_lines(payload))
     print(payload["recommended"])
 
 
