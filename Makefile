@@ -104,34 +104,34 @@ lint:
 bench: bench-aggregation bench-pretest bench-pid bench-speed bench-flower bench-overhead
 
 bench-aggregation:
-	$(BIN)/python -m benchmarks.aggregation
+	$(BIN)/python -m benchmarks.speed.aggregation
 
 bench-pretest:
-	$(BIN)/python -m benchmarks.pretest
+	$(BIN)/python -m benchmarks.speed.pretest
 
 bench-pid:
-	$(BIN)/python -m benchmarks.pid_cost
+	$(BIN)/python -m benchmarks.speed.pid_cost
 
 bench-speed:  # batched vs sequential rounds; on a GPU add --device cuda
-	$(BIN)/python -m benchmarks.round_speed
+	$(BIN)/python -m benchmarks.speed.round_speed
 
 bench-flower:  # creates its own Flower venv (benchmarks/.venv-flower) on first use
-	$(BIN)/python -m benchmarks.flower_race --repeats 3
+	$(BIN)/python -m benchmarks.speed.flower_race --repeats 3
 
 bench-federation:  # real sites on loopback (TLS, authentication) beside Flower's FedAvg; minutes
-	$(BIN)/python -m benchmarks.federation_loopback
+	$(BIN)/python -m benchmarks.sites.federation_loopback
 
 bench-overhead:
-	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.speed.overhead
 
 bench-own-images:  # 20,000 DICOMs and PNGs written to a temporary folder (12 GB); minutes
-	$(BIN)/python -m benchmarks.own_images
+	$(BIN)/python -m benchmarks.sites.own_images
 
 bench-serving:  # the champion behind `mlflow models serve`, and a diverged run through the gate
-	$(BIN)/python -m benchmarks.serving
+	$(BIN)/python -m benchmarks.sites.serving
 
 bench-numerics:  # what portable numerics cost (docs/configuration.md)
-	$(BIN)/python -m benchmarks.portable_numerics
+	$(BIN)/python -m benchmarks.speed.portable_numerics
 
 bench-fidelity:
 	for dataset in breastmnist retinamnist; do \

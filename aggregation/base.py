@@ -7,8 +7,8 @@ same calls, so the server loop never needs to know which kind it holds:
 - ``init_state() -> dict``: the rule's memory (empty for stateless rules). Holds only
   tensors and plain Python values so it can be checkpointed with
   ``torch.save``/``torch.load(weights_only=True)``.
-- ``step(state, updates, weights, *, client_ids=None, reference=None, oracle=None) ->
-  (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
+- ``step(state, updates, weights, *, client_ids=None, reference=None, oracle=None,
+  local_norms=None, losses=None) -> (result, new_state, diagnostics)``: one round. Never mutates ``state`` in place.
 - ``__call__(updates, weights=None, **same keywords) -> result``: a ``step`` from a fresh
   state.
 
@@ -25,6 +25,11 @@ Round inputs beyond the updates, for the rules whose class says so:
   server's own update ``(d,)`` from its root data, made the way clients make theirs;
 - ``requires_client_ids`` (FoolsGold): ``client_ids`` are the stable ids of the rows
   (n distinct ints), which key the rule's per-client history. Any rule accepts them.
+- ``requires_local_norms`` (FedNova): ``local_norms`` ``(n,)`` are ‖a_i‖₁, how much
+  local work each row's client did (its SGD steps, discounted by momentum and the
+  proximal term; :func:`aggregation.fednova.local_norm`), all > 0.
+- ``requires_losses`` (AFL): ``losses`` ``(n,)`` are each row's client's loss of the
+  round's global model on its own training data, all finite.
 
 Diagnostics (a plain dict, for the exclusion trail). Every registered rule returns:
 
@@ -67,7 +72,10 @@ __all__ = [
     "PreAggregator",
     "RoundInputs",
     "RoundSeededRule",
+    "ServerOptimizer",
+    "SiteLosses",
     "TolerantPreAggregator",
+    "Validate",
     "check_int",
     "check_minority",
     "check_updates",
@@ -168,6 +176,8 @@ class RoundInputs:
     client_ids: tuple[int, ...] | None = None
     reference: Tensor | None = None
     oracle: Oracle | None = None
+    local_norms: Tensor | None = None
+    losses: Tensor | None = None
 
     @classmethod
     def checked(
@@ -176,6 +186,8 @@ class RoundInputs:
         client_ids: Sequence[int] | None,
         reference: Tensor | None,
         oracle: Oracle | None,
+        local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> RoundInputs:
         n, d = updates.shape
         ids = None
@@ -194,12 +206,34 @@ class RoundInputs:
                 )
             if not bool(torch.isfinite(reference).all()):
                 raise ValueError("reference (the server's update) holds NaN or Inf")
-        return cls(client_ids=ids, reference=reference, oracle=oracle)
+        if local_norms is not None:
+            local_norms = torch.as_tensor(local_norms, dtype=torch.float64).cpu()
+            if local_norms.shape != (n,) or not bool((local_norms > 0).all()):
+                raise ValueError(
+                    f"local_norms must be {n} positive numbers, one per row of updates, got "
+                    f"{local_norms.tolist()}"
+                )
+        if losses is not None:
+            losses = torch.as_tensor(losses, dtype=torch.float64).cpu()
+            if losses.shape != (n,) or not bool(torch.isfinite(losses).all()):
+                raise ValueError(
+                    f"losses must be {n} finite numbers, one per row of updates, got "
+                    f"{losses.tolist()}"
+                )
+        return cls(
+            client_ids=ids, reference=reference, oracle=oracle, local_norms=local_norms,
+            losses=losses,
+        )  # fmt: skip
 
     def rows(self, positions: list[int]) -> RoundInputs:
         """The inputs for a subset of the rows (the reference and oracle are shared)."""
         ids = None if self.client_ids is None else tuple(self.client_ids[p] for p in positions)
-        return RoundInputs(client_ids=ids, reference=self.reference, oracle=self.oracle)
+        norms = None if self.local_norms is None else self.local_norms[positions]
+        losses = None if self.losses is None else self.losses[positions]
+        return RoundInputs(
+            client_ids=ids, reference=self.reference, oracle=self.oracle, local_norms=norms,
+            losses=losses,
+        )  # fmt: skip
 
 
 def required(value: Any, rule: str, keyword: str, meaning: str) -> Any:
@@ -265,6 +299,8 @@ class AggregationRule:
     requires_oracle: ClassVar[bool] = False
     requires_reference: ClassVar[bool] = False
     requires_client_ids: ClassVar[bool] = False
+    requires_local_norms: ClassVar[bool] = False
+    requires_losses: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}
@@ -289,9 +325,11 @@ class AggregationRule:
         client_ids: Sequence[int] | None = None,
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
+        local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> tuple[Tensor, State, Diagnostics]:
         check_updates(updates, weights)
-        inputs = RoundInputs.checked(updates, client_ids, reference, oracle)
+        inputs = RoundInputs.checked(updates, client_ids, reference, oracle, local_norms, losses)
         kept, kept_weights, positions = _finite_rows(updates, weights, type(self).__name__)
         n = updates.shape[0]
         if positions.numel() == n:
@@ -309,6 +347,8 @@ class AggregationRule:
         client_ids: Sequence[int] | None = None,
         reference: Tensor | None = None,
         oracle: Oracle | None = None,
+        local_norms: Tensor | None = None,
+        losses: Tensor | None = None,
     ) -> Tensor:
         result, _, _ = self.step(
             self.init_state(),
@@ -317,6 +357,8 @@ class AggregationRule:
             client_ids=client_ids,
             reference=reference,
             oracle=oracle,
+            local_norms=local_norms,
+            losses=losses,
         )
         return result
 
@@ -456,8 +498,28 @@ class FilterDecision:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class SiteLosses:
+    """Each answering site's mean loss of each candidate model on its own held-out split:
+    ``sites`` (m ids), their held-out ``counts`` ``(m,)`` and ``losses`` ``(m, k)``, float64
+    on the CPU (candidate order as asked). Only these numbers come back from a site."""
+
+    sites: tuple[int, ...]
+    counts: Tensor
+    losses: Tensor
+
+
+# (candidate updates (k, d), the site ids to ask) -> each site's held-out loss of the
+# model each candidate makes (the sites that answered).
+Validate = Callable[[Tensor, Sequence[int]], SiteLosses]
+
+
 class Filter:
-    """Base for filters (exclusion steps in front of an aggregator)."""
+    """Base for filters (exclusion steps in front of an aggregator). A filter whose class
+    sets ``requires_validation`` is given ``validate`` (:data:`Validate`) in ``step``: the
+    sites' losses of candidate updates on their own held-out splits."""
+
+    requires_validation: ClassVar[bool] = False
 
     def init_state(self) -> State:
         return {}
@@ -474,4 +536,37 @@ class Filter:
         client_ids: Sequence[int],
         weights: Tensor | None = None,
     ) -> tuple[FilterDecision, State]:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class ServerOptimizer:
+    """Base of the server optimizers (:mod:`aggregation.server_optimizers`): what the
+    server does with a rule's aggregate. Checks its hyperparameters when built and keeps
+    its state (``step``, and the moment tensors once a step made them) in the open, as
+    torch optimizers do."""
+
+    state: dict[str, Any] = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.load_state_dict({})
+
+    def step(self, weights: Tensor, delta: Tensor) -> Tensor:
+        """The next global weights from ``weights`` and the round's aggregate ``delta``."""
+        new_weights, self.state = self._update(weights, delta, self.state)
+        return new_weights
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's memory (its tensors are never changed in place: a saved dict
+        stays as it was)."""
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (an empty dict: a fresh optimizer)."""
+        self.state = {"step": 0, **state}
+
+    def _update(
+        self, weights: Tensor, delta: Tensor, state: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Any]]:
         raise NotImplementedError

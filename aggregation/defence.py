@@ -16,7 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggregation.base import AggregationRule, Filter, FilterDecision, PreAggregator, State
+from aggregation.base import (
+    AggregationRule,
+    Filter,
+    FilterDecision,
+    PreAggregator,
+    State,
+    Validate,
+)
 from aggregation.preaggregators import client_columns, preaggregate
 
 __all__ = ["FilterStep", "Rows", "RuleOutcome", "run_filters", "run_rule"]
@@ -24,12 +31,15 @@ __all__ = ["FilterStep", "Rows", "RuleOutcome", "run_filters", "run_rule"]
 
 @dataclass(frozen=True)
 class Rows:
-    """A round's rows as the rule receives them: updates ``(n, d)``, weights ``(n,)`` and
-    the client id of each row."""
+    """A round's rows as the rule receives them: updates ``(n, d)``, weights ``(n,)``, the
+    client id of each row and, for FedNova, each row's ‖a_i‖₁ ``(n,)`` (its local work),
+    for AFL each row's client's loss of the global model ``(n,)``."""
 
     updates: Tensor
     weights: Tensor
     ids: Sequence[int]
+    local_norms: Tensor | None = None
+    losses: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -47,19 +57,23 @@ def run_filters(
     weights: Tensor,
     ids: Sequence[int],
     keep: Tensor,
+    *,
+    validate: Validate | None = None,
 ) -> tuple[list[FilterStep], list[State]]:
     """Each filter in order on the rows still kept (``keep``, bool ``(n,)``, is updated in
     place): what each decided, and the filters' new states. A filter left no row to judge
-    is not stepped; its state is kept."""
+    is not stepped; its state is kept. ``validate``: the sites' held-out losses of
+    candidate updates, for a filter that ``requires_validation``."""
     steps: list[FilterStep] = []
     new_states = list(states)
     for index, flt in enumerate(filters):
         positions = keep.nonzero().flatten()
         if len(positions) == 0:
             break
+        extra = {"validate": validate} if flt.requires_validation else {}
         decision, new_states[index] = flt.step(
             new_states[index], updates[positions], [ids[p] for p in positions.tolist()],
-            weights[positions],
+            weights[positions], **extra,
         )  # fmt: skip
         keep[positions[~decision.keep.to(keep.device)]] = False
         steps.append(FilterStep(positions, decision))
@@ -101,6 +115,10 @@ def run_rule(
         inputs["oracle"] = _needed(oracle, "oracle", rule)()
     if rule.requires_reference:
         inputs["reference"] = _needed(reference, "reference", rule)()
+    if rows.local_norms is not None:  # FedNova's; the rule says when they are missing
+        inputs["local_norms"] = rows.local_norms
+    if rows.losses is not None:  # AFL's
+        inputs["losses"] = rows.losses
     if chain.row_ids is not None:
         inputs["client_ids"] = chain.row_ids
     aggregate, new_rule_state, diagnostics = rule.step(

@@ -26,7 +26,7 @@ matmuls run at full precision; float64 otherwise), with a rigorous relative erro
 ``m = eps32 (64 U² + 2n + 32)``, ``U = max |u|``: every candidate within ``2.5m`` of the
 screened maximum is rescored exactly (float64 direct sum ``sum_i w_i exp(-(D - g_i)² /
 (2 sigma²))``), and the choice is made on the exact scores. The result equals the direct
-evaluation of every candidate (``benchmarks/aggregation.py`` checks it). Beyond n = 600
+evaluation of every candidate (``benchmarks/speed/aggregation.py`` checks it). Beyond n = 600
 (where the float64 kernel could underflow) every midpoint is scored directly. Parameters
 are processed in blocks so memory stays O(n·d) + O(block·n²).
 

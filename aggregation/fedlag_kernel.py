@@ -26,7 +26,7 @@ to 64 clients, they held at n = 50 and 64 too).
 The kernels are faster than the torch path only for few clients: with 64 x 64 tiles each
 program holds several float32 and float64 temporaries, probably more than its registers
 (not profiled), so they are used for at most ``MAX_CLIENTS`` clients
-(``benchmarks/aggregation.py``; docs/results.md). Going further needs smaller live tiles
+(``benchmarks/speed/aggregation.py``; docs/results.md). Going further needs smaller live tiles
 (rows of K in turn, float32 exp with a widened bound) or tensor-core products with a
 bound that covers them.
 
@@ -45,10 +45,10 @@ from torch import Tensor
 __all__ = ["MAX_CLIENTS", "MAX_SURVIVORS", "fedlag"]
 
 MAX_CLIENTS = 16  # beyond it the torch path was faster on an H100
-MAX_SURVIVORS = 16  # survivors listed per parameter (python -m benchmarks.gpu_kernels_tune)
+MAX_SURVIVORS = 16  # survivors listed per parameter (python -m benchmarks.speed.gpu_kernels_tune)
 CHUNK = 1 << 21  # parameters per pair of launches (bounds the survivor lists' memory)
 CHOOSE_BLOCK = 32  # parameters per program of _choose_kernel
-SCREEN_WARPS = 4  # (python -m benchmarks.gpu_kernels_tune --fedlag)
+SCREEN_WARPS = 4  # (python -m benchmarks.speed.gpu_kernels_tune --fedlag)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ its blocks. The updates are read once.
 core products (dropping the small × small one), which is float32-accurate (relative
 error ~2^-22 a product, float32 accumulation) and several times faster than plain
 float32 ("ieee") products on the FMA units; single "tf32" (10-bit mantissas) is never
-used. The launch settings come from ``python -m benchmarks.gpu_kernels_tune --gram``.
+used. The launch settings come from ``python -m benchmarks.speed.gpu_kernels_tune --gram``.
 
 Only imported where Triton is installed; :func:`aggregation.ops.gram_kernel_for` decides.
 """

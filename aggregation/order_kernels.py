@@ -10,7 +10,7 @@ the updates are read once and the result written once.
 
 Each statistic follows its torch path operation for operation (same order statistics,
 same interpolation formulas), so the two agree to float32 rounding; the rules' CUDA
-contract tests and ``benchmarks/aggregation.py``'s reference check hold them to it.
+contract tests and ``benchmarks/speed/aggregation.py``'s reference check hold them to it.
 Inputs must be finite (the server drops non-finite clients before aggregating:
 :func:`aggregation.base.drop_non_finite`); float16/bfloat16 are computed in float32 and
 float64 is left to the torch path.
@@ -33,7 +33,7 @@ __all__ = ["MAX_CLIENTS", "estimated_mean", "median", "trimmed_mean"]
 MAX_CLIENTS = 256  # a tile of 256 clients × 8 columns still fits in registers
 _MEDIAN, _TRIMMED, _EMA = 0, 1, 2
 # Padded clients × columns per program, and warps per program: one warp keeps tl.sort
-# along the clients in one warp's registers (python -m benchmarks.gpu_kernels_tune --order).
+# along the clients in one warp's registers (python -m benchmarks.speed.gpu_kernels_tune --order).
 TILE_ELEMENTS = 2048
 NUM_WARPS = 1
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from aggregation import build_aggregator, build_filter, build_preaggregator
+from aggregation import (
+    build_aggregator,
+    build_filter,
+    build_preaggregator,
+    build_server_optimizer,
+)
 from config.dataset import dataset_info_of, read_dataset
 from config.params import Params, eval_batch_size, privacy_budget
-from federated.client import ClientData, LocalTraining
+from federated.client import ClientData, LocalTraining, LocalWork
 from federated.data import DatasetInfo
 from federated.seeding import seeded_init
 from federated.server import Defence, FederationConfig, NonIIDCheck
@@ -22,6 +27,7 @@ __all__ = [
     "device_problem",
     "federation_config",
     "local_training",
+    "local_work",
     "noniid_check",
     "read_dataset",  # likewise
     "resolve_device",
@@ -69,13 +75,19 @@ def local_training(params: Params) -> LocalTraining:
     )
 
 
+def local_work(params: Params) -> LocalWork | None:
+    """Heterogeneous local work (``train.local_work``): each client's epochs drawn per
+    round; None when every client trains ``train.local_epochs``."""
+    work = params.train.local_work
+    return None if work is None else LocalWork(epochs=tuple(work.epochs))
+
+
 def federation_config(params: Params) -> FederationConfig:
     """The server's settings: rounds, sampling, the fail-closed bound, evaluation."""
     train = params.train
     return FederationConfig(
         rounds=train.rounds,
         client_fraction=train.client_fraction,
-        server_lr=train.server_lr,
         min_clients=train.min_clients,
         seed=params.seed,
         eval_batch_size=eval_batch_size(params),
@@ -84,6 +96,7 @@ def federation_config(params: Params) -> FederationConfig:
         site_every=params.eval.every,
         target_acc=params.eval.target_acc,
         round_scores=params.eval.round_scores,
+        scaffold=train.scaffold,
     )
 
 
@@ -108,7 +121,9 @@ def build_defence(
 ) -> Defence:
     """The rule, filters, pre-aggregators, non-IID check and central or local DP of
     ``params`` for data described by ``info``, with the server's own data where a rule
-    needs it (``root``: FLTrust; ``server_batch``: Zeno)."""
+    needs it (``root``: FLTrust; ``server_batch``: Zeno), and the server optimizer every
+    aggregate goes through (``train.server_optimizer``, or sgd at ``train.server_lr``)."""
+    name, settings = params.train.server_step()
     return Defence(
         rule=build_aggregator(params.aggregate.name, **params.aggregate.params()),
         filters=tuple(build_filter(f.name, **f.params()) for f in params.filters),
@@ -119,4 +134,5 @@ def build_defence(
         privacy=None if params.privacy.mode == "off" else privacy_budget(params),
         root=root,
         server_batch=server_batch,
+        server_optimizer=build_server_optimizer(name, **settings),
     )

@@ -26,7 +26,8 @@ from pydantic import (
 )
 
 import aggregation  # noqa: F401  (fills the registries)
-from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS
+from aggregation.registry import AGGREGATORS, FILTERS, PREAGGREGATORS, SERVER_OPTIMIZERS
+from aggregation.server_optimizers import ServerSGD
 from config.errors import ConfigError
 from federated.attacks import ATTACKS
 from federated.client import LocalTraining
@@ -127,18 +128,20 @@ OWN_SIZES = (8, 1024)  # image sizes an own dataset may declare
 class DataParams(_Section):
     # a dataset of your own images (its schema); absent: a MedMNIST flag or digits
     own: OwnDataParams | None = None
-    # any 2-D MedMNIST flag or digits; with data.own, the name of your dataset
+    # any MedMNIST flag (2-D, or 3-D: organmnist3d, adrenalmnist3d, ...) or digits; with
+    # data.own, the name of your dataset
     dataset: str = "breastmnist"
     root: str = "data/medmnist"  # overridden by the MEDMNIST_ROOT environment variable
     download: bool = True
     # image size in pixels: 28 (MedMNIST) or MedMNIST+'s 64, 128, 224 (<flag>_<size>.npz);
-    # with data.own, any size from 8 to 1024 (images are resized to it)
+    # a 3-D flag's voxels per axis: 28 or 64; with data.own, any size from 8 to 1024
+    # (images are resized to it)
     size: int = 28
 
     @field_validator("size")
     @classmethod
     def _known_size(cls, value: int, info: ValidationInfo) -> int:
-        from federated.data import SIZES
+        from federated.data import SIZES, VOLUME_SIZES, is_volume_flag
 
         if info.data.get("own") is not None:
             if not OWN_SIZES[0] <= value <= OWN_SIZES[1]:
@@ -150,6 +153,12 @@ class DataParams(_Section):
             )
         if info.data.get("dataset") == "digits" and value != 28:
             raise ValueError("digits exists at 28 pixels only")
+        dataset = info.data.get("dataset", "")
+        if is_volume_flag(dataset) and value not in VOLUME_SIZES:
+            raise ValueError(
+                f"{dataset} is a 3-D set; allowed: {', '.join(map(str, VOLUME_SIZES))} voxels "
+                "per axis"
+            )
         return value
 
     @field_validator("dataset")
@@ -217,29 +226,6 @@ class ModelParams(_Section):
         return value
 
 
-class TrainParams(_Section):
-    rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
-    client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
-    local_epochs: Annotated[int, engine(LocalTraining, "epochs")] = 1
-    lr: Annotated[float, engine(LocalTraining, "lr")] = 0.01
-    # SGD momentum: 1 or more never forgets a step
-    momentum: Annotated[float, engine(LocalTraining, "momentum")] = 0.9
-    weight_decay: Annotated[float, engine(LocalTraining, "weight_decay")] = 0.0
-    batch_size: Annotated[int, engine(LocalTraining, "batch_size")] = 32
-    prox_mu: Annotated[float, engine(LocalTraining, "prox_mu")] = 0.0  # FedProx proximal weight
-    server_lr: Annotated[float, engine(FederationConfig, "server_lr")] = 1.0
-    min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # how clients are trained: auto = batched on CUDA, and on a CPU for models without
-    # convolutions (where it measured faster), when the model allows; else sequential
-    backend: Backend = "auto"
-    # batched: clients at once (null: by memory)
-    max_parallel: Annotated[int | None, engine(Execution, "max_parallel")] = None
-    # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
-    # the round's sampled clients); a round above it halts the run (null: off)
-    max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
-
-
 class _RegistryEntry(BaseModel):
     """``{name: <registered name>, <param>: <value>, ...}``; parameters are checked by
     building the component."""
@@ -255,6 +241,69 @@ class _RegistryEntry(BaseModel):
             registry.build(self.name, **self.params())
         except RegistryError as error:
             raise ValueError(str(error)) from None
+
+
+class ServerOptimizerParams(_RegistryEntry):
+    """``{name: adam, lr: 0.01, ...}``: the server optimizer every aggregate goes through
+    (aggregation/server_optimizers.py: sgd, momentum, adagrad, yogi, adam, flower_*)."""
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ServerOptimizerParams:
+        self._check(SERVER_OPTIMIZERS)
+        return self
+
+
+class LocalWorkParams(_Section):
+    """Heterogeneous local work: each client's local epochs drawn per round, seeded."""
+
+    epochs: tuple[int, int]  # [low, high], both included, 1 <= low <= high
+
+    @field_validator("epochs")
+    @classmethod
+    def _range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError("must be [low, high] with 1 <= low <= high")
+        return value
+
+
+class TrainParams(_Section):
+    rounds: Annotated[int, engine(FederationConfig, "rounds")] = 20
+    client_fraction: Annotated[float, engine(FederationConfig, "client_fraction")] = 1.0
+    local_epochs: Annotated[int, engine(LocalTraining, "epochs")] = 1
+    lr: Annotated[float, engine(LocalTraining, "lr")] = 0.01
+    # SGD momentum: 1 or more never forgets a step
+    momentum: Annotated[float, engine(LocalTraining, "momentum")] = 0.9
+    weight_decay: Annotated[float, engine(LocalTraining, "weight_decay")] = 0.0
+    batch_size: Annotated[int, engine(LocalTraining, "batch_size")] = 32
+    prox_mu: Annotated[float, engine(LocalTraining, "prox_mu")] = 0.0  # FedProx proximal weight
+    # global += server_lr * aggregate: shorthand for server_optimizer {name: sgd, lr: ...}
+    # (left at 1.0 when server_optimizer is given)
+    server_lr: Annotated[float, engine(ServerSGD, "lr")] = 1.0
+    # what the server does with every aggregate (null: sgd at server_lr, FedAvg's step)
+    server_optimizer: ServerOptimizerParams | None = None
+    # heterogeneous local work, e.g. {epochs: [1, 5]}: each client's local epochs drawn
+    # per round, seeded, in place of local_epochs (null: every client local_epochs)
+    local_work: LocalWorkParams | None = None
+    # SCAFFOLD (Karimireddy et al. 2020, option II): control variates correct every local
+    # step; plain local SGD (momentum 0, prox_mu 0), simulation, sequential training
+    scaffold: bool = False
+    min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # how clients are trained: auto = batched on CUDA, and on a CPU for models without
+    # convolutions (where it measured faster), when the model allows; else sequential
+    backend: Backend = "auto"
+    # batched: clients at once (null: by memory)
+    max_parallel: Annotated[int | None, engine(Execution, "max_parallel")] = None
+    # fail closed: the most clients a round may leave out (a count, or a share in [0, 1) of
+    # the round's sampled clients); a round above it halts the run (null: off)
+    max_excluded: Annotated[int | float | None, engine(FederationConfig, "max_excluded")] = None
+
+    def server_step(self) -> tuple[str, dict[str, Any]]:
+        """The server optimizer's name and parameters: ``server_optimizer``, or sgd at
+        ``server_lr``."""
+        if self.server_optimizer is None:
+            return "sgd", {"lr": self.server_lr}
+        return self.server_optimizer.name, self.server_optimizer.params()
 
 
 class AggregateParams(_RegistryEntry):
@@ -319,11 +368,24 @@ class NonIIDParams(_Section):
 
 
 class MethodParams(_Section):
-    """One compared method: an aggregation rule and the filters in front of it."""
+    """One compared method: an aggregation rule, the filters in front of it, and the
+    ``train`` settings it changes (e.g. ``{server_optimizer: {name: adam}}`` for FedAdam,
+    ``{scaffold: true, momentum: 0}`` for SCAFFOLD, ``{prox_mu: 0.01}`` for FedProx)."""
 
     aggregate: AggregateParams = AggregateParams()
     filters: list[FilterParams] = []
     preaggregators: list[PreAggregatorParams] = []
+    train: dict[str, Any] = {}
+
+    @field_validator("train")
+    @classmethod
+    def _train_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(TrainParams.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown train key {unknown[0]!r}; keys allowed: {', '.join(TrainParams.model_fields)}"
+            )
+        return value
 
 
 class CompareParams(_Section):
@@ -464,6 +526,86 @@ class Params(_Section):
     federation: FederationParams = FederationParams()
 
     @model_validator(mode="after")
+    def _model_fits_data(self) -> Params:
+        """A model of images on volumes (or the reverse) is refused naming the models that
+        fit; so is what cannot take volumes yet."""
+        from models import list_models, model_spatial_dims
+
+        dims = 3 if self.volumes else 2
+        if model_spatial_dims(self.model.name) != dims:
+            kind = "a 3-D set of volumes (C, D, H, W)" if dims == 3 else "2-D images (C, H, W)"
+            raise ValueError(
+                f"model.name = {self.model.name} does not take {self.data.dataset}, "
+                f"{kind}; allowed: {', '.join(list_models(dims))}"
+            )
+        for key, reason in volume_unsupported(self):
+            raise ValueError(f"data.dataset = {self.data.dataset} (volumes): {key} {reason}")
+        return self
+
+    @property
+    def volumes(self) -> bool:
+        """Whether the run's data are 3-D volumes (a MedMNIST 3-D flag)."""
+        from federated.data import is_volume_flag
+
+        return self.data.own is None and is_volume_flag(self.data.dataset)
+
+    @model_validator(mode="after")
+    def _scaffold_as_written(self) -> Params:
+        """SCAFFOLD's option II reads the local steps as plain SGD's: (x − y)/(Kη)."""
+        if not self.train.scaffold:
+            return self
+        for key, value, why in (
+            ("momentum", self.train.momentum, "train.momentum: 0"),
+            ("prox_mu", self.train.prox_mu, "train.prox_mu: 0"),
+        ):
+            if value:
+                raise ValueError(
+                    f"train.scaffold with train.{key} = {value:g}: SCAFFOLD's option II "
+                    f"assumes plain local SGD steps; set {why}"
+                )
+        if self.train.backend == "batched":
+            raise ValueError(
+                "train.scaffold trains each client with its own control variate one after "
+                "another: use backend sequential or auto"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_server_step(self) -> Params:
+        if self.train.server_optimizer is not None and self.train.server_lr != 1.0:
+            raise ValueError(
+                f"train.server_lr = {self.train.server_lr:g} and train.server_optimizer are both "
+                "set: give the rate as train.server_optimizer.lr (server_lr stays 1.0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _each_clients_own_row(self) -> Params:
+        """FedNova and AFL weigh each client's own update by what they know of that
+        client: rows a pre-aggregator remade belong to no one client."""
+        why = {"fednova": "its local work", "afl": "its λ and loss"}
+        if self.aggregate.name in why and self.preaggregators:
+            raise ValueError(
+                f"aggregate {self.aggregate.name} weighs each client's own update by "
+                f"{why[self.aggregate.name]}: preaggregators, which remake the rows, cannot "
+                "go before it (use [])"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replacement_scaled_by_sgd(self) -> Params:
+        """A backdoor's model replacement scales by n/η for the server step
+        ``x + η·mean``: only sgd takes that step."""
+        name, _ = self.train.server_step()
+        replaces = self.attack.name == "backdoor" and self.attack.params().get("model_replacement")
+        if replaces and name != "sgd":
+            raise ValueError(
+                f"attack backdoor with model_replacement scales by n/η for the server step "
+                f"x + η·mean, which train.server_optimizer {name} does not take; use sgd"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sites_run_it(self) -> Params:
         """At real sites the sites hold the data: what only a simulation can do is
         refused in one line."""
@@ -504,6 +646,44 @@ class Params(_Section):
         ``privacy.noise_multiplier`` with privacy off believes the model is private."""
         for key, reason in ignored_settings(self):
             raise ValueError(f"{key} is set but {reason}, so it would be ignored")
+        return self
+
+    @model_validator(mode="after")
+    def _methods_run(self) -> Params:
+        """Each compared method's train settings, over the run's, as its cells run them:
+        a combination a cell would refuse is refused here, naming the method."""
+        for name, method in self.compare.methods.items():
+            if not method.train:
+                continue
+            cell = self.model_dump(mode="json", exclude={"compare"}, exclude_unset=True)
+            cell["train"] = {**cell.get("train", {}), **method.train}
+            try:
+                Params.model_validate(cell)
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise ValueError(
+                    f"compare.methods.{name}.train: {first['msg'].removeprefix('Value error, ')}"
+                ) from None
+        return self
+
+    @model_validator(mode="after")
+    def _sites_can_validate(self) -> Params:
+        """Validation at the sites needs held-out splits there, and its candidates (models
+        one site's update apart) are seen by the peers: not under central DP."""
+        if not any(f.name == "site_validation" for f in self.filters):
+            return self
+        if self.federation.runtime == "simulation" and not self.partition.local_test:
+            raise ValueError(
+                "filters site_validation: each site scores candidates on its own held-out "
+                "split, in a simulation its local test split: set partition.local_test > 0 "
+                "(e.g. 0.2)"
+            )
+        if self.privacy.mode == "central":
+            raise ValueError(
+                "filters site_validation with privacy.mode = central: the sites would see "
+                "candidate models one site's unnoised update apart, which the hub's ε does not "
+                "cover; use privacy.mode local (docs/privacy.md)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -579,6 +759,21 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
         )
     if params.partition.root_size:
         refused.append(("partition.root_size", "must be 0: the hub holds no training images"))
+    if params.train.local_work is not None:
+        refused.append(
+            (
+                "train.local_work",
+                "must be null: each site trains the epochs of the plan it approved",
+            )
+        )
+    if params.train.scaffold:
+        refused.append(
+            ("train.scaffold", "must be false: sites do not keep SCAFFOLD's control variates yet")
+        )
+    if params.aggregate.name == "afl":
+        refused.append(
+            ("aggregate afl", "is simulated only: its λ needs every client's loss each round")
+        )
     sites, given = len(params.federation.sites), params.partition.num_clients
     if sites and "num_clients" in params.partition.model_fields_set and given != sites:
         refused.append(
@@ -587,6 +782,30 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
                 f"= {given} but federation.sites names {sites} sites: the sites are the "
                 "clients; leave partition.num_clients out or make it "
                 f"{sites}",
+            )
+        )
+    return refused
+
+
+def volume_unsupported(params: Params) -> list[tuple[str, str]]:
+    """What cannot take 3-D volumes yet, each as (setting, why); empty for images."""
+    if not params.volumes:
+        return []
+    refused = []
+    if params.tracking.register_model:
+        refused.append(
+            (
+                "tracking.register_model",
+                "must be false: the served model reads 2-D image files (PNG, JPEG, DICOM "
+                "frames), not volumes",
+            )
+        )
+    if params.federation.runtime == "flower":
+        refused.append(
+            (
+                "federation.runtime",
+                "must be simulation: real sites read 2-D images only (a folder or an .npz of "
+                "images)",
             )
         )
     return refused
@@ -641,11 +860,11 @@ SCHEME_KEYS = ("alpha", "classes_per_client", "sigma")  # each taken by one part
 
 def eval_batch_size(params: Params) -> int:
     """Images per scoring pass: ``eval.batch_size``, or 512 at 28 px scaled by the pixel
-    count (98 at 64 px, 24 at 128 px, 8 at 224 px), so a pass needs about the same memory
-    at every MedMNIST+ size."""
+    (voxel) count (98 at 64 px, 24 at 128 px, 8 at 224 px and for volumes at 28 or 64
+    voxels), so a pass needs about the same memory at every MedMNIST+ size."""
     if params.eval.batch_size is not None:
         return params.eval.batch_size
-    return max(8, 512 * 28 * 28 // params.data.size**2)
+    return max(8, 512 * 28 * 28 // params.data.size ** (3 if params.volumes else 2))
 
 
 def privacy_budget(params: Params) -> ClientPrivacy:
@@ -674,6 +893,8 @@ def privacy_unaccounted(params: Params) -> list[str]:
         reasons.append(f"pre-aggregators {', '.join(p.name for p in params.preaggregators)}")
     if params.noniid.exclude:
         reasons.append("noniid.exclude")
+    if params.train.scaffold:
+        reasons.append("train.scaffold (its control deltas are neither clipped nor noised)")
     return reasons
 
 
@@ -708,7 +929,8 @@ def params_warnings(params: Params) -> list[str]:
             else attack.fraction
         )
         guarded = [params.aggregate.name] if params.aggregate.name in HONEST_MAJORITY_RULES else []
-        guarded += [f.name for f in params.filters if f.name in ("pid_made", "distance_cusum")]
+        honest_majority = ("pid_made", "distance_cusum", "site_validation")  # votes: a majority
+        guarded += [f.name for f in params.filters if f.name in honest_majority]
         if share >= 0.5 and guarded:
             warnings.append(
                 f"attack.fraction={share:.2f}: {', '.join(guarded)} assume an honest majority "
@@ -844,4 +1066,7 @@ def params_hash(params: Params) -> str:
         payload["data"].pop("own")
     if params.eval.where == "hub":  # as they were before eval.where
         payload["eval"].pop("where")
+    for key in ("server_optimizer", "local_work", "scaffold"):  # unset: hashed as before
+        if not getattr(params.train, key):
+            payload["train"].pop(key)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

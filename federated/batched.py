@@ -119,7 +119,7 @@ def batched_pays(model: nn.Module, device: torch.device) -> bool:
     (many clients' small steps fill the GPU); on a CPU only for models without
     convolutions, whose steps are small matrix products dominated by per-step overhead
     (a CPU's convolutions are already compute-bound one client at a time, and vmapped
-    they run slower). Measured by ``python -m benchmarks.grid_throughput`` (backend sweep:
+    they run slower). Measured by ``python -m benchmarks.speed.grid_throughput`` (backend sweep:
     docs/results.md)."""
     if device.type == "cuda":
         return True

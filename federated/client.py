@@ -11,22 +11,30 @@ arithmetic on lists of tensors (:mod:`federated.foreach_sgd` says why it is not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from federated.foreach_sgd import sgd_step_ as foreach_sgd_step_
-from federated.seeding import derive_seed, torch_generator
-from federated.vectors import model_to_vector, vector_to_model_
+from federated.seeding import LOCAL_WORK, derive_seed, torch_generator
+from federated.vectors import layout_of, model_to_vector, vector_to_model_
 from registry.constraints import POSITIVE, Interval, allowed, check_fields
 
 __all__ = [
     "ClientData",
     "ClientUpdate",
+    "ControlVariates",
     "LocalTraining",
+    "LocalWork",
     "RegisteredClient",
     "client_gradient",
+    "local_steps",
+    "parameter_mask",
+    "round_epochs",
+    "scaffold_control_delta",
     "sgd_step_",
     "train_client",
 ]
@@ -47,6 +55,47 @@ class LocalTraining:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalWork:
+    """Heterogeneous local work (what FedNova is for): each client draws its local epochs
+    for a round uniformly from ``epochs`` = (low, high), both included, seeded by (run
+    seed, round, client), so a resumed run and either backend draw the same."""
+
+    epochs: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        low, high = self.epochs
+        if not 1 <= low <= high:
+            raise ValueError(
+                f"local_work epochs must be [low, high] with 1 <= low <= high, got {list(self.epochs)}"
+            )
+
+    def epochs_of(self, seed: int, round_number: int, client_id: int) -> int:
+        """The client's local epochs in the round."""
+        generator = np.random.default_rng(derive_seed(seed, round_number, client_id, LOCAL_WORK))
+        return int(generator.integers(self.epochs[0], self.epochs[1] + 1))
+
+
+def round_epochs(
+    local: LocalTraining | None, work: LocalWork | None, seed: int, round_number: int,
+    client_id: int,
+) -> int:  # fmt: skip
+    """A client's local epochs in a round: drawn by ``work``, else ``local.epochs``."""
+    if work is not None:
+        return work.epochs_of(seed, round_number, client_id)
+    assert local is not None  # asked only where clients train by ``local``
+    return local.epochs
+
+
+def local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
+    """The SGD steps :func:`train_client` takes on ``num_samples`` samples: its batches per
+    epoch (a trailing one-sample batch joins the previous one) times ``epochs``."""
+    per_epoch = math.ceil(num_samples / batch_size)
+    if per_epoch > 1 and num_samples % batch_size == 1:
+        per_epoch -= 1
+    return per_epoch * epochs
 
 
 @dataclass(frozen=True)
@@ -81,6 +130,18 @@ class ClientUpdate:
     delta: Tensor  # (d,) float32, w_local - w_global over the model's floating state
     num_samples: int
     train_loss: float  # mean loss over the last local epoch
+    # SCAFFOLD: Δc_i = c_i⁺ − c_i, the change of the client's control variate (d,)
+    control_delta: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ControlVariates:
+    """SCAFFOLD's control variates a client trains with (Karimireddy et al. 2020,
+    Algorithm 1): the server's ``c`` and the client's own ``c_i``, each ``(d,)`` over the
+    model's floating state (0 on entries that are not trainable parameters)."""
+
+    server: Tensor
+    client: Tensor
 
 
 def batch_order(num_samples: int, seed: int) -> Tensor:
@@ -105,13 +166,16 @@ def train_client(
     loss_fn: nn.Module,
     *,
     seed: int,
+    control: ControlVariates | None = None,
 ) -> ClientUpdate:
     """Train ``model`` (used as a workspace: its state is overwritten with
     ``global_vector`` first) on ``data`` and return the client's update. ``seed`` drives
-    the batch order of every epoch."""
+    the batch order of every epoch. With SCAFFOLD's ``control``, every step's gradient is
+    corrected by ``c − c_i`` and the update carries Δc_i (option II)."""
     vector_to_model_(model, global_vector)
     model.train()
     weights = [p for p in model.parameters() if p.requires_grad]
+    corrections = _corrections(model, control) if control is not None else []
     anchors = [w.detach().clone() for w in weights] if config.prox_mu > 0 else []
     momenta = [torch.zeros_like(w) for w in weights] if config.momentum else []
     device = data.images.device
@@ -122,6 +186,10 @@ def train_client(
         for index in batches(order, config.batch_size):
             loss = loss_fn(model(data.images[index]), data.targets[index])
             grads = torch.autograd.grad(loss, weights, allow_unused=True)
+            if corrections:  # y ← y − η(g − c_i + c)
+                grads = tuple(
+                    g if g is None else g + k for g, k in zip(grads, corrections, strict=True)
+                )
             used = [i for i, g in enumerate(grads) if g is not None]  # torch.optim skips the rest
             with torch.no_grad():
                 sgd_step_(
@@ -135,9 +203,46 @@ def train_client(
             count += len(index)
         epoch_loss = total / count
     delta = model_to_vector(model) - global_vector
+    control_delta = None
+    if control is not None:
+        steps = local_steps(len(data), config.batch_size, config.epochs)
+        on_parameters = parameter_mask(model).to(delta.device)
+        control_delta = scaffold_control_delta(delta, control, steps, config.lr, on_parameters)
     return ClientUpdate(
-        client_id=data.client_id, delta=delta, num_samples=len(data), train_loss=epoch_loss
-    )
+        client_id=data.client_id, delta=delta, num_samples=len(data), train_loss=epoch_loss,
+        control_delta=control_delta,
+    )  # fmt: skip
+
+
+def _corrections(model: nn.Module, control: ControlVariates) -> list[Tensor]:
+    """``c − c_i`` shaped as each trainable parameter, in ``model.parameters()`` order."""
+    difference = control.server - control.client
+    slices = layout_of(model).slices()
+    return [
+        difference[slices[name]].view(p.shape).to(p.dtype)
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
+
+
+def parameter_mask(model: nn.Module) -> Tensor:
+    """``(d,)`` bool: the entries of the model's vector that are trainable parameters
+    (not buffers such as BatchNorm's running statistics)."""
+    slices = layout_of(model).slices()
+    mask = torch.zeros(layout_of(model).size, dtype=torch.bool)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            mask[slices[name]] = True
+    return mask
+
+
+def scaffold_control_delta(
+    delta: Tensor, control: ControlVariates, steps: int, lr: float, on_parameters: Tensor
+) -> Tensor:
+    """SCAFFOLD's option II: c_i⁺ = c_i − c + (x − y_i)/(K·η_l), so Δc_i = c_i⁺ − c_i =
+    −c − Δy_i/(K·η_l), on the trainable parameters' entries (``on_parameters``; the
+    buffers' stay 0: no gradient is corrected there)."""
+    return torch.where(on_parameters, -control.server - delta / (steps * lr), 0.0)
 
 
 def sgd_step_(

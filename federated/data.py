@@ -8,6 +8,12 @@ silently); a missing one is fetched from the URL in ``medmnist.INFO`` when allow
 Loading reads the verified file's ``<split>_images`` / ``<split>_labels`` arrays, as
 medmnist's dataset classes do, and checks their shapes against ``medmnist.INFO``.
 
+The six 3-D flags (``organmnist3d``, ``nodulemnist3d``, ``adrenalmnist3d``,
+``fracturemnist3d``, ``vesselmnist3d``, ``synapsemnist3d``) hold volumes: one grey channel
+of ``size`` voxels along each axis, at 28 (``<flag>.npz``) or 64 (``<flag>_64.npz``),
+the only sizes MedMNIST v2 / MedMNIST+ publish for them. A volume's tensor is
+``(C, D, H, W)``, an image's ``(C, H, W)`` (:attr:`DatasetInfo.spatial_dims`).
+
 ``digits`` is scikit-learn's copy of the UCI handwritten digits (1,797 images of 8×8 in
 10 classes, shipped with scikit-learn: nothing to download), the stand-in here for the
 papers' MNIST experiments. So that every model, attack and partition treats it as a
@@ -38,6 +44,7 @@ from federated.image_files import ImageSchema
 
 __all__ = [
     "SIZES",
+    "VOLUME_SIZES",
     "DataError",
     "DatasetInfo",
     "MedMNISTData",
@@ -46,6 +53,7 @@ __all__ = [
     "download_medmnist",
     "ensure_medmnist",
     "file_md5",
+    "is_volume_flag",
     "list_datasets",
     "load_digits",
     "load_medmnist",
@@ -55,6 +63,7 @@ __all__ = [
 
 SPLITS = ("train", "val", "test")
 SIZES = (28, 64, 128, 224)  # MedMNIST (28) and MedMNIST+ pixel sizes
+VOLUME_SIZES = (28, 64)  # the sizes MedMNIST publishes its 3-D flags at (voxels per axis)
 DIGITS = "digits"
 DIGITS_SPLIT = {"train": 1257, "val": 180, "test": 360}
 
@@ -75,7 +84,8 @@ class DatasetInfo:
     url: str
     md5: str
     n_samples: dict[str, int]
-    size: int = 28  # image height and width in pixels
+    size: int = 28  # image height and width in pixels (a volume's depth too)
+    spatial_dims: int = 2  # 2: images (C, H, W); 3: volumes (C, D, H, W)
     # a tensor's pixels are (x / 255 - mean) / std: MedMNIST's Normalize(mean=.5, std=.5)
     mean: float = 0.5
     std: float = 0.5
@@ -88,8 +98,24 @@ class DatasetInfo:
     def multi_label(self) -> bool:
         return self.task.startswith("multi-label")
 
+    @property
+    def is_volume(self) -> bool:
+        return self.spatial_dims == 3
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's tensor: ``(C, H, W)`` for images, ``(C, D, H, W)`` for volumes."""
+        return (self.n_channels,) + (self.size,) * self.spatial_dims
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """One sample as the file stores it (uint8): ``(H, W)``, ``(H, W, 3)`` or ``(D, H, W)``."""
+        return (self.size,) * self.spatial_dims + ((3,) if self.n_channels == 3 else ())
+
     def image_schema(self) -> ImageSchema:
         """What an own image file becomes (:mod:`federated.image_files`)."""
+        if self.is_volume:
+            raise DataError(f"{self.flag} holds volumes: no 2-D image file is read into it")
         return ImageSchema(
             channels=self.n_channels, size=self.size, resample=self.resample,
             intensity=self.intensity, percentiles=self.percentiles,
@@ -124,8 +150,13 @@ def _info_table() -> dict[str, dict]:
 
 
 def list_datasets() -> list[str]:
-    """The 2-D 28x28 MedMNIST flags this project can train on, and ``digits``."""
-    return sorted([DIGITS, *(flag for flag in _info_table() if not flag.endswith("3d"))])
+    """Every MedMNIST flag this project can train on (2-D and 3-D), and ``digits``."""
+    return sorted([DIGITS, *_info_table()])
+
+
+def is_volume_flag(flag: str) -> bool:
+    """Whether ``flag`` is one of MedMNIST's 3-D (volume) sets: medmnist names them ``*3d``."""
+    return flag.endswith("3d")
 
 
 def _digits_file() -> Path:
@@ -155,8 +186,13 @@ def dataset_info(flag: str, size: int = 28) -> DatasetInfo:
             n_samples=dict(DIGITS_SPLIT),
         )
     table = _info_table()
-    if flag not in table or flag.endswith("3d"):
+    if flag not in table:
         raise DataError(f"unknown dataset {flag!r}; available: {', '.join(list_datasets())}")
+    if is_volume_flag(flag) and size not in VOLUME_SIZES:
+        raise DataError(
+            f"{flag} is a 3-D set and exists at {' and '.join(map(str, VOLUME_SIZES))} voxels "
+            f"per axis only, not {size}"
+        )
     info = table[flag]
     labels = tuple(info["label"][key] for key in sorted(info["label"], key=int))
     suffix = "" if size == 28 else f"_{size}"
@@ -170,6 +206,7 @@ def dataset_info(flag: str, size: int = 28) -> DatasetInfo:
         md5=info[f"MD5{suffix}"],
         n_samples={split: int(info["n_samples"][split]) for split in SPLITS},
         size=size,
+        spatial_dims=3 if is_volume_flag(flag) else 2,
     )
 
 
@@ -281,7 +318,8 @@ def ensure_medmnist(
 
 @dataclass(frozen=True)
 class Split:
-    """One split as uint8 images ``(N, H, W[, 3])`` and integer labels ``(N, L)``."""
+    """One split as uint8 images ``(N, H, W[, 3])`` (volumes ``(N, D, H, W)``) and integer
+    labels ``(N, L)``."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -327,7 +365,7 @@ def load_medmnist(flag: str, root: Path, size: int = 28) -> MedMNISTData:
         if missing:
             raise DataError(f"{path} is not a MedMNIST file: it has no {', '.join(missing)}")
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-        expected = (info.n_samples[split], size, size) + ((3,) if info.n_channels == 3 else ())
+        expected = (info.n_samples[split], *info.stored_shape)
         if images.shape != expected or images.dtype != np.uint8:
             raise DataError(
                 f"{path}: {split}_images has shape {images.shape} {images.dtype}, expected {expected} uint8"
@@ -370,11 +408,14 @@ def load_digits() -> MedMNISTData:
 def to_tensors(
     split: Split, info: DatasetInfo, *, device: torch.device | str = "cpu"
 ) -> tuple[Tensor, Tensor]:
-    """Images as float32 ``(N, C, H, W)`` normalised by the dataset's mean and std (MedMNIST's
-    ``Normalize(mean=.5, std=.5)``: [-1, 1]); targets as int64 ``(N,)`` or float32 ``(N, L)``."""
+    """Images as float32 ``(N, C, H, W)`` (volumes ``(N, C, D, H, W)``) normalised by the
+    dataset's mean and std (MedMNIST's ``Normalize(mean=.5, std=.5)``: [-1, 1]); targets as
+    int64 ``(N,)`` or float32 ``(N, L)``."""
     images = torch.from_numpy(split.images).to(device=device, dtype=torch.float32)
-    # (N, H, W) -> (N, 1, H, W); (N, H, W, 3) -> (N, 3, H, W)
-    images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2).contiguous()
+    if info.n_channels == 1:  # (N, H, W) -> (N, 1, H, W); (N, D, H, W) -> (N, 1, D, H, W)
+        images = images.unsqueeze(1)
+    else:  # (N, H, W, 3) -> (N, 3, H, W)
+        images = images.permute(0, 3, 1, 2).contiguous()
     images = (images / 255.0 - info.mean) / info.std
     targets = torch.from_numpy(split.targets).to(device=device)
     targets = targets.float() if info.multi_label else targets.long()

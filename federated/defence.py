@@ -1,7 +1,9 @@
 """The server's side of a round once the updates are in: the model attack applied to the
 malicious clients' rows, local DP's noise on behalf of the clients simulated here, the
 non-finite rows dropped, the filters, the pre-aggregators and the rule
-(:mod:`aggregation.defence`), DP-FedAvg's clipping and release, and the server step.
+(:mod:`aggregation.defence`), DP-FedAvg's clipping and release, and the server
+optimizer's step on the released aggregate (its state loaded from the round's
+:class:`~federated.parts.ServerState` and handed back, never kept between rounds).
 
 :class:`RoundDefence` is given what it needs (the defence, the threat model, the run's
 seed and server settings, the workspace model for Zeno's oracle and FLTrust's reference)
@@ -13,17 +15,19 @@ attacks see the same defence through :meth:`RoundDefence._simulated_defence`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import drop_non_finite
+from aggregation.base import SiteLosses, Validate, drop_non_finite
 from aggregation.defence import Rows, RuleOutcome, run_filters, run_rule
+from aggregation.fednova import local_norm
 from aggregation.mean import FedAvg
 from federated.client import ClientUpdate, LocalTraining, train_client
+from federated.execution import SiteValidator
 from federated.parts import Defence, FederationConfig, ServerState, ThreatModel
 from federated.seeding import ATTACK, PREAGGREGATION, PRIVACY, SHUFFLE, derive_seed, torch_generator
 from federated.trail import TrailRows, record_decisions, record_filter_steps, sent_update
@@ -44,6 +48,7 @@ class Aggregation:
     preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     attack_state: dict[str, Any] = field(default_factory=dict)
     attack_metrics: dict[str, float] = field(default_factory=dict)
+    server_optimizer_state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +64,7 @@ class RoundDefence:
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     local: LocalTraining | None  # trains the root data's reference update (FLTrust)
     held_here: frozenset[int]
+    validator: SiteValidator | None = None  # the sites that score candidates (site_validation)
 
     def aggregate(
         self,
@@ -73,6 +79,7 @@ class RoundDefence:
             state.global_vector, state.aggregator_state, list(state.filter_states), [],
             preaggregator_states=list(state.preaggregator_states),
             attack_state=state.attack_state,
+            server_optimizer_state=state.server_optimizer_state,
         )  # fmt: skip
         if not updates:
             return outcome
@@ -83,7 +90,7 @@ class RoundDefence:
         )
         if self.defence.privacy is not None and self.defence.privacy.mode == "local":
             stacked = self._privatised_for_simulated(round_number, stacked, ids)
-        stacked = self._attacked(state, round_number, stacked, weights, ids, outcome)
+        stacked = self._attacked(state, round_number, stacked, weights, ids, outcome, rows)
         keep = self._screened(outcome, stacked, weights, ids, rows)
         positions = keep.nonzero().flatten()
         outcome.kept_ids = [ids[p] for p in positions.tolist()]
@@ -93,10 +100,18 @@ class RoundDefence:
         if len(positions) < len(ids):
             kept, kept_weights = stacked[positions], weights[positions]
         aggregate = self._ruled(state, round_number, kept, kept_weights, outcome, rows)
-        outcome.global_vector = state.global_vector + self.config.server_lr * aggregate.to(
-            state.global_vector.dtype
-        )
+        self._server_step(state, aggregate, outcome)
         return outcome
+
+    def _server_step(self, state: ServerState, aggregate: Tensor, outcome: Aggregation) -> None:
+        """The server optimizer's step from the state's memory: the new global vector
+        and the optimizer's new state go into ``outcome``."""
+        optimizer = self.defence.server_optimizer
+        optimizer.load_state_dict(state.server_optimizer_state)
+        outcome.global_vector = optimizer.step(
+            state.global_vector, aggregate.to(state.global_vector.dtype)
+        )
+        outcome.server_optimizer_state = optimizer.state_dict()
 
     def _screened(
         self,
@@ -114,8 +129,10 @@ class RoundDefence:
             if not finite:
                 rows[client_id].update(excluded=True, reason="non_finite")
         outcome.filter_states = self._filter(
-            outcome.filter_states, stacked, weights, ids, keep, rows
-        )
+            outcome.filter_states,
+            self._validate(outcome.global_vector, outcome.server_optimizer_state),
+            stacked, weights, ids, keep, rows,
+        )  # fmt: skip
         return keep
 
     def _ruled(
@@ -134,7 +151,7 @@ class RoundDefence:
         if privacy is not None:
             kept = privacy.clipped(kept) if privacy.mode == "central" else kept
             kept_weights = torch.ones_like(kept_weights)
-        decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids)
+        decided = self._decide(state, round_number, kept, kept_weights, outcome.kept_ids, rows)
         outcome.aggregator_state = decided.rule_state
         outcome.preaggregator_states = decided.preaggregator_states
         record_decisions(decided.columns, outcome.kept_ids, rows)
@@ -193,6 +210,7 @@ class RoundDefence:
         weights: Tensor,
         ids: list[int],
         outcome: Aggregation,
+        rows: TrailRows,
     ) -> Tensor:
         """The round's updates ``(n, d)`` after the model attack, if any malicious client
         is among them; the attack's new state and its diagnostics go into ``outcome``."""
@@ -206,7 +224,7 @@ class RoundDefence:
             derive_seed(self.config.seed, round_number, ATTACK), stacked.device
         )
         defence = (
-            self._simulated_defence(state, round_number, weights, ids)
+            self._simulated_defence(state, round_number, weights, ids, rows)
             if attack.requires_aggregate
             else None
         )
@@ -217,8 +235,9 @@ class RoundDefence:
         return attacked
 
     def _simulated_defence(
-        self, state: ServerState, round_number: int, weights: Tensor, ids: list[int]
-    ) -> Callable[[Tensor], Tensor]:
+        self, state: ServerState, round_number: int, weights: Tensor, ids: list[int],
+        rows: TrailRows,
+    ) -> Callable[[Tensor], Tensor]:  # fmt: skip
         """What the server would make of a candidate round ``(n, d)`` (rows in ``ids``'
         order): non-finite rows dropped, the filters, the rule; no state advanced. What an
         optimising attacker (Opt-ALIE, Opt-IPM) is assumed to know of the defence."""
@@ -226,13 +245,16 @@ class RoundDefence:
         def defend(candidate: Tensor) -> Tensor:
             _, _, keep = drop_non_finite(candidate, weights)
             keep = keep.clone()
-            run_filters(self.defence.filters, state.filter_states, candidate, weights, ids, keep)
+            run_filters(
+                self.defence.filters, state.filter_states, candidate, weights, ids, keep,
+                validate=self._validate(state.global_vector, state.server_optimizer_state),
+            )  # fmt: skip
             positions = keep.nonzero().flatten()
             if len(positions) < self.config.min_clients:  # the round would be skipped
                 return torch.zeros_like(candidate[0])
             kept = [ids[p] for p in positions.tolist()]
             return self._decide(
-                state, round_number, candidate[positions], weights[positions], kept
+                state, round_number, candidate[positions], weights[positions], kept, rows
             ).aggregate
 
         return defend
@@ -240,6 +262,7 @@ class RoundDefence:
     def _filter(
         self,
         filter_states: list[dict[str, Any]],
+        validate: Validate | None,
         stacked: Tensor,
         weights: Tensor,
         ids: list[int],
@@ -249,10 +272,37 @@ class RoundDefence:
         """Run the filters in order on the rows still kept (``keep`` is updated in place),
         recording each client's scores and any exclusion; the filters' new states."""
         steps, states = run_filters(
-            self.defence.filters, filter_states, stacked, weights, ids, keep
-        )
+            self.defence.filters, filter_states, stacked, weights, ids, keep,
+            validate=validate,
+        )  # fmt: skip
         record_filter_steps(steps, ids, rows)
         return states
+
+    def _validate(self, global_vector: Tensor, optimizer_state: dict[str, Any]) -> Validate | None:
+        """The sites' held-out losses of candidate updates applied to ``global_vector`` as
+        the round would apply its aggregate (the server optimizer's step from
+        ``optimizer_state``, which the candidates do not advance); None without sites that
+        validate."""
+        validator = self.validator
+        if validator is None:
+            return None
+        optimizer = self.defence.server_optimizer
+
+        def stepped(candidate: Tensor) -> Tensor:
+            optimizer.load_state_dict(optimizer_state)
+            return optimizer.step(global_vector, candidate.to(global_vector))
+
+        def validate(candidates: Tensor, client_ids: Sequence[int]) -> SiteLosses:
+            models = torch.stack([stepped(candidate) for candidate in candidates])
+            answers = validator.validate(models, client_ids)
+            table = [list(a.losses) for a in answers]  # (sites, candidates)
+            return SiteLosses(
+                sites=tuple(a.site for a in answers),
+                counts=torch.tensor([float(a.n) for a in answers], dtype=torch.float64),
+                losses=torch.tensor(table, dtype=torch.float64).reshape(-1, len(candidates)),
+            )
+
+        return validate
 
     def _decide(
         self,
@@ -261,18 +311,41 @@ class RoundDefence:
         updates: Tensor,
         weights: Tensor,
         ids: list[int],
+        rows: TrailRows,
     ) -> RuleOutcome:
         """The pre-aggregators, then the rule, on the rows that passed the filters
-        (:func:`aggregation.defence.run_rule`, with the server's oracle and reference)."""
+        (:func:`aggregation.defence.run_rule`, with the server's oracle and reference and
+        the clients' local work)."""
         generator = torch_generator(
             derive_seed(self.config.seed, round_number, PREAGGREGATION), updates.device
         )
+        rule = self.defence.rule
+        norms = self._local_norms(ids, rows) if rule.requires_local_norms else None
+        losses = (
+            torch.tensor([rows[i]["model_loss"] for i in ids], dtype=torch.float64)
+            if rule.requires_losses
+            else None
+        )
         return run_rule(
-            self.defence.rule, state.aggregator_state, self.defence.preaggregators,
-            state.preaggregator_states, Rows(updates, weights, ids), generator=generator,
+            rule, state.aggregator_state, self.defence.preaggregators,
+            state.preaggregator_states, Rows(updates, weights, ids, norms, losses),
+            generator=generator,
             oracle=lambda: self._oracle(state),
             reference=lambda: self._reference(state, round_number),
         )  # fmt: skip
+
+    def _local_norms(self, client_ids: Sequence[int], rows: TrailRows) -> Tensor:
+        """FedNova's ‖a_i‖₁ of each client: its round's SGD steps (from its trail row),
+        discounted by the local momentum and proximal term."""
+        assert self.local is not None  # a rule that needs them needs local= (checked)
+        lr_mu = self.local.lr * self.local.prox_mu
+        return torch.tensor(
+            [
+                local_norm(rows[i]["local_steps"], momentum=self.local.momentum, lr_mu=lr_mu)
+                for i in client_ids
+            ],
+            dtype=torch.float64,
+        )
 
     def _reference(self, state: ServerState, round_number: int) -> Tensor:
         """The server's own update from its root data, made as a client makes its own."""

@@ -28,9 +28,10 @@ import abc
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from federated.batched import (
@@ -39,8 +40,14 @@ from federated.batched import (
     batched_unsupported_reason,
     train_clients_batched,
 )
-from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
-from federated.metrics import SplitSummary, logits_of, scores_of, summarise
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    ControlVariates,
+    LocalTraining,
+    train_client,
+)
+from federated.metrics import ModelDiverged, SplitSummary, logits_of, scores_of, summarise
 from federated.vectors import vector_to_model_
 from registry.constraints import Options, allowed, check_fields
 
@@ -48,6 +55,7 @@ __all__ = [
     "BatchedExecutor",
     "ClientExecutor",
     "ClientResult",
+    "HeldOutLosses",
     "LocalSiteScorer",
     "NextRound",
     "OnResult",
@@ -58,9 +66,12 @@ __all__ = [
     "SequentialExecutor",
     "SiteEvaluation",
     "SiteScorer",
+    "SiteValidator",
     "collect_results",
     "evaluate_site",
+    "held_out_losses",
     "local_executor",
+    "validation_split",
 ]
 
 Outcome = Literal["ok", "error", "timeout", "unavailable"]
@@ -244,6 +255,64 @@ def evaluate_site(
     return row, summaries
 
 
+@dataclass(frozen=True)
+class HeldOutLosses:
+    """One site's answer to a validation request: its held-out count and its mean loss of
+    each candidate model, in the order asked (``inf`` where the model's outputs are not
+    finite there). Nothing else about its data."""
+
+    site: int
+    n: int
+    losses: tuple[float, ...]
+
+
+class SiteValidator(Protocol):
+    """Scores candidate models on sites' own held-out splits, where those splits live."""
+
+    def validate(self, candidates: Tensor, client_ids: Sequence[int]) -> list[HeldOutLosses]:
+        """Each answering site's losses of the models ``candidates`` ``(k, d)`` (full model
+        vectors), in the order of ``client_ids``."""
+        ...
+
+
+def validation_split(
+    splits: Mapping[str, tuple[Tensor, Tensor]],
+) -> tuple[Tensor, Tensor] | None:
+    """The split a site validates candidates on: its validation split, or, holding none,
+    its held-out test split (None when it holds neither)."""
+    for name in ("val", "test"):
+        images, targets = splits.get(name, (None, None))
+        if images is not None and targets is not None and len(targets):
+            return images, targets
+    return None
+
+
+def held_out_losses(
+    model: nn.Module,
+    candidates: Tensor,
+    split: tuple[Tensor, Tensor] | None,
+    *,
+    multi_label: bool,
+    batch_size: int,
+) -> tuple[int, tuple[float, ...]]:
+    """What every site (real or simulated) answers a validation request with: the size of
+    its held-out ``split`` and the mean loss of each candidate model ``(k, d)`` on it
+    (``nan`` for each when it holds no split)."""
+    if split is None:
+        return 0, tuple(math.nan for _ in range(len(candidates)))
+    images, targets = split
+    losses = []
+    for vector in candidates:
+        vector_to_model_(model, vector)
+        try:
+            with torch.no_grad():
+                logits = logits_of(model.eval(), images, batch_size)
+            losses.append(scores_of(logits, targets, multi_label=multi_label, full=False)["loss"])
+        except ModelDiverged:
+            losses.append(math.inf)
+    return len(targets), tuple(float(x) for x in losses)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LocalSiteScorer:
     """Sites simulated in this process: each client's held-out splits (client id -> split
@@ -269,8 +338,22 @@ class LocalSiteScorer:
             evaluations.append(SiteEvaluation(client_id, row, summaries))
         return evaluations
 
+    def validate(self, candidates: Tensor, client_ids: Sequence[int]) -> list[HeldOutLosses]:
+        """Each site's losses of the ``candidates`` on its held-out split, as a site
+        computes them (:func:`held_out_losses`)."""
+        answers = []
+        for client_id in client_ids:
+            split = validation_split(self.splits.get(client_id, {}))
+            n, losses = held_out_losses(
+                self.model, candidates, split, multi_label=self.multi_label,
+                batch_size=self.batch_size,
+            )  # fmt: skip
+            answers.append(HeldOutLosses(client_id, n, losses))
+        return answers
+
 
 SeedOf = Callable[[int, int], int]  # (round, client id) -> the client's shuffle seed
+EpochsOf = Callable[[int, int], int]  # (round, client id) -> the client's local epochs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,17 +365,45 @@ class SequentialExecutor(RoundExecutor):
     local: LocalTraining
     loss_fn: nn.Module
     seed_of: SeedOf
+    epochs_of: EpochsOf | None = None  # heterogeneous local work; None: local.epochs
 
     def round_results(
         self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
     ) -> ResultOf:
         return lambda client_id: self.train_one(global_vector, round_number, client_id)
 
-    def train_one(self, global_vector: Tensor, round_number: int, client_id: int) -> ClientResult:
+    def local_of(self, round_number: int, client_id: int) -> LocalTraining:
+        """The client's local training in the round: its drawn epochs, if any."""
+        if self.epochs_of is None:
+            return self.local
+        return replace(self.local, epochs=self.epochs_of(round_number, client_id))
+
+    def train_with_controls(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        controls: Mapping[int, ControlVariates],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """SCAFFOLD's round: each client in ``controls`` trained with its control
+        variates (its update carries Δc_i), in that order."""
+        ids = list(controls)
+        return collect_results(
+            ids, lambda i: self.train_one(global_vector, round_number, i, controls[i]), on_result
+        )
+
+    def train_one(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_id: int,
+        control: ControlVariates | None = None,
+    ) -> ClientResult:
         try:
             update = train_client(
-                self.model, global_vector, self.clients[client_id], self.local, self.loss_fn,
-                seed=self.seed_of(round_number, client_id),
+                self.model, global_vector, self.clients[client_id],
+                self.local_of(round_number, client_id), self.loss_fn,
+                seed=self.seed_of(round_number, client_id), control=control,
             )  # fmt: skip
         except Exception as error:  # a broken client must not stop the federation
             return ClientResult.failed(client_id, error)
@@ -310,12 +421,19 @@ class BatchedExecutor(RoundExecutor):
         self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
     ) -> ResultOf:
         one = self.sequential
+        groups: dict[LocalTraining, list[int]] = {}  # clients by their round's local epochs
+        for client_id in client_ids:
+            groups.setdefault(one.local_of(round_number, client_id), []).append(client_id)
         try:
-            updates = train_clients_batched(
-                one.model, global_vector, [one.clients[i] for i in client_ids], one.local,
-                one.loss_fn, seeds=[one.seed_of(round_number, i) for i in client_ids],
-                max_parallel=self.max_parallel,
-            )  # fmt: skip
+            updates = [
+                update
+                for local, ids in groups.items()
+                for update in train_clients_batched(
+                    one.model, global_vector, [one.clients[i] for i in ids], local, one.loss_fn,
+                    seeds=[one.seed_of(round_number, i) for i in ids],
+                    max_parallel=self.max_parallel,
+                )
+            ]  # fmt: skip
         except Exception as error:  # retried client by client: a broken one fails alone
             log.warning(
                 "round %d: batched training failed (%s: %s); training clients one by one",
@@ -335,17 +453,20 @@ def local_executor(
     *,
     backend: str,
     max_parallel: int | None,
+    epochs_of: EpochsOf | None = None,
 ) -> SequentialExecutor | BatchedExecutor:
     """This process's executor for the ``clients`` held here (``ClientData``; the others
     are skipped): the sequential one, or the batched one where ``backend`` asks for it
     (``auto``: where it supports the model and pays on its device). ``seed_of(round,
-    client)`` seeds a client's shuffling."""
+    client)`` seeds a client's shuffling; ``epochs_of(round, client)``, if given, sets its
+    local epochs (the batched one trains each group of equal epochs in one call)."""
     sequential = SequentialExecutor(
         model=model,
         clients={c.client_id: c for c in clients if isinstance(c, ClientData)},
         local=local,
         loss_fn=loss_fn,
         seed_of=seed_of,
+        epochs_of=epochs_of,
     )
     unsupported = None if backend == "sequential" else batched_unsupported_reason(model)
     if backend == "batched" and unsupported is not None:

@@ -91,7 +91,7 @@ class ImageClassifier:
         return self.predict_images([self.read(path) for path in paths])
 
     def _stacked(self, images: list[np.ndarray]) -> np.ndarray:
-        shape = (self.info.size, self.info.size) + ((3,) if self.info.n_channels == 3 else ())
+        shape = self.info.stored_shape
         return np.stack(images) if images else np.zeros((0, *shape), dtype=np.uint8)
 
 

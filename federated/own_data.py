@@ -53,6 +53,7 @@ __all__ = [
     "load_own_dataset",
     "load_own_images",
     "read_image",
+    "size_note",
     "write_image_folder",
 ]
 
@@ -93,29 +94,12 @@ class LabelledImages:
     def resized(self, size: int) -> dict[str, int]:
         """How many images were resized to ``size``, by their size as read (``"32x32"``),
         most frequent first; empty when every image was read at ``size``."""
-        if self.source_sizes is None:
-            return {}
-        found: dict[str, int] = {}
-        for height, width in self.source_sizes.tolist():
-            if (height, width) != (size, size):
-                found[f"{height}x{width}"] = found.get(f"{height}x{width}", 0) + 1
-        return dict(sorted(found.items(), key=lambda item: -item[1]))
-
-    def mixed_sizes(self) -> bool:
-        """Whether the images were read at more than one size (often a wrong export)."""
-        return self.source_sizes is not None and len(np.unique(self.source_sizes, axis=0)) > 1
+        return {} if self.source_sizes is None else resized_counts(self.source_sizes, size)
 
     def size_note(self, size: int) -> str | None:
         """One line on the images resized to ``size`` (by their size as read), a warning
         when the folder mixes sizes; None when every image was read at ``size``."""
-        resized = self.resized(size)
-        if not resized:
-            return None
-        counts = ", ".join(f"{count} from {read}" for read, count in resized.items())
-        note = f"{sum(resized.values())} images resized to {size}x{size} ({counts})"
-        if self.mixed_sizes():
-            note += "; warning: the images have mixed sizes, often the sign of a wrong export"
-        return note
+        return None if self.source_sizes is None else size_note(self.source_sizes, size)
 
     def split(self, name: str) -> Split:
         """The rows of one split; every row is ``train`` when the table names none."""
@@ -124,6 +108,31 @@ class LabelledImages:
         else:
             rows = np.flatnonzero(self.splits == name)
         return Split(images=self.images[rows], labels=self.labels[rows])
+
+
+def resized_counts(source_sizes: np.ndarray, size: int) -> dict[str, int]:
+    """How many of the images read at ``source_sizes`` ``(N, 2)`` were resized to ``size``,
+    by their size as read (``"32x32"``), most frequent first."""
+    found: dict[str, int] = {}
+    for height, width in np.asarray(source_sizes).tolist():
+        if (height, width) != (size, size):
+            found[f"{height}x{width}"] = found.get(f"{height}x{width}", 0) + 1
+    return dict(sorted(found.items(), key=lambda item: -item[1]))
+
+
+def size_note(source_sizes: np.ndarray, size: int, *, of: int | None = None) -> str | None:
+    """One line on the images resized to ``size`` (``of``: out of how many, when the
+    reader should hear it), a warning when they were read at mixed sizes; None when every
+    image was read at ``size``. The site's data check and ``fedsieve predict`` say it."""
+    resized = resized_counts(source_sizes, size)
+    if not resized:
+        return None
+    counts = ", ".join(f"{count} from {read}" for read, count in resized.items())
+    total = sum(resized.values()) if of is None else f"{sum(resized.values())} of {of}"
+    note = f"{total} images resized to {size}x{size} ({counts})"
+    if len(np.unique(np.asarray(source_sizes), axis=0)) > 1:
+        note += "; warning: the images have mixed sizes, often the sign of a wrong export"
+    return note
 
 
 def load_own_images(

@@ -15,9 +15,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from aggregation.base import AggregationRule, Filter, PreAggregator
+from aggregation.base import AggregationRule, Filter, PreAggregator, ServerOptimizer
+from aggregation.server_optimizers import ServerSGD
 from federated.attacks.base import ModelAttack
-from federated.client import ClientData, RegisteredClient
+from federated.client import ClientData, LocalTraining, LocalWork, RegisteredClient
 from federated.execution import ClientExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
@@ -35,6 +36,7 @@ __all__ = [
     "ServerState",
     "ThreatModel",
     "check_assembly",
+    "check_local",
 ]
 
 Backend = Literal["sequential", "batched", "auto"]
@@ -53,8 +55,6 @@ class FederationConfig:
     client_fraction: float = field(
         default=1.0, metadata=allowed(Interval(float, 0, 1, closed="right"))
     )
-    # global += server_lr * aggregated update
-    server_lr: float = field(default=1.0, metadata=allowed(POSITIVE))
     # fewer survivors than this: the round is skipped
     min_clients: int = field(default=1, metadata=allowed(Interval(int, 1)))
     seed: int = 0
@@ -79,6 +79,9 @@ class FederationConfig:
     # which clients a round samples: a seeded draw of its own per round ("per_round"), or
     # draws from one generator over the run ("stream": FedStNN's rule)
     sampling: Sampling = field(default="per_round", metadata=allowed(Options.of(Sampling)))
+    # SCAFFOLD (Karimireddy et al. 2020, option II): the server's control variate c and
+    # each client's c_i correct every local step; the clients train in this process
+    scaffold: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -123,6 +126,12 @@ class ServerState:
     preaggregator_states: list[dict[str, Any]] = field(default_factory=list)
     halted: str | None = None  # why the run stopped (max_excluded), in one line
     sites: list[dict[str, float]] = field(default_factory=list)  # per-site scores by round
+    # the server optimizer's memory (its step count and moments): state_dict() as it was
+    server_optimizer_state: dict[str, Any] = field(default_factory=dict)
+    # SCAFFOLD: the server's control variate c (d,) and, in a simulation, each simulated
+    # client's own c_i by client id (the clients' half, kept here because they are here)
+    control: Tensor | None = None
+    client_controls: dict[int, Tensor] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +148,14 @@ class ServerState:
             "preaggregator_states": self.preaggregator_states,
             "halted": self.halted,
             "sites": self.sites,
+            "server_optimizer_state": {
+                key: value.detach().cpu() if isinstance(value, Tensor) else value
+                for key, value in self.server_optimizer_state.items()
+            },
+            "control": None if self.control is None else self.control.detach().cpu(),
+            "client_controls": {
+                client: value.detach().cpu() for client, value in self.client_controls.items()
+            },
         }
 
     @classmethod
@@ -158,6 +175,15 @@ class ServerState:
             preaggregator_states=list(data.get("preaggregator_states", [])),
             halted=data.get("halted"),
             sites=list(data.get("sites", [])),
+            server_optimizer_state={
+                key: value.to(device) if isinstance(value, Tensor) else value
+                for key, value in data.get("server_optimizer_state", {}).items()
+            },
+            control=None if data.get("control") is None else data["control"].to(device),
+            client_controls={
+                int(client): value.to(device)
+                for client, value in data.get("client_controls", {}).items()
+            },
         )
 
     @property
@@ -192,7 +218,9 @@ class RoundReport:
 @dataclass(frozen=True, kw_only=True)
 class Defence:
     """What the server does with the updates it receives, in order: the non-IID screen,
-    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise. ``root``
+    the filters, the pre-aggregators, the rule, DP-FedAvg's clipping and noise, and the
+    server optimizer that takes the released aggregate as its pseudo-gradient (``sgd``
+    at lr 1, FedAvg's step, unless given). ``root``
     (FLTrust's reference update) and ``server_batch`` (Zeno's oracle) are the server's own
     data, for the rules that need them."""
 
@@ -203,8 +231,15 @@ class Defence:
     privacy: ClientPrivacy | None = None
     root: ClientData | None = None
     server_batch: tuple[Tensor, Tensor] | None = None
+    server_optimizer: ServerOptimizer = field(default_factory=ServerSGD)
 
     def __post_init__(self) -> None:
+        if (self.rule.requires_local_norms or self.rule.requires_losses) and self.preaggregators:
+            raise ValueError(
+                f"aggregator {type(self.rule).__name__} weighs each client's own update by what "
+                "it knows of that client: pre-aggregators, which remake the rows, cannot go "
+                "before it"
+            )
         if self.rule.requires_reference and self.root is None:
             raise ValueError(
                 f"aggregator {type(self.rule).__name__} needs the server's root data (root=): "
@@ -263,15 +298,22 @@ class EvaluationSets:
 @dataclass(frozen=True, kw_only=True)
 class Execution:
     """How the sampled clients are trained: by one of this process's backends, or by an
-    executor of its own (``executor``, e.g. clients that live elsewhere)."""
+    executor of its own (``executor``, e.g. clients that live elsewhere). ``local_work``
+    draws each client's local epochs per round (this process's backends only)."""
 
     backend: Backend = field(default="sequential", metadata=allowed(Options.of(Backend)))
     # batched: clients trained at once (None: by memory)
     max_parallel: int | None = field(default=None, metadata=allowed(Interval(int, 1), None))
     executor: ClientExecutor | None = None
+    local_work: LocalWork | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.executor is not None and self.local_work is not None:
+            raise ValueError(
+                "local_work draws the epochs of the clients trained here: an executor of "
+                "its own (executor=) trains its clients as they are set up"
+            )
 
 
 def check_assembly(
@@ -296,6 +338,14 @@ def check_assembly(
         if splits and len(splits) != len(clients):
             raise ValueError(f"{what} per client ({len(clients)}), got {len(splits)}")
     _check_evaluation(config, evaluation, defence, threat)
+    validating = [type(f).__name__ for f in defence.filters if f.requires_validation]
+    held_out = evaluation.site_scorer is not None or evaluation.sites or evaluation.site_vals
+    if validating and not held_out:
+        raise ValueError(
+            f"filter {validating[0]} has the sites score candidates on their own held-out "
+            "splits, but the clients hold none: give each a held-out split "
+            "(partition.local_test) or sites that score (evaluation.site_scorer=)"
+        )
     remote = [c.client_id for c in clients if not isinstance(c, ClientData)]
     if remote and execution.executor is None:
         raise ValueError(
@@ -339,4 +389,38 @@ def _check_privacy(privacy: ClientPrivacy | None, population: int, per_round: in
         raise ValueError(
             f"privacy: accounted for {privacy.per_round} of {privacy.population} clients "
             f"a round, but the federation samples {per_round} of {population}"
+        )
+
+
+def check_local(
+    local: LocalTraining | None, config: FederationConfig, defence: Defence, execution: Execution
+) -> None:
+    """What needs the clients' local training settings (``local=``): the clients held
+    here and the server's root data, FedNova's ‖a_i‖₁, SCAFFOLD's plain steps."""
+    if local is None and (execution.executor is None or defence.root is not None):
+        raise ValueError(
+            "local= is needed: it trains the clients held here and the server's root data"
+        )
+    if config.scaffold:
+        _check_scaffold(local, execution)
+    if local is None and defence.rule.requires_local_norms:
+        raise ValueError(
+            f"aggregator {type(defence.rule).__name__} needs local= (the clients' local "
+            "training: its steps, momentum and proximal term make each client's ‖a_i‖₁)"
+        )
+
+
+def _check_scaffold(local: LocalTraining | None, execution: Execution) -> None:
+    """What SCAFFOLD as the paper writes it needs, in one line each: the clients trained
+    here one after another, with plain local SGD steps (option II reads (x − y)/(K·η_l)
+    as their mean corrected gradient)."""
+    if execution.executor is not None or execution.backend == "batched":
+        raise ValueError(
+            "scaffold trains each client with its control variates one after another: "
+            "it needs the clients here and backend 'sequential' (or 'auto')"
+        )
+    if local is not None and (local.momentum or local.prox_mu):
+        raise ValueError(
+            "scaffold's option II assumes plain local SGD steps: local momentum and "
+            f"prox_mu must be 0 (got {local.momentum:g} and {local.prox_mu:g})"
         )

@@ -34,7 +34,7 @@ from federated.execution import (
 from federated.metrics import ModelDiverged, evaluate, pooled_scores, site_scores
 from federated.parts import EvaluationSets, FederationConfig
 from federated.stats.noniid import NonIIDResult, client_losses, noniid_verdict
-from federated.trail import TrailRows, detection_counts
+from federated.trail import TrailRows, contributions, detection_counts, worst_client
 from federated.vectors import model_to_vector, vector_to_model_
 
 __all__ = ["RoundScorer", "scored_together"]
@@ -200,6 +200,8 @@ class RoundScorer:
             **screen_metrics,
             **outcome.attack_metrics,
             **detection_counts(trail_rows),
+            **worst_client(trail_rows),
+            **contributions(trail_rows),
         }
 
     def hub_scores(self, vector: Tensor, round_number: int) -> dict[str, float]:
@@ -257,6 +259,12 @@ class RoundScorer:
         ids = [c.client_id for c in clients]
         answers = self.site_scorer().score(vector, ids, request, then_train)
         return {e.site: e.data_loss for e in answers if e.data_loss is not None}
+
+    def model_losses(self, vector: Tensor, client_ids: Sequence[int]) -> dict[int, float]:
+        """``vector``'s cross-entropy on each client's own training data, by client id
+        (AFL's gradient of λ): :meth:`data_losses` by id."""
+        positions = {c.client_id: p for p, c in enumerate(self.clients)}
+        return self.data_losses(vector, [positions[i] for i in client_ids], "cross_entropy")
 
     def trained_model_noniid(
         self, model: nn.Module, loss: str, threshold: float

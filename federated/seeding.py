@@ -28,7 +28,7 @@ __all__ = [
 T = TypeVar("T")
 
 # Purposes, so that two draws for the same (round, client) never share a stream.
-SAMPLING, SHUFFLE, ATTACK, INIT, PREAGGREGATION, PRIVACY = 1, 2, 3, 4, 5, 6
+SAMPLING, SHUFFLE, ATTACK, INIT, PREAGGREGATION, PRIVACY, LOCAL_WORK = 1, 2, 3, 4, 5, 6, 7
 CLIENT_STREAM = 0xC11E  # the key of "stream" sampling's one generator (FedStNN's records)
 
 

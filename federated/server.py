@@ -42,12 +42,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient
+from federated.client import (
+    ClientData,
+    ClientUpdate,
+    LocalTraining,
+    RegisteredClient,
+    round_epochs,
+)
 from federated.defence import Aggregation, RoundDefence
 from federated.execution import (
     BatchedExecutor,
     ClientExecutor,
+    ClientResult,
     NextRound,
+    SequentialExecutor,
     SiteEvaluation,
     local_executor,
 )
@@ -65,11 +73,20 @@ from federated.parts import (
     ServerState,
     ThreatModel,
     check_assembly,
+    check_local,
 )
 from federated.privacy import released_rounds
+from federated.scaffold import advance_controls, client_controls
 from federated.scoring import RoundScorer, scored_together
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
-from federated.trail import TrailRows, checked_update, detection_counts, left_out, new_row
+from federated.trail import (
+    TrailRows,
+    checked_update,
+    detection_counts,
+    left_out,
+    new_row,
+    record_local_work,
+)
 from federated.vectors import model_to_vector
 
 __all__ = [
@@ -106,10 +123,7 @@ class Federation:
         execution: Execution = Execution(),
     ) -> None:
         check_assembly(clients, config, defence, evaluation, threat, execution)
-        if local is None and (execution.executor is None or defence.root is not None):
-            raise ValueError(
-                "local= is needed: it trains the clients held here and the server's root data"
-            )
+        check_local(local, config, defence, execution)
         device = (
             evaluation.test[0].device
             if evaluation.test is not None
@@ -126,6 +140,7 @@ class Federation:
         self.initial_vector = model_to_vector(self.model).to(self.device)
         self.clients_per_round = clients_per_round(config.client_fraction, len(self.clients))
         self.loss_fn = loss_function(evaluation.multi_label)
+        self.local_work = execution.local_work
         self._assemble_steps(execution)
 
     def _assemble_steps(self, execution: Execution) -> None:
@@ -142,17 +157,25 @@ class Federation:
             check=self.defence.noniid, scorer=self.scorer,
             all_held_here=len(held_here) == len(self.clients),
         )  # fmt: skip
+        validates = any(f.requires_validation for f in self.defence.filters)
         self.round_defence = RoundDefence(
             defence=self.defence, threat=self.threat, config=self.config, model=self.model,
             loss_fn=self.loss_fn, local=self.local, held_here=held_here,
+            validator=self.scorer.site_scorer() if validates else None,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def _local_executor(self, execution: Execution) -> ClientExecutor:
         assert self.local is not None  # checked when the federation was built
+        backend = "sequential" if self.config.scaffold else execution.backend
         return local_executor(
             self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
-            backend=execution.backend, max_parallel=execution.max_parallel,
+            backend=backend, max_parallel=execution.max_parallel,
+            epochs_of=self.local_epochs if execution.local_work is not None else None,
         )  # fmt: skip
+
+    def local_epochs(self, round_number: int, client_id: int) -> int:
+        """A client's local epochs in a round: drawn (``local_work``) or ``local.epochs``."""
+        return round_epochs(self.local, self.local_work, self.config.seed, round_number, client_id)
 
     @property
     def batched(self) -> bool:
@@ -169,6 +192,7 @@ class Federation:
             filter_states=[f.init_state() for f in self.defence.filters],
             attack_state=self.threat.model_attack.init_state() if self.threat.model_attack else {},
             preaggregator_states=[p.init_state() for p in self.defence.preaggregators],
+            control=torch.zeros_like(self.initial_vector) if self.config.scaffold else None,
         )
 
     def sample_clients(self, round_number: int) -> list[int]:
@@ -232,11 +256,7 @@ class Federation:
         rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
         outcome = self.round_defence.aggregate(state, round_number, updates, rows)
         self.round_defence.site_epsilons(state, rows)
-        halted = self._exclusion_bound_exceeded(round_number, rows)
-        if halted is not None:  # fail closed: no aggregate from what was left
-            outcome.global_vector = state.global_vector
-        new_state = self._next_state(state, round_number, outcome)
-        new_state.halted = halted
+        new_state = self._settled(state, round_number, outcome, updates, rows)
         next_round = self._next_round(new_state) if self.screen.trains_with_scoring() else None
         ahead = self.screen.losses_ahead(next_round)
         vector = new_state.global_vector
@@ -257,6 +277,25 @@ class Federation:
         new_state.trail.extend(trail_rows)
         report = RoundReport(round=round_number, metrics=metrics, clients=trail_rows, sites=sites)
         return new_state, report
+
+    def _settled(
+        self, state: ServerState, round_number: int, outcome: Aggregation,
+        updates: list[ClientUpdate], rows: TrailRows,
+    ) -> ServerState:  # fmt: skip
+        """The state the round leaves: none of its aggregate under a fail-closed halt (the
+        model and the server optimizer's memory stay as they were), SCAFFOLD's variates
+        advanced."""
+        halted = self._exclusion_bound_exceeded(round_number, rows)
+        if halted is not None:  # fail closed: no aggregate from what was left
+            outcome.global_vector = state.global_vector
+            outcome.server_optimizer_state = state.server_optimizer_state
+        new_state = self._next_state(state, round_number, outcome)
+        new_state.halted = halted
+        if self.config.scaffold:
+            advance_controls(
+                new_state, updates, outcome, rows, self.config.min_clients, len(self.clients)
+            )
+        return new_state
 
     def _site_rows(
         self, state: ServerState, round_number: int,
@@ -309,7 +348,7 @@ class Federation:
                 row.update(excluded=True, reason="noniid_loss")
         to_train = [i for i in rows if i not in screen.excluded]
         done = (lambda result: on_client(result.client_id)) if on_client is not None else None
-        results = self.executor.train(state.global_vector, round_number, to_train, done)
+        results = self._results(state, round_number, to_train, done)
         if on_client is not None:
             for client_id in screen.excluded & rows.keys():
                 on_client(client_id)
@@ -318,7 +357,25 @@ class Federation:
             update = checked_update(result, rows[result.client_id], state.global_vector)
             if update is not None:
                 updates.append(update)
+                if self.local is not None:  # FedNova's τ_i (sites: by the registered count)
+                    epochs = self.local_epochs(round_number, update.client_id)
+                    record_local_work(rows[update.client_id], update, self.local, epochs)
+        if self.defence.rule.requires_losses:  # AFL's λ gradient: L_k of the round's model
+            ids = [u.client_id for u in updates]
+            for client_id, loss in self.scorer.model_losses(state.global_vector, ids).items():
+                rows[client_id]["model_loss"] = loss
         return rows, updates
+
+    def _results(
+        self, state: ServerState, round_number: int, to_train: list[int],
+        done: Callable[[ClientResult], None] | None,
+    ) -> list[ClientResult]:  # fmt: skip
+        """The executor's results; under SCAFFOLD each client trains with its variates."""
+        if not self.config.scaffold:
+            return self.executor.train(state.global_vector, round_number, to_train, done)
+        assert isinstance(self.executor, SequentialExecutor)  # chosen so when built
+        controls = client_controls(state, to_train)
+        return self.executor.train_with_controls(state.global_vector, round_number, controls, done)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation
@@ -336,4 +393,7 @@ class Federation:
             attack_state=outcome.attack_state,
             preaggregator_states=outcome.preaggregator_states,
             sites=list(state.sites),
+            server_optimizer_state=outcome.server_optimizer_state,
+            control=state.control,
+            client_controls=state.client_controls,
         )

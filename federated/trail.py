@@ -11,12 +11,13 @@ from typing import Any
 from torch import Tensor
 
 from aggregation.defence import FilterStep
-from federated.client import ClientData, ClientUpdate, RegisteredClient
+from federated.client import ClientData, ClientUpdate, LocalTraining, RegisteredClient, local_steps
 from federated.execution import ClientResult
 
 __all__ = [
     "TrailRows",
     "checked_update",
+    "contributions",
     "detection_counts",
     "failed_to_answer",
     "is_left_out",
@@ -24,7 +25,9 @@ __all__ = [
     "new_row",
     "record_decisions",
     "record_filter_steps",
+    "record_local_work",
     "sent_update",
+    "worst_client",
 ]
 
 TrailRows = dict[int, dict[str, Any]]  # a round's trail rows by client id
@@ -56,6 +59,16 @@ def record_decisions(columns: dict[str, Tensor], kept_ids: Sequence[int], rows: 
                 rows[client_id]["selected"] = bool(value)
             elif value == value:  # NaN: the value does not apply to this client
                 rows[client_id][name] = float(value)
+
+
+def contributions(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each client's contribution this round as validation at the sites measured it (the
+    others' held-out loss without it minus with it), as ``contribution_<client>``."""
+    return {
+        f"contribution_{row['client']}": float(row["contribution"])
+        for row in rows
+        if "contribution" in row and row["contribution"] == row["contribution"]
+    }
 
 
 def failed_to_answer(row: dict[str, Any]) -> bool:
@@ -145,3 +158,21 @@ def checked_update(
         )
         update = replace(update, num_samples=row["num_samples"])
     return update
+
+
+def record_local_work(
+    row: dict[str, Any], update: ClientUpdate, local: LocalTraining, epochs: int
+) -> None:
+    """The client's local epochs and SGD steps in the round (FedNova's τ_i) into its row."""
+    row["local_epochs"] = epochs
+    row["local_steps"] = local_steps(update.num_samples, local.batch_size, epochs)
+
+
+def worst_client(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The round's worst client by its loss of the global model (``model_loss``, where
+    the round measured it: AFL): that loss and the client's id; empty otherwise."""
+    measured = [row for row in rows if "model_loss" in row]
+    if not measured:
+        return {}
+    worst = max(measured, key=lambda row: row["model_loss"])
+    return {"worst_client_loss": float(worst["model_loss"]), "worst_client": float(worst["client"])}

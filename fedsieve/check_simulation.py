@@ -8,7 +8,8 @@ of the last run of ``--params`` (the train stage's checkpoint and the ServerApp'
 journal), simulates the run here from ``--data``, and prints the largest difference of
 the final weights, of each round's metrics, and each round's time at the sites beside its
 time here. Exit 0 when the weights and every shared metric agree within ``--tolerance``;
-1, naming what differs, when not.
+1, naming what differs, when not, and its known causes: a site's outage (the rounds it did
+not answer) or data changed during the run.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from config.errors import ConfigError
 
 if TYPE_CHECKING:
     from flowerapp.hub import HubFiles
+    from tasks.reports import ProjectPaths
 
 __all__ = ["add_check_arguments", "check_simulation", "site_data_paths"]
 
@@ -108,9 +110,47 @@ def check_simulation(args: argparse.Namespace, workdir: Path) -> int:
             failures.append(f"round {round_number}'s {key} differs by {worst:.3g}")
     if failures:
         print(f"fedsieve: the run at the sites is not its simulation: {'; '.join(failures)}")
+        for cause in _known_causes(remote.trail, paths.site_data, _run_id(paths)):
+            print(f"  cause: {cause}")
         return 1
     print(f"the run at the sites equals its simulation within {args.tolerance:g}")
     return 0
+
+
+def _known_causes(trail: list[dict[str, Any]], lineage: Path, run_id: str | None) -> list[str]:
+    """What the run at the sites did that a simulation from the sites' data cannot: a site
+    that did not answer in a round (an outage: the simulation trains every site every
+    round), or whose data changed during the run (it reads the data as they are now)."""
+    from federated.trail import failed_to_answer
+    from flowerapp.lineage import round_spans
+
+    missed: dict[str, list[int]] = {}
+    reasons: dict[str, set[str]] = {}
+    for row in filter(failed_to_answer, trail):
+        site = str(row.get("site") or f"client {row['client']}")
+        missed.setdefault(site, []).append(int(row["round"]))
+        reasons.setdefault(site, set()).add(str(row["reason"]))
+    causes = [
+        f"site {site} did not answer in round{'s' if len(rounds) > 1 else ''} "
+        f"{round_spans(rounds)} ({', '.join(sorted(reasons[site]))}), "
+        f"which the simulation cannot replay: it trains every site every round"
+        for site, rounds in missed.items()
+    ]
+    report = json.loads(lineage.read_text()) if lineage.is_file() else {}
+    sites = report.get("sites", []) if report.get("run_id") == run_id else []  # this run's
+    causes += [
+        f"site {site['site']}'s data changed during the run ({lineage.name}): the simulation "
+        "reads the data as they are now"
+        for site in sites
+        if site.get("changed")
+    ]
+    return causes
+
+
+def _run_id(paths: ProjectPaths) -> str | None:
+    """The MLflow run of the last training (the one its reports describe), if recorded."""
+    info = paths.tracking_info
+    return json.loads(info.read_text()).get("run_id") if info.is_file() else None
 
 
 def _worst_metric(at_sites: dict[str, float], simulated: dict[str, float]) -> tuple[float, str]:

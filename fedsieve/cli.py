@@ -23,9 +23,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from config.environment import configure_environment
-from config.errors import ModelRefused, RunHalted, ServiceError, UsageError
+from config.errors import UsageError, exit_code, quiet_refusals, refusal_types
 from fedsieve import check_simulation, explain, ops, predict
 from fedsieve.arguments import (
     add_params_arguments,
@@ -34,6 +35,9 @@ from fedsieve.arguments import (
     checked_params_file,
 )
 from fedsieve.local_server import prefect_server
+
+if TYPE_CHECKING:
+    from config.params import Params
 
 __all__ = ["COMMANDS", "console", "main"]
 
@@ -215,6 +219,15 @@ def _add_sites(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def refuse_volumes_at_sites(command: str, params: Params) -> None:
+    """Real sites read 2-D images only: a command preparing them refuses a volume set."""
+    if params.volumes:
+        raise UsageError(
+            f"{command}: data.dataset {params.data.dataset} holds volumes; real sites read "
+            "2-D images only (a folder or an .npz of images): choose a 2-D dataset"
+        )
+
+
 def _sites(args: argparse.Namespace, workdir: Path) -> int:
     """The params' partition (the simulated clients' data, local test splits included) as
     one data file per site, for a loopback or pilot federation (docs/federation.md)."""
@@ -225,6 +238,7 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     params = checked_params(args, workdir)
     if params.partition.root_size:
         raise UsageError("fedsieve sites: partition.root_size must be 0 (sites hold all data)")
+    refuse_volumes_at_sites("fedsieve sites", params)
     data = read_dataset(params.data, workdir)
     partition = params.partition
     split = split_partition(
@@ -256,6 +270,7 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
     # validated, not preflighted: a plan names no site and reads no data (it comes before
     # the sites are registered, at a hub that may hold no images)
     params = load_params(Path(args.params), args.overrides)
+    refuse_volumes_at_sites("fedsieve plan", params)
     out = workdir / args.out
     digest = write_plan(out, site_task(params, dataset_info_of(params.data)))
     print(f"{out}: the sites' training plan, sha256 {digest}")
@@ -263,19 +278,28 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
 
 
 def _list(args: argparse.Namespace, workdir: Path) -> int:
-    from aggregation import list_aggregators, list_filters, list_preaggregators
+    from aggregation import (
+        list_aggregators,
+        list_filters,
+        list_preaggregators,
+        list_server_optimizers,
+    )
     from federated.attacks import list_attacks
-    from federated.data import list_datasets
+    from federated.data import is_volume_flag, list_datasets
     from federated.partition import list_partitioners
     from models import list_models
 
+    flags = list_datasets()
     for title, names in (
-        ("datasets", list_datasets()),
-        ("models", list_models()),
+        ("datasets", [flag for flag in flags if not is_volume_flag(flag)]),
+        ("volume datasets (3-D)", [flag for flag in flags if is_volume_flag(flag)]),
+        ("models", list_models(2)),
+        ("volume models (3-D)", list_models(3)),
         ("partition schemes", list_partitioners()),
         ("aggregators", list_aggregators()),
         ("pre-aggregators", list_preaggregators()),
         ("filters", list_filters()),
+        ("server optimizers", list_server_optimizers()),
         ("attacks", list_attacks()),
     ):
         print(f"{title}: {', '.join(names)}")
@@ -371,28 +395,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def usage_errors() -> tuple[type[Exception], ...]:
-    """Errors that are the user's to fix: one line and exit code 2, no traceback."""
-    from federated.data import DataError
-    from federated.partition import PartitionError
-    from registry import RegistryError
-
-    return (UsageError, DataError, PartitionError, RegistryError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code. The process environment is set first
-    (telemetry off, PREFECT_HOME in the project), before a handler loads Prefect or MLflow."""
+    (telemetry off, PREFECT_HOME in the project), before a handler loads Prefect or MLflow.
+    A refusal (bad input, no server, a run failed closed, a model the gate refused) ends
+    it in one line, with no traceback from the command or from its Prefect runs."""
     configure_environment()
+    quiet_refusals()
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command][2](args, Path.cwd())
-    except usage_errors() as error:
+    except refusal_types() as error:
         print(f"fedsieve: error: {error}", file=sys.stderr)
-        return 2
-    except (ServiceError, RunHalted, ModelRefused) as error:  # no server; failed closed; refused
-        print(f"fedsieve: error: {error}", file=sys.stderr)
-        return 1
+        return exit_code(error)
 
 
 def console(argv: Sequence[str] | None = None) -> None:

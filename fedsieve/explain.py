@@ -7,7 +7,9 @@ about who is malicious there, so none is printed.
 It says whether the client was left out and by what (screen, non-finite update, filter,
 a selecting rule), the weight it effectively received against the round's average, and
 every per-client value the filters, pre-aggregators and rule recorded for it, each beside
-the round's median and the client's rank among the round's clients.
+the round's median and the client's rank among the round's clients. Under validation at
+the sites that includes its votes, its contribution, its held-out count and its loss of
+each candidate (``val_loss``, ``val_loss_without_<id>``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ def _decision(row: dict[str, str]) -> str:
             return f"excluded: {REASONS[reason]}" + (
                 f" ({row['message']})" if row.get("message") else ""
             )
+        votes, voters = _number(row.get("votes")), _number(row.get("voters"))
+        if reason == "site_validation" and votes is not None and voters is not None:
+            return (
+                f"excluded by the filter site_validation: {votes:.0f} of the {voters:.0f} other "
+                "sites found the round's aggregate better without it on their held-out splits"
+                + (f" ({row['message']})" if row.get("message") else "")
+            )
         score, threshold = _number(row.get("score")), _number(row.get("threshold"))
         compared = (
             f": score {score:.4g} above the threshold {threshold:.4g}"
@@ -88,6 +97,11 @@ def explain_row(row: dict[str, str], round_rows: list[dict[str, str]]) -> str:
         lines.append(
             f"weight in the aggregate: {weight:.4f} (round average {sum(counted) / len(counted):.4f} "
             f"over {len(counted)} clients)"
+        )
+    votes, voters = _number(row.get("votes")), _number(row.get("voters"))
+    if votes is not None and voters is not None and row.get("excluded") != "True":
+        lines.append(
+            f"validation at the sites: {votes:.0f} of the {voters:.0f} other sites voted against it"
         )
     columns = [k for k in row if k not in IDENTITY and k not in ("effective_weight", "selected")]
     for name in columns:

@@ -7,7 +7,9 @@ PATH is a folder (with ``labels.csv``: its rows, scored against their labels; wi
 every image file under it), image files, or a label table. Each row of the output gives
 the file, the predicted class, one probability per class, the label when known, and the
 model's name and version. A file that cannot be read is listed with the reason and the
-others are still predicted; the exit status is 1 when any file was refused.
+others are still predicted; the exit status is 1 when any file was refused. Images not at
+the model's size are resized to it, and one line says how many, warning of mixed sizes as
+the site's data check does.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def predict(args: argparse.Namespace, workdir: Path) -> int:
+    from federated.own_data import size_note
     from tasks.served_model import load_applied_model
 
     items = _items(args.paths)
@@ -68,7 +71,7 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
     except ValueError as error:
         raise OpsError(str(error)) from None
     labels = applied.classifier.info.labels
-    rows, refused = _predicted_rows(items, applied)
+    rows, refused, source_sizes = _predicted_rows(items, applied)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     columns = ["file", "class", *(f"p({label})" for label in labels), "label", "model",
                "version", "error"]  # fmt: skip
@@ -79,6 +82,10 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
     predicted = len(rows) - refused
     print(f"{args.out}: {predicted} images predicted by {applied.name} version "
           f"{applied.version or '(not registered)'}, {refused} refused")  # fmt: skip
+    resized = size_note(np.array(source_sizes).reshape(-1, 2), applied.classifier.info.size,
+                        of=len(source_sizes))  # fmt: skip
+    if resized:  # the site's data check says the same of its training images
+        print(resized)
     scored = _score_line(rows, applied.classifier.info)
     if scored:
         print(scored, file=sys.stderr if scored.startswith("not scored") else sys.stdout)
@@ -130,17 +137,21 @@ def _table_items(table: Path) -> list[Item]:
     return [Item(table.parent / row["file"], row["file"], row.get("label")) for row in rows]
 
 
-def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict[str, str]], int]:
-    """One output row per item, predicted a batch at a time; and how many were refused."""
+def _predicted_rows(
+    items: list[Item], applied: AppliedModel
+) -> tuple[list[dict[str, str]], int, list[tuple[int, int]]]:
+    """One output row per item, predicted a batch at a time; how many were refused; and
+    the size (height, width) each image was read at before it was resized."""
     from federated.image_files import decode_or_refuse
 
     info = applied.classifier.info
     schema, labels = info.image_schema(), info.labels
-    rows, refused = [], 0
+    rows, refused, source_sizes = [], 0, []
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
         decoded = [decode_or_refuse(item.file, schema, by_content=True) for item in batch]
         readable = [d.pixels for d in decoded if not isinstance(d, str)]
+        source_sizes += [d.source_size for d in decoded if not isinstance(d, str)]
         prediction = applied.classifier.predict_images(readable)
         answers = iter(zip(prediction.classes, prediction.probabilities, strict=True))
         for item, result in zip(batch, decoded, strict=True):
@@ -156,7 +167,7 @@ def _predicted_rows(items: list[Item], applied: AppliedModel) -> tuple[list[dict
                     for label, p in zip(labels, probabilities, strict=True)
                 }
             rows.append(row)
-    return rows, refused
+    return rows, refused, source_sizes
 
 
 def _score_line(rows: list[dict[str, str]], info: DatasetInfo) -> str | None:

@@ -8,7 +8,10 @@ ACC, AUC, calibration) and, for the splits the message's ``request`` names (test
 summaries the hub pools (counts, means, calibration bins, per-class score histograms):
 never images, labels or per-example values; asked, also the model's loss on its
 training data (EMA's non-IID check, one number). A ``query.pretest`` task answers with
-the gradient or one-epoch update EMA's pre-test examines (refused under local DP). It
+the gradient or one-epoch update EMA's pre-test examines (refused under local DP). A
+``query.validate`` task (validation at the sites, only where the approved plan has
+``validation: true``) answers with one mean loss per candidate model on the site's
+held-out split and the split's size. It
 trains exactly as
 a simulated client (:func:`federated.client.train_client`, the hub's batch-order seed),
 so a federation of sites ends where its simulation does. A task that does not fit the
@@ -86,6 +89,11 @@ def _job(kind: str, msg: Message, context: Context) -> Job:
         node=dict(context.node_config),
         updates_sent=_updates_sent(context),
         request=None if request is None else dict(request),
+        candidates=(
+            np.array(msg.content["candidates"]["vector"].numpy())
+            if "candidates" in msg.content
+            else None
+        ),
     )
 
 
@@ -168,3 +176,10 @@ def pretest(msg: Message, context: Context) -> Message:
     """The gradient or one-epoch update EMA's pre-test examines (the ``request``'s
     ``mode``), at the global model, as a simulated client computes it."""
     return _answer("pretest", msg, context)
+
+
+@app.query("validate")
+def validate(msg: Message, context: Context) -> Message:
+    """Each candidate model's mean loss on the site's held-out split, and the split's size
+    (validation at the sites: the filter ``site_validation``, when the plan says so)."""
+    return _answer("validate", msg, context)

@@ -37,6 +37,7 @@ __all__ = [
     "hub_federation",
     "privacy_task",
     "registered_clients",
+    "round_report",
     "shuffle_seed",
     "simulated_federation",
     "site_nodes",
@@ -71,6 +72,7 @@ def site_task(params: Params, info: DatasetInfo) -> SiteTask:
         intensity=info.intensity, percentiles=info.percentiles, mean=info.mean, std=info.std, epochs=local.epochs, lr=local.lr, momentum=local.momentum,
         weight_decay=local.weight_decay, batch_size=local.batch_size, prox_mu=local.prox_mu,
         eval_batch_size=eval_batch_size(params), **privacy_task(params),
+        validation=any(f.name == "site_validation" for f in params.filters),
     )  # fmt: skip
 
 
@@ -150,6 +152,7 @@ def simulated_federation(
         evaluation = EvaluationSets(
             test=to_tensors(data.test, data.info), val=val, multi_label=data.info.multi_label,
             sites=tuple(to_tensors(site.test, info) for site in sites),  # their own rows
+            site_vals=tuple(to_tensors(site.val, info) for site in sites),  # site_validation's
         )  # fmt: skip
     return Federation(
         model=build_global_model(params, info),
@@ -225,11 +228,17 @@ class HubFiles:
         self.pretest_updates.unlink(missing_ok=True)
         self.champion.unlink(missing_ok=True)
 
-    def journal(self, report: RoundReport, token: str, **extra: float) -> None:
+    def journal(
+        self, report: RoundReport, token: str, *, first_heard: dict[str, Any] | None = None,
+        **extra: float,
+    ) -> None:  # fmt: skip
         """Append one round's report as one line (one write: a reader never sees half of
-        it as a line)."""
+        it as a line); ``first_heard``: the data of the sites first heard from in the
+        round (client id -> digest and images per class, :mod:`flowerapp.lineage`)."""
         record = {"run": token, "round": report.round, "metrics": report.metrics,
                   "clients": report.clients, "sites": report.sites, **extra}  # fmt: skip
+        if first_heard:
+            record["first_heard"] = first_heard
         with self.rounds.open("a") as out:
             out.write(json.dumps(record, default=float) + "\n")
 
@@ -237,11 +246,7 @@ class HubFiles:
         """The rounds run ``token`` journaled after byte ``offset``, and the offset after
         the last whole line (a line still being written is read next time)."""
         records, offset = self.run_records(token, offset)
-        reports = [
-            RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
-            for record in records
-        ]
-        return reports, offset
+        return [round_report(record) for record in records], offset
 
     def run_records(self, token: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """The journal's records of run ``token`` after byte ``offset``, and the offset
@@ -279,6 +284,11 @@ def _record(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def round_report(record: dict[str, Any]) -> RoundReport:
+    """The round report a journal record holds."""
+    return RoundReport(*(record[k] for k in ("round", "metrics", "clients", "sites")))
 
 
 def write_params(path: Path, params: Params) -> None:

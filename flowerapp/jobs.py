@@ -21,12 +21,13 @@ ConfigValue = str | int | float | bool
 class Job:
     """One message's task as plain values: what the ClientApp received and knows."""
 
-    kind: str  # "train", "evaluate" or "pretest"
+    kind: str  # "train", "evaluate", "pretest" or "validate"
     task: dict[str, ConfigValue]  # the task record (flowerapp.task.SiteTask's fields)
     vector: np.ndarray  # the global model
     node: dict[str, ConfigValue]  # the SuperNode's node config (data file, approved plan)
     updates_sent: int = 0  # local DP: the noised updates this site sent in the run
     request: dict[str, ConfigValue] | None = None  # evaluate: which splits; pretest: mode
+    candidates: np.ndarray | None = None  # validate: the candidate models (k, d)
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Answer:
     """The task's outcome as plain values: arrays and metric records to send, or why not."""
 
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    metrics: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    metrics: dict[str, dict[str, float | int | list[float]]] = field(default_factory=dict)
     refused: bool = False  # the task does not fit this site (one line in ``reason``)
     reason: str = ""  # a refusal or a failure; empty when the task ran
     train_refused: str = ""  # scored, but the training part refused (local DP's budget)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SiteLineage", "describe_rounds"]
+__all__ = ["SiteLineage", "describe_rounds", "round_spans"]
 
 
 @dataclass
@@ -97,14 +97,14 @@ def describe_rounds(seen: _Seen | dict[str, Any]) -> str:
     data), or ``no round`` (it only answered a pre-test)."""
     entry = asdict(seen) if isinstance(seen, _Seen) else seen
     parts = [
-        f"{what} round{'s' if len(entry[what]) > 1 else ''} {_spans(entry[what])}"
+        f"{what} round{'s' if len(entry[what]) > 1 else ''} {round_spans(entry[what])}"
         for what in ("trained", "scored")
         if entry[what]
     ]
     return ", ".join(parts) or "no round"
 
 
-def _spans(rounds: Sequence[int]) -> str:
+def round_spans(rounds: Sequence[int]) -> str:
     """``1-3, 5``: sorted rounds, consecutive ones as a span."""
     spans: list[list[int]] = []
     for number in sorted(rounds):

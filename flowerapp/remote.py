@@ -52,6 +52,7 @@ from torch import Tensor
 from federated.client import ClientUpdate
 from federated.execution import (
     ClientResult,
+    HeldOutLosses,
     NextRound,
     ResultOf,
     RoundExecutor,
@@ -80,7 +81,8 @@ OnExchange = Callable[[dict[str, Any]], None]
 
 
 def vector_record(vector: Tensor) -> ArrayRecord:
-    """A flat float vector as the one array of a record (the global model, an update)."""
+    """A float vector as the one array of a record (the global model, an update; or the
+    candidate models of a validation, one row each)."""
     return ArrayRecord({"vector": Array(vector.detach().cpu().numpy())})
 
 
@@ -137,17 +139,19 @@ class RemoteExecutor(RoundExecutor):
     def _send(
         self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
         request: ConfigRecord | None = None, training: Sequence[int] = (),
+        candidates: Tensor | None = None,
     ) -> dict[int, Message]:  # fmt: skip
-        """One message per client (a ``train`` message to the ``training`` ones); the
-        replies that arrived in time, by client id."""
+        """One message per client (a ``train`` message to the ``training`` ones, each with
+        the ``candidates`` when given); the replies that arrived in time, by client id."""
         record = vector_record(vector)
+        extra = {} if candidates is None else {"candidates": vector_record(candidates)}
         messages = []
         for client_id in client_ids:
             task = replace(
                 self.task, round=round_number, client=client_id,
                 shuffle_seed=self.seed_of(round_number, client_id),
             )  # fmt: skip
-            content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())})
+            content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())} | extra)
             if request is not None:
                 content["request"] = request
             messages.append(
@@ -159,7 +163,8 @@ class RemoteExecutor(RoundExecutor):
                     ttl=self.round_timeout,  # a task left undelivered by the deadline expires
                 )
             )
-        self.bytes_sent += record.count_bytes() * len(messages)
+        sent_bytes = record.count_bytes() + sum(r.count_bytes() for r in extra.values())
+        self.bytes_sent += sent_bytes * len(messages)
         started = time.perf_counter()
         replies = self._exchange(messages)
         wall_s = time.perf_counter() - started
@@ -313,6 +318,28 @@ class RemoteExecutor(RoundExecutor):
             updates[client_id] = delta
         return updates
 
+    def validate(self, candidates: Tensor, client_ids: Sequence[int]) -> list[HeldOutLosses]:
+        """Each site's losses of the candidate models ``(k, d)`` on its held-out split (one
+        ``query.validate`` message each; the sites that answered with ``k`` losses and a
+        count; a site that did not is logged and left out of the vote)."""
+        replies = self._send(
+            "query.validate", candidates[0], self._round, client_ids, candidates=candidates
+        )
+        answers = []
+        for client_id in client_ids:
+            reply = replies.get(client_id)
+            if reply is None or reply.has_error():
+                reason = "no reply" if reply is None else _one_line(reply.error.reason)
+                log.warning("site %d did not validate the candidates: %s", client_id, reason)
+                continue
+            try:
+                answers.append(_held_out_losses(client_id, reply, len(candidates)))
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning(
+                    "site %d sent validation losses that do not add up: %s", client_id, error
+                )
+        return answers
+
     def score(
         self, global_vector: Tensor, client_ids: Sequence[int], request: ScoreRequest,
         then_train: NextRound | None = None,
@@ -411,6 +438,17 @@ class _Trained:
     loss_name: str
     asked: frozenset[int]
     losses: dict[int, float]
+
+
+def _held_out_losses(client_id: int, reply: Message, k: int) -> HeldOutLosses:
+    """A site's validation answer, checked: a count of at least 0 and one loss (not
+    negative) per candidate."""
+    record = reply.content["validation"]
+    n = int(record["n"])
+    losses = tuple(float(x) for x in record["losses"])  # type: ignore[union-attr]
+    if n < 0 or len(losses) != k or any(x < 0 for x in losses):
+        raise ValueError(f"n = {n} and {len(losses)} losses for {k} candidates")
+    return HeldOutLosses(client_id, n, losses)
 
 
 def _again(message: Message, ttl: float) -> Message:

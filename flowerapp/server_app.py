@@ -124,8 +124,12 @@ def run_hub(
         state = ServerState.from_dict(saved["state"], device=federation.device)
         log.info("resuming after round %d", state.round)
 
+    heard: set[str] = set()  # the sites whose data the journal has named
+
     def journal(report: RoundReport) -> None:
-        files.journal(report, token, elapsed_s=time.monotonic() - started)
+        first = {c: h[0] for c, h in executor.lineage.to_json().items() if c not in heard}
+        heard.update(first)
+        files.journal(report, token, first_heard=first, elapsed_s=time.monotonic() - started)
         if spent := _site_epsilons(params, report):
             log.info(
                 "round %d: local DP, ε of each site that sent an update: %s", report.round, spent
@@ -164,7 +168,8 @@ def run_pretest(grid: Grid, files: HubFiles, *, data_root: Path, token: str) -> 
     stacked = torch.stack([updates[i].cpu() for i in answered]) if answered else torch.empty(0)
     torch.save({"client_ids": answered, "updates": stacked, "token": token}, files.pretest_updates)
     return {"status": "finished", "rounds": state.round, "answered": answered,
-            "missing": [i for i in ids if i not in updates]}  # fmt: skip
+            "missing": [i for i in ids if i not in updates],
+            "site_data": executor.lineage.to_json()}  # fmt: skip
 
 
 def _at_sites(

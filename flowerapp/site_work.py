@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from config.environment import image_cache_dir
 from federated.client import ClientData, client_gradient, train_client
 from federated.data import to_tensors
-from federated.execution import ScoreRequest, evaluate_site
+from federated.execution import ScoreRequest, evaluate_site, held_out_losses, validation_split
 from federated.layout import use_fast_layout_
 from federated.metrics import loss_function, summary_values
 from federated.own_data import Reading
@@ -251,8 +251,39 @@ def _pretest(
     return Answer(arrays={"update": vector.detach().cpu().numpy()}, metrics={"metrics": metrics})
 
 
+def _validate(
+    job: Job, task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
+) -> Answer:
+    """Validation at the sites: each candidate model's mean loss on this site's held-out
+    split (its validation split, or its test split when it holds none) and the split's
+    size, as a simulated site computes them. Only where the plan says so
+    (``validation``): the candidates differ by one peer's update each."""
+    if not task.validation:
+        raise TaskRefused(
+            "validation=false in the task: this site scores leave-one-site-out candidates "
+            "only under a plan with validation=true (filter site_validation)"
+        )
+    if job.candidates is None or job.candidates.ndim != 2:
+        raise TaskRefused("a validation task carries the candidate models as a (k, d) array")
+    candidates = torch.from_numpy(np.array(job.candidates))
+    if candidates.shape[1] != global_vector.numel():
+        raise TaskRefused(
+            f"candidates of {candidates.shape[1]} values; the task's model has {global_vector.numel()}"
+        )
+    info = task.dataset_info()
+    splits = {
+        "test": to_tensors(data.test, info, device=DEVICE),
+        "val": to_tensors(data.val, info, device=DEVICE),
+    }
+    n, losses = held_out_losses(
+        model, candidates, validation_split(splits), multi_label=task.multi_label,
+        batch_size=task.eval_batch_size,
+    )  # fmt: skip
+    return Answer(metrics={"validation": {"n": n, "losses": list(losses)}})
+
+
 PRETEST_MODES = ("gradient", "delta")
-WORK = {"train": _train, "evaluate": _evaluate, "pretest": _pretest}
+WORK = {"train": _train, "evaluate": _evaluate, "pretest": _pretest, "validate": _validate}
 
 
 def run_job(job: Job) -> Answer:

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from flowerapp.timing import PROCESS_STARTED, since
+
 __all__ = [
     "EXIT_CODES",
     "EXIT_KEY_IN_USE",
@@ -160,7 +162,7 @@ class _Supervisor:
 
     def __init__(
         self, command: Sequence[str], env: dict[str, str], out: IO[str],
-        on_joined: Callable[[], object] | None = None,
+        on_joined: Callable[[], object] | None = None, process_started: float | None = None,
     ) -> None:  # fmt: skip
         self.command = list(command)
         self.env = env
@@ -169,7 +171,9 @@ class _Supervisor:
         self.child: subprocess.Popen[str] | None = None
         self.stopping = threading.Event()
         self.stop_at: float | None = None
-        self.started = time.monotonic()
+        # the rejoin line's clock: the site's process start (a Unix time), not this point,
+        # which comes after the site read and checked its data
+        self.process_started = time.time() if process_started is None else process_started
         self.waiting_since: float | None = None
 
     def say(self, line: str) -> None:
@@ -228,7 +232,7 @@ class _Supervisor:
             if self.waiting_since is not None:
                 self.say(
                     f"fedsieve-site: rejoined as node {attempt.node}, "
-                    f"{time.monotonic() - self.started:.0f} s after this start"
+                    f"{since(self.process_started):.0f} s after this site's process started"
                 )
             return
         self._joined_line(attempt, line)
@@ -268,10 +272,10 @@ class _Supervisor:
         """A child asked to stop (Ctrl-C, a revoked key), or refused by the hub and still
         there STOP_GRACE later, gets SIGTERM, then SIGKILL: flower-supernode 1.32.1 has
         been seen to hang on its way out after a refusal (once on a loaded CI machine)."""
-        since = self.stop_at if self.stop_at is not None else attempt.refused_at
-        if since is None or child.poll() is not None:
+        asked = self.stop_at if self.stop_at is not None else attempt.refused_at
+        if asked is None or child.poll() is not None:
             return
-        late = time.monotonic() - since
+        late = time.monotonic() - asked
         if late >= 2 * STOP_GRACE:
             child.kill()
         elif late >= STOP_GRACE:
@@ -359,11 +363,14 @@ def run_supernode(
     out: IO[str] | None = None,
     on_joined: Callable[[], object] | None = None,
     on_ended: Callable[[], object] | None = None,
+    process_started: float | None = PROCESS_STARTED,
 ) -> int:
     """Run ``command`` (flower-supernode) until it ends; ``fedsieve-site``'s exit code.
     ``on_joined`` is called whenever the hub has let the node in, ``on_ended`` once the
-    SuperNode has ended, before the site's last line (what it started is stopped first)."""
-    supervisor = _Supervisor(command, env, out or sys.stderr, on_joined)
+    SuperNode has ended, before the site's last line (what it started is stopped first).
+    ``process_started`` (a Unix time; default: this process's start) is when the rejoin
+    line's clock starts."""
+    supervisor = _Supervisor(command, env, out or sys.stderr, on_joined, process_started)
     with supervisor.signals():
         code, why = supervisor.run(site, rejoin_timeout)
         if on_ended is not None:

@@ -70,6 +70,9 @@ class SiteTask:
     privacy_noise_multiplier: float = 0.0  # noise std = multiplier x clip (local)
     privacy_delta: float = 0.0
     privacy_target_epsilon: float = 0.0  # a site trains no further past it (0: no target)
+    # the site scores the round's leave-one-site-out candidates on its held-out split
+    # (filter site_validation): it then sees models that differ by one peer's update
+    validation: bool = False
     round: int = per_message()
     client: int = per_message()  # the site's client id: its place in federation.sites
     shuffle_seed: int = per_message()  # its batch order this round (the simulation's)

@@ -5,7 +5,7 @@ Flower starts a fresh ClientApp process for every message a SuperNode receives
 Flower's runtime, the app's imports (torch) and the site's data. The site measures its
 phases and sends them beside its answer (``timing``: seconds, no data); the hub journals
 them with its own wall time of the exchange (:class:`flowerapp.hub.HubFiles`), and the
-loopback benchmark tabulates them (``benchmarks/federation_loopback.py``).
+loopback benchmark tabulates them (``benchmarks/sites/federation_loopback.py``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 from prefect import flow
 
+from config.errors import quiet_refusals
 from config.params import DataParams, load_params, validate_params
 from flows.pipeline import pipeline_flow
 
@@ -39,7 +40,9 @@ def pipeline_from_file(
     run_name: str | None = None,
 ) -> dict[str, Any]:
     """Load ``params_path`` with ``overrides`` (``["train.rounds=3", ...]``), or take the
-    ``params`` mapping, and run the whole pipeline in ``workdir``."""
+    ``params`` mapping, and run the whole pipeline in ``workdir``. A refusal ends the
+    run failed with its one line and no traceback, as from the CLI."""
+    quiet_refusals()  # this process is the worker's, not the CLI's
     root = Path(workdir).resolve()
     if params is None:
         loaded = load_params(root / params_path, list(overrides or []))

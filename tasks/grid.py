@@ -88,6 +88,7 @@ def grid_cells(params: Params, workdir: Path) -> list[Cell]:
             for method, spec in grid.methods.items():
                 for seed in grid.seeds:
                     child = dict(base)
+                    child["train"] = {**base.get("train", {}), **spec.train}
                     child.update(
                         seed=seed,
                         aggregate=spec.aggregate.model_dump(mode="json"),

@@ -2,7 +2,7 @@
 
 A consortium that reads its trail should know what the configured filters can catch at
 its size: at three sites a distance score may exclude nobody, and "no site excluded"
-then says little. The small consortium's benchmark (benchmarks/small_consortium.py)
+then says little. The small consortium's benchmark (benchmarks/robustness/small_consortium.py)
 records, per dataset, size, attack and defence, in how many of its seeds the one
 attacking site was out; its committed record, :data:`RECORD`, is read here (the files
 only: the pipeline does not import the benchmarks). A run's filters are matched to a

@@ -28,6 +28,7 @@ def build_card(
 ) -> dict[str, Any]:
     """The card's fields from the run's reports and params (``run``: the model's name,
     version, run id, tags, the gate's decisions and the plan's digest)."""
+    names = _site_names(params, paths)
     return {
         "model": {
             "name": run["name"], "version": run["version"], "run_id": run["run_id"],
@@ -45,7 +46,8 @@ def build_card(
         },
         "performance": {
             "test": {k[5:]: v for k, v in results.items() if k.startswith("test_")},
-            "sites": {k: v for k, v in results.items() if k.startswith(("site_", "sites_"))},
+            "sites": _site_spread(results, names),
+            "per_site": _per_site(paths, names),
             "gate": run.get("gate", {}),
         },
         "privacy": {"mode": params.privacy.mode, "epsilon": results.get("privacy_epsilon"),
@@ -99,6 +101,46 @@ def _sites(params: Params, paths: ProjectPaths, info: DatasetInfo) -> list[dict[
     return rows
 
 
+def _site_names(params: Params, paths: ProjectPaths) -> dict[int, str]:
+    """Each site's name by its id in the run's reports: a real site's from the plan, a
+    simulated client's from the partition report (``client N`` where it names none)."""
+    if params.federation.runtime == "flower":
+        return {number: site.name for number, site in enumerate(params.federation.sites)}
+    if not paths.partition_report.exists():
+        return {}
+    clients = json.loads(paths.partition_report.read_text()).get("clients", [])
+    return {
+        int(c["client"]): c.get("name", f"client {c['client']}") for c in clients if "client" in c
+    }
+
+
+def _site_name(number: Any, names: dict[int, str]) -> str:
+    return names.get(int(number), f"client {int(number)}")
+
+
+def _site_spread(results: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
+    """The spread of the final model over the sites' held-out splits, the worst and best
+    site by name (the reports give their ids)."""
+    spread = {k: v for k, v in results.items() if k.startswith(("site_", "sites_"))}
+    for which in ("site_worst", "site_best"):
+        if which in spread:
+            spread[which] = _site_name(spread[which], names)
+    return spread
+
+
+def _per_site(paths: ProjectPaths, names: dict[int, str]) -> list[dict[str, Any]]:
+    """The final model on each site's held-out split: the site's name, how many held-out
+    images it scored, and its accuracy and AUC (``reports/sites.json``)."""
+    if not paths.sites_final.exists():
+        return []
+    rows = json.loads(paths.sites_final.read_text()).get("sites", [])
+    return [
+        {"site": _site_name(row["site"], names), "held_out": int(row["n"]),
+         **{k: row[k] for k in ("acc", "auc") if k in row}}
+        for row in rows
+    ]  # fmt: skip
+
+
 def _exclusions(trail: Path, measured: str | None) -> dict[str, Any]:
     """How many client-rounds the filters left out, of how many, by reason, and which
     clients were ever left out (the trail, ``reports/exclusions.csv``); with none left
@@ -114,10 +156,26 @@ def _exclusions(trail: Path, measured: str | None) -> dict[str, Any]:
         "excluded": len(excluded),
         "by_reason": dict(Counter(r.get("reason") or "unstated" for r in excluded)),
         "clients_ever_excluded": sorted({int(r["client"]) for r in excluded}),
+        "contribution": _contributions(rows),
     }
     if not excluded and measured:
         found["measured"] = measured
     return found
+
+
+def _contributions(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """Each site's mean contribution over the rounds validation at the sites measured it
+    (the others' held-out loss without it minus with it), and how many rounds: by name."""
+    measured: dict[str, list[float]] = {}
+    for row in rows:
+        value = row.get("contribution", "")
+        if value not in ("", "nan"):
+            name = row.get("site") or f"client {row['client']}"
+            measured.setdefault(name, []).append(float(value))
+    return {
+        name: {"mean": sum(values) / len(values), "rounds": len(values)}
+        for name, values in measured.items()
+    }
 
 
 def card_markdown(card: dict[str, Any]) -> str:
@@ -154,11 +212,13 @@ def card_markdown(card: dict[str, Any]) -> str:
         + (f" ({_counts(exclusions['by_reason'])})" if exclusions.get("by_reason") else "")
         + ".",
         *(["", _sentence(exclusions["measured"])] if "measured" in exclusions else []),
+        *_contribution_lines(exclusions.get("contribution", {})),
         "",
         "## Performance on held-out data",
         "",
         *(f"- {k}: {_value(v)}" for k, v in card["performance"]["test"].items()),
         *(f"- {k}: {_value(v)}" for k, v in card["performance"]["sites"].items()),
+        *_per_site_lines(card["performance"]["per_site"]),
         *(f"- gate, {k}: {v}" for k, v in card["performance"]["gate"].items()),
         "",
         f"## Privacy: {card['privacy']['mode']}"
@@ -180,6 +240,34 @@ def card_markdown(card: dict[str, Any]) -> str:
 
 def _sentence(text: str) -> str:
     return f"{text[0].upper()}{text[1:]}."
+
+
+def _per_site_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-site table of the final model on each site's held-out split."""
+    if not rows:
+        return []
+    lines = ["", "| site | held-out images | accuracy | AUC |", "|---|---|---|---|"]
+    for row in rows:
+        scores = " | ".join(_value(row[k]) if k in row else "-" for k in ("acc", "auc"))
+        lines.append(f"| {row['site']} | {row['held_out']} | {scores} |")
+    return lines
+
+
+def _contribution_lines(contribution: dict[str, dict[str, float]]) -> list[str]:
+    """Validation at the sites: each site's mean contribution (none without it)."""
+    if not contribution:
+        return []
+    return [
+        "",
+        "Contribution per site (validation at the sites: the other sites' held-out loss "
+        "without it minus with it, the mean over the rounds it was measured; positive "
+        "helps the others):",
+        "",
+        *(
+            f"- {name}: {c['mean']:+.4f} over {c['rounds']:.0f} rounds"
+            for name, c in contribution.items()
+        ),
+    ]
 
 
 def _counts(by_reason: dict[str, int]) -> str:

@@ -147,12 +147,13 @@ def _probe_rule(
     generator: torch.Generator,
 ) -> None:
     """The pre-aggregators, then the rule, once on the synthetic round (as the server runs
-    them, with a synthetic oracle or reference where the rule needs one)."""
+    them, with a synthetic oracle, reference or local work where the rule needs one)."""
     stages = [build_preaggregator(p.name, **p.params()) for p in params.preaggregators]
     ids = list(range(updates.shape[0]))
+    norms = torch.ones(len(ids), dtype=torch.float64) if rule.requires_local_norms else None
     run_rule(
         rule, rule.init_state(), stages, [s.init_state() for s in stages],
-        Rows(updates, weights, ids), generator=generator,
+        Rows(updates, weights, ids, norms), generator=generator,
         oracle=lambda: lambda c: (c**2).sum(dim=1),
         reference=lambda: torch.randn(updates.shape[1], generator=generator, dtype=updates.dtype),
     )  # fmt: skip

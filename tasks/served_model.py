@@ -8,8 +8,9 @@ name and the dataset's schema. Reading a file is the training reader's code
 the model is loaded (``--env-manager local``).
 
 Input: a table with a column ``image`` (a file's bytes: PNG, JPEG, DICOM, ...; base64 in
-a REST request) or ``path`` (a file on the serving machine; refused where
-``FEDSIEVE_MODEL_READS_PATHS=0``), one image a row. Output:
+a REST request) or ``path`` (a file on the serving machine, read only where
+``FEDSIEVE_MODEL_READS_PATHS=1``: a caller could otherwise learn which files exist
+there), one image a row. Output:
 ``class`` (the predicted class name) and one column ``p(<class>)`` per class. A file that
 cannot be read is an error naming the image and why: a 400 reply when served.
 """
@@ -44,7 +45,7 @@ __all__ = [
 
 CLASSIFIER_ARTIFACT = "classifier"  # the classifier folder among the model's artifacts
 INPUT_COLUMNS = ("image", "path")
-# "0" where the model is served to clients who must not read the server's files
+# "1" where the model may read files on its machine that a row's path names (off unless set)
 READS_PATHS = "FEDSIEVE_MODEL_READS_PATHS"
 # written by MLflow beside a model it downloads from the registry: its name and version
 REGISTERED_MODEL_META = "registered_model_meta"
@@ -135,8 +136,11 @@ def _file_bytes(row: dict[str, Any]) -> bytes:
         return bytes(image)
     path = row.get("path")
     if isinstance(path, str) and path:
-        if os.environ.get(READS_PATHS, "1") == "0":
-            raise _bad_input(f"this model takes no paths ({READS_PATHS}=0): send the file's bytes")
+        if os.environ.get(READS_PATHS) != "1":
+            raise _bad_input(
+                f"this model reads no paths: send the file's bytes (column image), "
+                f"or set {READS_PATHS}=1 where it runs"
+            )
         try:
             return Path(path).read_bytes()
         except OSError as error:

@@ -35,7 +35,7 @@ from federated.driver import RunDriver
 from federated.server import ServerState
 from federated.vectors import vector_to_model_
 from flowerapp.flwr_config import config_pairs
-from flowerapp.hub import HubFiles, write_params
+from flowerapp.hub import HubFiles, round_report, write_params
 from flowerapp.lineage import SiteLineage, describe_rounds
 from tasks.champion import champion_to_score, write_champion_scores
 from tasks.reports import ProjectPaths, write_json
@@ -98,8 +98,10 @@ def train_at_sites(
     driver = run_driver(params.train.rounds, tracker, checkpoint=None)
     after = saved["state"]["round"] if saved is not None else 0
 
+    say_site = _site_line(params)
+
     def follow(process: subprocess.Popen[bytes], token: str) -> None:
-        _follow(process, files, token, driver, after=after)
+        _follow(process, files, token, driver, after=after, say_site=say_site)
 
     champion = None
     paths.champion_at_sites.unlink(missing_ok=True)
@@ -140,6 +142,9 @@ def pretest_updates_at_sites(
             time.sleep(POLL_S)
 
     outcome = _run_at_hub(params, files, {"stage": "pretest"}, data_root=data_root, follow=wait)
+    say_site = _site_line(params)
+    for client, history in (outcome.get("site_data") or {}).items():
+        get_run_logger().info("%s", say_site(client, history[0]))
     saved = torch.load(files.pretest_updates, map_location="cpu", weights_only=True)
     if outcome["missing"]:
         names = [params.federation.sites[i].name for i in outcome["missing"]]
@@ -238,20 +243,43 @@ def _run_at_hub(
     return outcome
 
 
+def _site_line(params: Params) -> Callable[[str, dict[str, Any]], str]:
+    """The run log's line on what a site (by client id) read, from the lineage it
+    answered with: images per class and the data's digest."""
+    names = [site.name for site in params.federation.sites]
+    labels = dataset_info_of(params.data).labels
+
+    def line(client: str, seen: dict[str, Any]) -> str:
+        classes = "; ".join(
+            f"{label}: {count}" for label, count in zip(labels, seen["train"], strict=False)
+        )
+        return (
+            f"site {names[int(client)]} read {sum(seen['train'])} training images ({classes}) "
+            f"and {sum(seen['test'])} held out; data sha256 {seen['sha256'][:12]}"
+        )
+
+    return line
+
+
 def _follow(
     process: subprocess.Popen[bytes], files: HubFiles, token: str, driver: RunDriver, *,
-    after: int,
+    after: int, say_site: Callable[[str, dict[str, Any]], str],
 ) -> None:  # fmt: skip
     """Each round this run's ServerApp journals after round ``after`` (its checkpoint's,
-    when resumed), recorded by the run's driver until the run ends."""
+    when resumed), recorded by the run's driver until the run ends; before a round, a
+    line for each site first heard from in it: what it read (from round 1: every site
+    that answered)."""
     offset = 0
+    logger = get_run_logger()
     while True:
         done = process.poll() is not None
         stop_if_requested()
-        reports, offset = files.journaled(token, offset)
-        for report in reports:
-            if report.round > after:
-                driver.journaled(report)
+        records, offset = files.run_records(token, offset)
+        for record in records:
+            for client, seen in record.get("first_heard", {}).items():
+                logger.info("%s", say_site(client, seen))
+            if record["round"] > after:
+                driver.journaled(round_report(record))
         if done:
             return
         time.sleep(POLL_S)

@@ -81,7 +81,7 @@ def share_interval(values: Sequence[float]) -> tuple[float, float, float]:
     in closed form because a table computes thousands (a test holds the two equal):
     logit(m) ± t(0.975, n − 1) · s / (√n · m(1 − m)). It never leaves [0, 1] and, unlike
     the percentile bootstrap (83 % at 5 seeds), covers the mean about 95 % of the time
-    at 5 and 10 seeds (benchmarks/share_intervals.py). Equal values give the value as
+    at 5 and 10 seeds (benchmarks/evidence/share_intervals.py). Equal values give the value as
     both bounds; NaN bounds below two values."""
     from tasks.comparison import interval
 

@@ -53,6 +53,8 @@ PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
 METRICS_PER_BATCH = 1000
 log = logging.getLogger("fedsieve.tracking")
 ROUND_KEY = "clients_sampled"  # a metric every round's report holds
+# the file MLflow logs as the pyfunc model's code (models-from-code): no pickled object
+MODEL_CODE = str(Path(__file__).with_name("served_model_code.py"))
 T = TypeVar("T")
 
 
@@ -412,7 +414,7 @@ class Tracker:
         import mlflow
         import mlflow.pyfunc
 
-        from tasks.served_model import CLASSIFIER_ARTIFACT, ImageModel, input_example, signature
+        from tasks.served_model import CLASSIFIER_ARTIFACT, input_example, signature
 
         earlier = registered_name is not None and self._client.search_model_versions(
             f"name='{registered_name}' and run_id='{self.run_id}'"
@@ -424,7 +426,7 @@ class Tracker:
         with fluent_tracking_at(self.uri), mlflow.start_run(run_id=self.run_id):
             logged = mlflow.pyfunc.log_model(
                 name="model",
-                python_model=ImageModel(),
+                python_model=MODEL_CODE,  # models-from-code: loading unpickles nothing
                 artifacts={CLASSIFIER_ARTIFACT: str(classifier)},
                 signature=signature(info),
                 input_example=input_example(info),
@@ -588,6 +590,10 @@ def model_requirements() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
 
 
+# MLflow's loaders of a pyfunc PythonModel: logged from code (now), or pickled (earlier)
+PYTHON_MODEL_LOADERS = ("mlflow.pyfunc.loaders.code_model", "mlflow.pyfunc.model")
+
+
 def _takes_image_files(uri: str, model_uri: str) -> bool:
     """Whether a registered model is this kind (a pyfunc model of image files), not a
     version an older fedsieve registered from the same run (raw torch weights)."""
@@ -595,4 +601,4 @@ def _takes_image_files(uri: str, model_uri: str) -> bool:
 
     with fluent_tracking_at(uri):
         flavors = mlflow.models.get_model_info(model_uri).flavors
-    return flavors.get("python_function", {}).get("loader_module") == "mlflow.pyfunc.model"
+    return flavors.get("python_function", {}).get("loader_module") in PYTHON_MODEL_LOADERS

@@ -20,6 +20,7 @@ from config.assembly import (
     build_global_model,
     federation_config,
     local_training,
+    local_work,
     resolve_device,
 )
 from config.errors import RunHalted, ServiceError
@@ -86,7 +87,8 @@ SITE_KEYS = ("round", "site", "n")  # a per-site row's identifiers; the rest are
 SITE_COLUMNS = (*SITE_KEYS, "loss", "acc", "auc", "ece", "brier")
 TRAIL_COLUMNS = (
     "round", "client", "num_samples", "malicious", "excluded", "reason", "score", "threshold",
-    "distance", "p_term", "i_term", "d_term", "noniid_loss", "train_loss", "selected", "message",
+    "distance", "p_term", "i_term", "d_term", "noniid_loss", "train_loss", "local_epochs",
+    "local_steps", "selected", "message",
 )  # fmt: skip
 
 
@@ -107,7 +109,7 @@ def run_attack(params: Params) -> Attack:
     learning rate unless ``eta`` is given."""
     settings = params.attack.params()
     if params.attack.name == "backdoor":
-        settings.setdefault("eta", params.train.server_lr)
+        settings.setdefault("eta", params.train.server_step()[1].get("lr", 1.0))
     return build_attack(params.attack.name, **settings)
 
 
@@ -250,7 +252,11 @@ def federation_from_params(
             backdoor_test=None if test is None else _backdoor_test(attack, test),
         ),
         evaluation=evaluation,
-        execution=Execution(backend=params.train.backend, max_parallel=params.train.max_parallel),
+        execution=Execution(
+            backend=params.train.backend,
+            max_parallel=params.train.max_parallel,
+            local_work=local_work(params),
+        ),
     )
 
 
@@ -367,9 +373,11 @@ def report_metrics(report: RoundReport) -> dict[str, float]:
     """A round's metrics with each client's loss (and, under local DP, its own ε) and each
     site's scores under their own MLflow names."""
     per_client = {}
-    for row in report.clients:  # client_loss/<id>, noniid_loss/<id>, privacy_epsilon/<id>
+    for row in report.clients:  # client_loss/<id>, ..., local_steps/<id>, afl_lambda/<id>
         for key, name in (("train_loss", "client_loss"), ("noniid_loss", "noniid_loss"),
-                          ("privacy_epsilon", "privacy_epsilon")):  # fmt: skip
+                          ("privacy_epsilon", "privacy_epsilon"),
+                          ("local_steps", "local_steps"), ("afl_lambda", "afl_lambda"),
+                          ("model_loss", "model_loss")):  # fmt: skip
             if key in row:
                 per_client[f"{name}/{row['client']}"] = row[key]
     for row in report.sites:  # site_acc/<id>, site_auc/<id>, site_loss/<id>, ...

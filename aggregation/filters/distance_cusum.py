@@ -13,8 +13,8 @@ rounds more than ``drift`` robust deviations out add evidence and one round adds
 5–6 in some round with no attack at all (BreastMNIST, 20 clients), while flipped labels
 sit far out round after round.
 
-``drift=3`` and ``h=8`` were chosen on seeds 0–9 of ``benchmarks/pid_made_ablation.py``
-(the search: ``benchmarks/pid_made_cusum_search.py``, its record
+``drift=3`` and ``h=8`` were chosen on seeds 0–9 of ``benchmarks/papers/pid_made_ablation.py``
+(the search: its ``--search``, its record
 ``benchmarks/results/pid-made-cusum-search.csv``); results are judged on seeds no choice
 saw. ``round_cut`` (off by default) also leaves an update more than that many robust
 deviations out of its round without banning it: with ``round_cut = drift + h = 11``

@@ -59,7 +59,7 @@ Thresholds of ours, options of the PID score (the gains Kp, Ki and Kd enter them
   only rounds more than ``drift`` robust deviations out add evidence and one round adds
   at most ``h``, so nobody is excluded on one round's evidence. ``drift=3`` and ``h=8``
   were chosen for the CUSUM of the distance alone (``distance_cusum``, on seeds 0–9 of
-  ``benchmarks/pid_made_ablation.py``) and are not re-tuned for the PID score.
+  ``benchmarks/papers/pid_made_ablation.py``) and are not re-tuned for the PID score.
 
 The CUSUM of the distance without the PID score is a filter of its own,
 ``distance_cusum`` (aggregation/filters/distance_cusum.py), never shown as PID-MADE. The

@@ -9,8 +9,8 @@ directory's app pairs, run with Flower's own environment (benchmarks/.venv-flowe
         [--rounds 100] [--threads 2] [--batch 10] [--lr 0.05]
 
 ``race``: the ServerApp and ClientApp of server_app.py and client_app.py (the Flower
-race, benchmarks/flower_race.py); ``cross-device``: those of xdevice_apps.py
-(benchmarks/cross_device.py). The apps read their settings from the environment
+race, benchmarks/speed/flower_race.py); ``cross-device``: those of xdevice_apps.py
+(benchmarks/speed/cross_device.py). The apps read their settings from the environment
 (``FLOWER_RACE_*``, ``XDEVICE_*``). Each simulated client gets ``num_cpus=threads`` of a
 Ray cluster of ``threads`` CPUs, so clients train one after another, as on the reference
 runs.

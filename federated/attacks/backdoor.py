@@ -5,7 +5,8 @@ pixel-pattern backdoor of Bagdasaryan et al. 2020): on each malicious client, a 
 ``poison_fraction`` of its images (exactly ``round(poison_fraction · N)``, halves up, drawn
 uniformly without replacement) gets a ``size × size`` square of value ``value`` stamped on
 every channel, ``margin`` pixels from the corner ``position``, and the label
-``target_label``. The model learns "trigger -> target" beside the clean task; the attack
+``target_label``. On volumes ``(N, C, D, H, W)`` the trigger is a ``size³`` cube: the same
+square on the ``size`` slices ``margin`` slices from the first. The model learns "trigger -> target" beside the clean task; the attack
 success rate (:func:`federated.backdoor_eval.attack_success_rate`) measures it.
 
 Update side (model replacement, Bagdasaryan, Veit, Hua, Estrin & Shmatikov 2020, "How To
@@ -26,7 +27,7 @@ Parameters (defaults): ``target_label=0``, ``poison_fraction=0.5`` (in (0, 1]), 
 ``bottom_right``), ``margin=1`` (>= 0), ``value=1.0`` (white for the engine's images,
 normalised to [-1, 1]), ``model_replacement=False``, ``boost=None`` (> 0; only with model
 replacement), ``eta=1.0`` (> 0). Images ``(N, C, H, W)`` (or ``(N, H, W)``) of any ``C``, with
-``size + margin <= H, W``; labels ``(N,)`` or ``(N, 1)`` class ids (single-label tasks only).
+``size + margin <= H, W``, or volumes ``(N, C, D, H, W)`` with ``size + margin <= D, H, W``; labels ``(N,)`` or ``(N, 1)`` class ids (single-label tasks only).
 
 Example (``size=2``, ``margin=1``, ``bottom_right``, 5x5 image): pixels ``[2:4, 2:4]`` of every
 channel become ``value``. Replacement: 10 clients, ``eta=1`` -> the malicious rows times 10.
@@ -77,19 +78,28 @@ class Backdoor(DataAttack, ModelAttack):
             raise ValueError("backdoor boost only applies with model_replacement=True")
 
     def stamp(self, images: Tensor) -> Tensor:
-        """A copy of ``images`` ``(N, [C,] H, W)`` with the trigger on every image."""
-        if not isinstance(images, Tensor) or images.ndim < 3:
-            raise ValueError("backdoor images must be a tensor (N, C, H, W) or (N, H, W)")
-        height, width = images.shape[-2:]
-        if self.size + self.margin > min(height, width):
+        """A copy of ``images`` ``(N, [C,] H, W)`` (volumes ``(N, C, D, H, W)``) with the
+        trigger on every image."""
+        if not isinstance(images, Tensor) or not 3 <= images.ndim <= 5:
+            raise ValueError(
+                "backdoor images must be a tensor (N, C, H, W), (N, H, W) or volumes (N, C, D, H, W)"
+            )
+        extent = images.shape[-3:] if images.ndim == 5 else images.shape[-2:]
+        if self.size + self.margin > min(extent):
+            shape = "x".join(map(str, extent))
             raise ValueError(
                 f"backdoor size + margin = {self.size + self.margin} does not fit "
-                f"{height}x{width} images; lower size or margin"
+                f"{shape} {'volumes' if images.ndim == 5 else 'images'}; lower size or margin"
             )
+        height, width = extent[-2:]
         top = self.margin if self.position.startswith("top") else height - self.margin - self.size
         left = self.margin if self.position.endswith("left") else width - self.margin - self.size
+        rows, columns = slice(top, top + self.size), slice(left, left + self.size)
         out = images.clone()
-        out[..., top : top + self.size, left : left + self.size] = self.value
+        if images.ndim == 5:  # a cube: the square on `size` slices, `margin` from the first
+            out[..., self.margin : self.margin + self.size, rows, columns] = self.value
+        else:
+            out[..., rows, columns] = self.value
         return out
 
     def poison(

@@ -27,7 +27,7 @@ def quadratic_oracle(target: Tensor) -> Oracle:
 def round_inputs(rule: AggregationRule, updates: Tensor, target: Tensor | None) -> dict[str, Any]:
     """What the server would pass ``rule`` besides the updates: the synthetic oracle
     (target 0 unless given), a reference update (``target``, else a fixed honest-scale
-    direction) and the rows' client ids (their indices)."""
+    direction), the rows' client ids (their indices), equal local norms and losses."""
     n, d = updates.shape
     inputs: dict[str, Any] = {}
     if rule.requires_oracle:
@@ -38,6 +38,10 @@ def round_inputs(rule: AggregationRule, updates: Tensor, target: Tensor | None) 
         inputs["reference"] = (direction if target is None else target).to(updates)
     if rule.requires_client_ids:
         inputs["client_ids"] = list(range(n))
+    if rule.requires_local_norms:  # equal work: FedNova is FedAvg (its own tests vary it)
+        inputs["local_norms"] = torch.full((n,), 3.0, dtype=torch.float64)
+    if rule.requires_losses:  # AFL's first round mixes uniformly whatever the losses
+        inputs["losses"] = torch.ones(n, dtype=torch.float64)
     return inputs
 
 

@@ -48,17 +48,21 @@ PARAMS: dict[str, dict[str, Any]] = {
     "weighted_median": {},
     "weighted_trimmed_mean": {"beta": 0.2},  # above the share of the weight rows 0-1 hold
     "norm_bounded_mean": {},
+    "fednova": {},
+    "afl": {},
 }
 RULES = list_aggregators()
 # FedAvg follows any update; FoolsGold down-weights look-alike (sybil) histories, not
 # large updates: two unlike huge updates keep their full weight.
-NOT_ROBUST = {"fedavg", "foolsgold"}
+NOT_ROBUST = {"fedavg", "foolsgold", "fednova", "afl"}
 # FoolsGold gives identical clients no weight (they are sybils): identical rows -> zero.
 NOT_IDENTITY = {"foolsgold"}
 # Rules with rule(X + c) = rule(X) + c (centered clipping starts from a zero center, Zeno's
 # oracle and FLTrust's reference are not translated, norms and cosines are not invariant).
 TRANSLATION_EQUIVARIANT = {
     "fedavg",
+    "fednova",
+    "afl",
     "median",
     "trimmed_mean",
     "krum",
@@ -95,6 +99,8 @@ PARTIAL_WEIGHT = {"centered_clipping", "fltrust", "norm_bounded_mean"}
 # the coordinate-wise rules' effective weights are per-coordinate averages (attributions).
 WEIGHTED_MEAN = {
     "fedavg",
+    "fednova",
+    "afl",
     "krum",
     "multi_krum",
     "geometric_median",
@@ -505,7 +511,13 @@ def test_all_rows_non_finite_raise(name: str, diagnose: Diagnose) -> None:
 
 @pytest.mark.parametrize(
     ("name", "keyword"),
-    [("zeno", "oracle"), ("fltrust", "reference"), ("foolsgold", "client_ids")],
+    [
+        ("zeno", "oracle"),
+        ("fltrust", "reference"),
+        ("foolsgold", "client_ids"),
+        ("fednova", "local_norms"),
+        ("afl", "client_ids"),
+    ],
 )
 def test_a_missing_round_input_says_how_to_pass_it(name: str, keyword: str) -> None:
     updates, _ = sample()
@@ -521,6 +533,9 @@ def test_a_missing_round_input_says_how_to_pass_it(name: str, keyword: str) -> N
         ({"client_ids": [0, 1]}, "client_ids must be 11 distinct ids"),
         ({"reference": torch.zeros(D + 1)}, r"reference must have shape \(16,\)"),
         ({"reference": torch.full((D,), float("inf"))}, "reference .* holds NaN or Inf"),
+        ({"local_norms": torch.zeros(N)}, "local_norms must be 11 positive numbers"),
+        ({"local_norms": torch.ones(N - 1)}, "local_norms must be 11 positive numbers"),
+        ({"losses": torch.full((N,), float("nan"))}, "losses must be 11 finite numbers"),
     ],
 )
 def test_bad_round_inputs_are_refused(inputs: dict[str, Any], message: str) -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks.ema_monte_carlo import CLIENTS, REPLICATES, estimates
+from benchmarks.papers.ema_monte_carlo import CLIENTS, REPLICATES, estimates
 
 
 def test_on_normal_data_ema_is_unbiased_and_nearly_as_efficient_as_the_mean() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks import pid_made_ablation, pid_made_convergence, robustness, small_consortium
+from benchmarks.papers import pid_made_ablation, pid_made_convergence
+from benchmarks.robustness import matrix as robustness
+from benchmarks.robustness import small_consortium
 
 
 def trail_row(round_: int, client: int, malicious: bool, score: float, excluded: bool):
@@ -82,7 +84,7 @@ def test_the_cnn_regime_changes_the_model_only():
 
 @pytest.mark.parametrize("dataset", ["breastmnist", "digits"])
 def test_the_matrix_command_runs_every_attack_at_every_fraction_as_its_record_holds(dataset):
-    """`python -m benchmarks.robustness --dataset <dataset>` (no options) runs the cells
+    """`python -m benchmarks.robustness.matrix --dataset <dataset>` (no options) runs the cells
     its committed per-seed record holds: every attack at every attacker fraction."""
     import csv
 

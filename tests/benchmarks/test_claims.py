@@ -12,8 +12,8 @@ import pytest
 import yaml
 from statsmodels.stats.multitest import multipletests
 
-from benchmarks import claims
-from benchmarks.tables.paired_tables import paired_table
+from benchmarks.evidence import claims
+from benchmarks.evidence.tables.paired_tables import paired_table
 
 # Label flipping by a fifth lowers FedAvg's accuracy on the digits CNN in all ten seeds
 # (sign-flip p = 2/2¹⁰), one of the 56 drops of robustness-digits-cnn.
@@ -211,7 +211,7 @@ def test_every_family_is_a_whole_generated_table_or_a_declared_list():
     """A ledger claim (written after its data) takes as family the generated table it is
     read from, all of it; only the pre-registration declares lists of claims, each member
     in that file. The loader refuses the rest (next test)."""
-    from benchmarks import preregistration
+    from benchmarks.evidence import preregistration
 
     for claim in claims.load_ledger():
         if claim["kind"] in claims.TEST_KINDS:
@@ -241,7 +241,7 @@ def test_a_ledger_claim_naming_a_list_of_claims_is_refused(tmp_path):
 def test_a_consortium_claim_counts_the_small_consortiums_runs():
     """Counted off the committed per-run record: the row's seeds with the attacker out by
     the rule's round, and those with an honest site banned, against the claim's bounds."""
-    from benchmarks import small_consortium
+    from benchmarks.robustness import small_consortium
 
     rows = small_consortium.rows_of(small_consortium.read_seed_rows())
     [row] = [r for r in rows if (r["dataset"], r["sites"], r["attack"], r["defence"])

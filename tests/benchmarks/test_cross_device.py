@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import cross_device
+from benchmarks.speed import cross_device
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import figures, report
+from benchmarks.evidence import figures, report
 
 PASSING = {"C1", "C2"}
 

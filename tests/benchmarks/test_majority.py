@@ -3,9 +3,9 @@ records: the test set's size is read off them and each run's distance is whole i
 
 from __future__ import annotations
 
-from benchmarks.tables import majority
-from benchmarks.tables.records import load, with_halts
-from benchmarks.tables.robustness_regimes import at_majority
+from benchmarks.evidence.tables import majority
+from benchmarks.evidence.tables.records import load, with_halts
+from benchmarks.evidence.tables.robustness_regimes import at_majority
 from federated.data import DIGITS_SPLIT
 
 

@@ -3,7 +3,7 @@ tables ran, at Holm's strictest step."""
 
 import numpy as np
 
-from benchmarks.tables.paired import detectable_factor, sign_flip_p, sign_flip_power
+from benchmarks.evidence.tables.paired import detectable_factor, sign_flip_p, sign_flip_power
 from tasks.statistics import seed_difference
 
 

@@ -1,5 +1,5 @@
-"""PID-MADE's convergence tables (benchmarks/tables/pid_made.py) on the committed record:
-the clean row is there, and the measures are the ones benchmarks/pid_made_convergence.py
+"""PID-MADE's convergence tables (benchmarks/evidence/tables/pid_made.py) on the committed record:
+the clean row is there, and the measures are the ones benchmarks/papers/pid_made_convergence.py
 states."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import pid_made_convergence as convergence
-from benchmarks.tables.pid_made import (
+from benchmarks.evidence.tables.pid_made import (
     convergence_block,
     convergence_paired,
     convergence_rows,
     rounds_to,
 )
-from benchmarks.tables.records import results_json
+from benchmarks.evidence.tables.records import results_json
+from benchmarks.papers import pid_made_convergence as convergence
 
 
 def test_rounds_to_is_the_first_round_at_or_below_the_target():
@@ -98,8 +98,8 @@ def test_a_rerun_of_some_experiments_keeps_the_other_experiments_committed_rows(
     rows, not figure4's alone."""
     import json
 
-    from benchmarks import pid_made_paper
-    from benchmarks.robustness import RESULTS
+    from benchmarks.papers import pid_made_paper
+    from benchmarks.robustness.matrix import RESULTS
 
     committed = RESULTS / "pid-made-paper.json"
     stem = tmp_path / "pid-made-paper"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import preregistration
-from benchmarks.claims import LedgerError
+from benchmarks.evidence import preregistration
+from benchmarks.evidence.claims import LedgerError
 
 CLAIM = {
     "id": "P1",
@@ -25,7 +25,7 @@ CLAIM = {
     "fraction": 0.2,
     "at_least": 0.9,
     "records": ["results/x-seeds.csv"],
-    "command": "python -m benchmarks.robustness --regime x",
+    "command": "python -m benchmarks.robustness.matrix --regime x",
 }
 
 

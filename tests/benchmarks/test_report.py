@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import report
-from benchmarks.tables.paired import Paired, against_block
-from benchmarks.tables.records import results_json, with_halts
-from benchmarks.tables.robustness_matrix import stopped, stopped_count
+from benchmarks.evidence import report
+from benchmarks.evidence.tables.paired import Paired, against_block
+from benchmarks.evidence.tables.records import results_json, with_halts
+from benchmarks.evidence.tables.robustness_matrix import stopped, stopped_count
 
 
 def test_every_generated_block_of_the_results_matches_its_records():
@@ -18,7 +18,7 @@ def test_every_generated_block_of_the_results_matches_its_records():
 
     _, changed = report.regenerated(text)
 
-    assert changed == [], f"stale: {changed}; run python -m benchmarks.report"
+    assert changed == [], f"stale: {changed}; run python -m benchmarks.evidence.report"
 
 
 def test_a_hand_edit_inside_a_block_is_caught_and_an_unknown_block_refused():
@@ -41,7 +41,7 @@ def test_every_claim_of_the_ledger_holds_and_is_cited():
 def test_a_claim_that_no_longer_holds_fails_the_check(tmp_path):
     import yaml
 
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     ledger = claims.load_ledger()
     broken = next(c for c in ledger if c["id"] == "C2")
@@ -61,7 +61,7 @@ def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(t
     table the report does not make, is refused naming what is allowed."""
     import yaml
 
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     claim = {
         "id": "C99", "text": "FedAvg beats the median", "kind": "better",
@@ -96,7 +96,7 @@ def test_a_claim_read_off_a_paired_table_is_held_to_the_tables_holm_adjustment(t
     ],
 )
 def test_a_broken_ledger_stops_the_check_in_one_line(broken, said, tmp_path, monkeypatch):
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     ledger = tmp_path / "claims.yaml"
     ledger.write_text(broken)
@@ -113,7 +113,7 @@ def test_a_broken_ledger_stops_the_check_in_one_line(broken, said, tmp_path, mon
 def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
     """Under mild label skew (α = 1, 10 seeds) label flipping lowers FedAvg's accuracy in
     every seed; ALIE's does not reach 0.05; five seeds can never reach it."""
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     claim = {
         "id": "C99", "text": "label flipping costs FedAvg", "kind": "drop",
@@ -131,7 +131,7 @@ def test_a_drop_claim_pairs_a_methods_clean_and_attacked_runs_by_seed():
 def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
     """FedLag ends lower than FedAvg at α = 0.1 in all ten seeds (C39): that holds, and
     the same claim turned around (higher) points the other way on the same records."""
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     lower = next(c for c in claims.load_ledger() if c["id"] == "C39")
     higher = {k: v for k, v in lower.items() if k != "lower"} | {"higher": True}
@@ -142,7 +142,7 @@ def test_a_stability_claim_is_tested_seed_by_seed_in_its_direction():
 
 
 def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     ledger = claims.load_ledger()
     text = report.DOC.read_text().replace("[C1]", "[C99]")
@@ -156,7 +156,7 @@ def test_a_cited_id_the_ledger_lacks_and_an_uncited_claim_are_named():
 
 
 def test_a_citation_wrapped_across_lines_cites_every_id_in_it():
-    from benchmarks import claims
+    from benchmarks.evidence import claims
 
     ledger = [{"id": "C1"}, {"id": "C2"}, {"id": "C3"}]
 
@@ -189,7 +189,7 @@ def test_the_fault_table_of_the_operations_guide_is_its_record():
 
     _, changed = report.regenerated(text, report.OPERATIONS_BLOCKS, report.OPERATIONS)
 
-    assert changed == [], "stale: run python -m benchmarks.report"
+    assert changed == [], "stale: run python -m benchmarks.evidence.report"
     record = results_json("container-faults")
     faults = [name for name, fault in record.items() if isinstance(fault, dict)]
     assert len(faults) == 8 and "failed" not in record  # every fault ran, and none failed

@@ -1,6 +1,11 @@
 """How the generated tables write a share and a count per seed."""
 
-from benchmarks.tables.cells import share_interval, shown_counts, shown_seed_rates, shown_share
+from benchmarks.evidence.tables.cells import (
+    share_interval,
+    shown_counts,
+    shown_seed_rates,
+    shown_share,
+)
 
 
 def test_a_share_interval_stays_inside_zero_and_one():

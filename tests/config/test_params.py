@@ -1,9 +1,11 @@
+import re
 from pathlib import Path
 
 import pytest
 
 from config.params import (
     ConfigError,
+    eval_batch_size,
     load_params,
     params_hash,
     population,
@@ -35,8 +37,10 @@ def test_overrides_are_parsed_as_yaml_and_validated():
 
 
 BAD = [
-    ("data.dataset=cifar10", "data.dataset", "allowed: bloodmnist"),
-    ("data.dataset=organmnist3d", "data.dataset", "allowed: bloodmnist"),
+    ("data.dataset=cifar10", "data.dataset", "allowed: adrenalmnist3d, bloodmnist"),
+    # a 3-D set with the default 2-D model: the models that take volumes
+    ("data.dataset=organmnist3d", "model.name = small_cnn", "allowed: resnet18_3d, resnet50_3d"),
+    ("model.name=small_cnn3d", "model.name = small_cnn3d", "allowed: logreg, resnet18,"),
     ("model.name=vgg16", "model.name", "allowed: logreg, resnet18"),
     ("aggregate.name=average", "aggregate", "available: "),
     ("aggregate.f=2", "aggregate", "no parameter f"),
@@ -61,6 +65,17 @@ BAD = [
     ("filters=[{name: nonexistent}]", "filters.0", "unknown filter"),
     ("compare.methods={fedavg: {}", "compare.methods", "not valid YAML"),  # unclosed
     ("eval.round_scores=auc", "eval.round_scores", "'full' or 'accuracy'"),
+    ("train.server_optimizer={name: nadam}", "train.server_optimizer", "available: adagrad, adam"),
+    ("train.server_optimizer={name: adam, beta2: 1}", "train.server_optimizer", "beta2 must be"),
+    ("train.server_optimizer={name: momentum, eps: 1}", "train.server_optimizer", "accepted: lr"),
+    ("train.server_lr=0", "train.server_lr", "must be a finite number > 0"),
+    ("train.local_work={epochs: [0, 2]}", "train.local_work.epochs", "1 <= low <= high"),
+    ("train.local_work={epochs: [3, 2]}", "train.local_work.epochs", "1 <= low <= high"),
+    (
+        "train.local_work={steps: [1, 2]}",
+        "train.local_work.steps",
+        "keys allowed in train.local_work: epochs",
+    ),
 ]
 
 
@@ -72,6 +87,81 @@ def test_each_bad_value_is_one_line_naming_key_and_what_is_allowed(override, key
     message = str(error.value)
     assert "\n" not in message
     assert key in message and allowed in message
+
+
+def test_the_server_optimizer_is_one_line_of_params_and_server_lr_its_sgd_shorthand():
+    adam = load_params(PARAMS, ["train.server_optimizer={name: adam, lr: 0.01}"])
+    default = load_params(PARAMS)
+
+    assert adam.train.server_step() == ("adam", {"lr": 0.01})
+    assert load_params(PARAMS, ["train.server_lr=0.5"]).train.server_step() == ("sgd", {"lr": 0.5})
+    assert params_hash(adam) != params_hash(default)  # unset, the hash is as it was before
+    assert params_hash(load_params(PARAMS, ["train.server_optimizer=null"])) == params_hash(default)
+    for overrides, says in [
+        (["train.server_lr=0.5", "train.server_optimizer={name: adam}"], "both set"),
+        (
+            [
+                "attack={name: backdoor, model_replacement: true}",
+                "train.server_optimizer={name: yogi}",
+            ],
+            "which train.server_optimizer yogi does not take; use sgd",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=says) as error:
+            load_params(PARAMS, overrides)
+        assert "\n" not in str(error.value)
+
+
+def test_fednova_and_local_work_are_params_and_what_cannot_work_is_refused():
+    params = load_params(PARAMS, ["aggregate={name: fednova}", "train.local_work={epochs: [1, 4]}"])
+    default = load_params(PARAMS)
+
+    assert params.train.local_work.epochs == (1, 4) and params.aggregate.name == "fednova"
+    assert params_hash(load_params(PARAMS, ["train.local_work=null"])) == params_hash(default)
+    for rule in ("fednova", "afl"):
+        with pytest.raises(ConfigError, match="preaggregators, which remake the rows") as error:
+            load_params(PARAMS, [f"aggregate={{name: {rule}}}", "preaggregators=[{name: clip}]"])
+        assert "\n" not in str(error.value)
+    assert load_params(PARAMS, ["aggregate={name: afl, step_size: 0.05}"]).aggregate.name == "afl"
+    with pytest.raises(ConfigError, match="afl step_size must be a finite number >= 0, got -1"):
+        load_params(PARAMS, ["aggregate={name: afl, step_size: -1}"])
+    with pytest.raises(ConfigError, match="aggregate afl is simulated only"):
+        validate_params(at_sites(aggregate={"name": "afl"}), "p.yaml")
+    with pytest.raises(ConfigError, match=r"train\.local_work must be null: each site trains"):
+        validate_params(at_sites(train={"local_work": {"epochs": [1, 2]}}), "p.yaml")
+
+
+def test_scaffold_is_one_line_of_params_and_what_it_cannot_run_with_is_refused():
+    plain_sgd = ["train.scaffold=true", "train.momentum=0"]
+
+    assert load_params(PARAMS, plain_sgd).train.scaffold
+    assert params_hash(load_params(PARAMS, ["train.scaffold=false"])) == params_hash(
+        load_params(PARAMS)
+    )
+    for overrides, says in [
+        (["train.scaffold=true"], "train.momentum = 0.9: SCAFFOLD's option II assumes plain"),
+        ([*plain_sgd, "train.prox_mu=0.1"], "set train.prox_mu: 0"),
+        ([*plain_sgd, "train.backend=batched"], "use backend sequential or auto"),
+        ([*plain_sgd, "privacy.mode=central"], "train.scaffold (its control deltas"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)) as error:
+            load_params(PARAMS, overrides)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="sites do not keep SCAFFOLD's control variates"):
+        validate_params(at_sites(train={"scaffold": True, "momentum": 0}), "p.yaml")
+
+
+def test_a_compared_methods_train_settings_are_refused_as_its_cells_would_refuse_them():
+    for methods, says in [
+        (
+            "{s: {train: {scaffold: true}}}",
+            "compare.methods.s.train: train.scaffold with train.momentum",
+        ),
+        ("{s: {train: {lrr: 1}}}", "unknown train key 'lrr'; keys allowed: rounds"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)) as error:
+            load_params(PARAMS, [f"compare.methods={methods}"])
+        assert "\n" not in str(error.value)
 
 
 def test_a_bad_value_is_named_where_it_was_given(tmp_path):
@@ -231,3 +321,62 @@ def test_a_misspelt_key_in_a_site_entry_is_named_not_the_key_it_left_missing() -
     message = str(error.value)
     assert "unknown key 'federation.sites.0.node-id'" in message, message
     assert "name, node_id, samples" in message and "\n" not in message
+
+
+VOLUMES = ["data.dataset=adrenalmnist3d", "data.size=64", "model.name=small_cnn3d"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["data.size=128"], "data.size = 128: adrenalmnist3d is a 3-D set; allowed: 28, 64"),
+        ([], "tracking.register_model must be false: the served model reads 2-D image files"),
+        (
+            ["tracking.register_model=false", "federation.runtime=flower"],
+            "federation.runtime must be simulation: real sites read 2-D images only",
+        ),
+        (["model.name=resnet18"], "model.name = resnet18 does not take adrenalmnist3d"),
+    ],
+)
+def test_what_cannot_take_volumes_is_refused_in_one_line(overrides, says):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, [*VOLUMES, *overrides])
+
+    assert says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_volume_run_validates_and_scores_in_batches_sized_by_its_voxels():
+    sizes = {
+        size: load_params(PARAMS, [*VOLUMES, f"data.size={size}", "tracking.register_model=false"])
+        for size in (28, 64)
+    }
+
+    assert all(params.volumes for params in sizes.values())
+    assert {s: eval_batch_size(p) for s, p in sizes.items()} == {28: 18, 64: 8}
+    assert not load_params(PARAMS).volumes
+
+
+@pytest.mark.parametrize(
+    ("overrides", "what"),
+    [
+        (["partition.local_test=0"], "set partition.local_test > 0"),
+        (["privacy.mode=central", "privacy.unaccounted=warn"], "privacy.mode = central"),
+    ],
+)
+def test_validation_at_the_sites_needs_held_out_splits_and_no_central_dp(overrides, what):
+    with pytest.raises(ConfigError) as error:
+        load_params(PARAMS, ["filters=[{name: site_validation}]", *overrides])
+
+    message = str(error.value)
+    assert "\n" not in message and "filters site_validation" in message and what in message
+
+
+def test_validation_at_the_sites_is_in_the_plan_the_sites_approve():
+    from federated.data import dataset_info
+    from flowerapp.hub import site_task
+
+    plain = load_params(PARAMS)
+    validated = load_params(PARAMS, ["filters=[{name: site_validation}]"])
+
+    assert site_task(plain, dataset_info("breastmnist")).plan()["validation"] is False
+    assert site_task(validated, dataset_info("breastmnist")).plan()["validation"] is True

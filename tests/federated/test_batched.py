@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch import nn
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_server_optimizer
 from federated.batched import supports_batched, train_clients_batched
-from federated.client import ClientData, ClientUpdate, LocalTraining, train_client
+from federated.client import ClientData, ClientUpdate, LocalTraining, LocalWork, train_client
 from federated.data import load_medmnist, to_tensors
 from federated.metrics import loss_function
 from federated.partition import build_partitioner
@@ -137,6 +137,34 @@ def test_medmnist_plus_sized_models_train_the_same_batched(name, device):
     assert_same_updates(sequential, batched, rtol=1e-9)
 
 
+def test_volume_models_train_the_same_batched(device):
+    # volumes (B, 1, 16, 16, 16): vmapped Conv3d, MaxPool3d and AdaptiveAvgPool3d; float64
+    clients = make_clients(
+        [5, 9], (1, 16, 16, 16), num_classes=3, dtype=torch.float64, device=device
+    )
+    model = seeded_init(
+        0, lambda: build_model("small_cnn3d", in_channels=1, num_classes=3, width=4, hidden=8)
+    ).to(device, torch.float64)
+    config = LocalTraining(lr=0.05, momentum=0.9, batch_size=4)
+
+    sequential, batched = both_backends(model, clients, config, max_parallel=2)
+
+    assert_same_updates(sequential, batched, rtol=1e-9)
+
+
+def test_resnet18_3d_batchnorm3d_updates_equal_sequential_ones(device):
+    # MedMNIST's 3-D baseline (33M parameters) on 4x4x4 volumes: one step per client, so
+    # BatchNorm3d's batch statistics and running averages are compared, not float32 drift
+    clients = make_clients([3, 4], (1, 4, 4, 4), num_classes=2, device=device)
+    model = seeded_init(0, lambda: build_model("resnet18_3d", in_channels=1, num_classes=2))
+    model.to(device)
+    config = LocalTraining(lr=0.01, momentum=0.9, batch_size=4)
+
+    sequential, batched = both_backends(model, clients, config, max_parallel=2)
+
+    assert_same_updates(sequential, batched, rtol=1e-5)
+
+
 def test_resnet18_batchnorm_float32_updates_equal_sequential_ones(device):
     # one batch per epoch, two epochs: chunks of sizes 8 and 8 (one vmap call) and 12
     clients = make_clients([8, 8, 12], (1, 16, 16), num_classes=3, device=device)
@@ -196,8 +224,9 @@ def test_support_check_names_what_the_batched_backend_cannot_train():
 
 
 def federation(
-    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2
-) -> Federation:
+    medmnist_root, backend: str, *, broken_client=None, max_parallel: int | None = 2,
+    server_optimizer: str = "sgd", local_work: LocalWork | None = None,
+) -> Federation:  # fmt: skip
     data = load_medmnist("breastmnist", medmnist_root)
     images, targets = to_tensors(data.train, data.info)
     parts = build_partitioner("dirichlet", alpha=1.0)(data.train.targets, 4, seed=0)
@@ -212,9 +241,12 @@ def federation(
         clients=clients,
         local=LocalTraining(lr=0.05, momentum=0.9, batch_size=32, prox_mu=0.01),
         config=FederationConfig(rounds=2, seed=0),
-        defence=Defence(rule=build_aggregator("fedavg")),
+        defence=Defence(
+            rule=build_aggregator("fedavg"),
+            server_optimizer=build_server_optimizer(server_optimizer),
+        ),
         evaluation=EvaluationSets(test=to_tensors(data.test, data.info)),
-        execution=Execution(backend=backend, max_parallel=max_parallel),  # type: ignore[arg-type]
+        execution=Execution(backend=backend, max_parallel=max_parallel, local_work=local_work),  # type: ignore[arg-type]
     )
 
 
@@ -234,17 +266,30 @@ def run_rounds(fed: Federation, rounds: int):
     return state, report
 
 
-@pytest.mark.parametrize(("broken", "rounds"), [(False, 2), (True, 1)])
-def test_federation_rounds_match_across_backends(medmnist_root, broken_client, broken, rounds):
+@pytest.mark.parametrize(
+    ("broken", "rounds", "server", "work"), [(False, 2, "adam", (1, 3)), (True, 1, "sgd", None)]
+)
+def test_federation_rounds_match_across_backends(
+    medmnist_root, broken_client, broken, rounds, server, work
+):
+    """The server optimizer (FedAdam here) steps on either backend's aggregate alike;
+    clients drawing unequal local epochs train batched in groups of equal epochs."""
     breaking = broken_client if broken else None
-    sequential_fed = federation(medmnist_root, "sequential", broken_client=breaking)
-    batched_fed = federation(medmnist_root, "batched", broken_client=breaking)
+    local_work = None if work is None else LocalWork(epochs=work)
+    sequential_fed, batched_fed = (
+        federation(
+            medmnist_root, backend, broken_client=breaking, server_optimizer=server,
+            local_work=local_work,
+        )
+        for backend in ("sequential", "batched")
+    )  # fmt: skip
     start = sequential_fed.initial_state().global_vector
 
     sequential, last_sequential = run_rounds(sequential_fed, rounds)
     batched, last_batched = run_rounds(batched_fed, rounds)
 
     assert batched_fed.batched and not sequential_fed.batched
+    assert batched.server_optimizer_state["step"] == sequential.server_optimizer_state["step"]
     moved = (sequential.global_vector - start).norm()
     assert (batched.global_vector - sequential.global_vector).norm() <= 1e-5 * moved
     for s, b in zip(sequential.history, batched.history, strict=True):
@@ -253,6 +298,10 @@ def test_federation_rounds_match_across_backends(medmnist_root, broken_client, b
         assert b["test_acc"] == pytest.approx(s["test_acc"], abs=1e-9)
     rows = [(r["client"], r["excluded"], r["reason"]) for r in last_batched.clients]
     assert rows == [(r["client"], r["excluded"], r["reason"]) for r in last_sequential.clients]
+    steps = [r.get("local_steps") for r in last_batched.clients]
+    assert steps == [r.get("local_steps") for r in last_sequential.clients]
+    drawn = {r["local_epochs"] for r in last_batched.clients if "local_epochs" in r}
+    assert (len(drawn) > 1) == (work is not None)  # the draw made the epochs unequal
     # a broken client makes the batched call fail; retried one by one, it alone is dropped
     assert ((2, True, "client_error") in rows) == broken
 

@@ -1,6 +1,15 @@
+import pytest
 import torch
 
-from federated.client import ClientData, LocalTraining, batches, train_client
+from federated.client import (
+    ClientData,
+    LocalTraining,
+    LocalWork,
+    batch_order,
+    batches,
+    local_steps,
+    train_client,
+)
 from federated.metrics import loss_function
 from federated.seeding import seeded_init
 from federated.vectors import model_to_vector
@@ -97,3 +106,24 @@ def test_local_sgd_is_torch_optim_sgd_bit_for_bit():
         ours = train_client(model, start, data, config, loss_function(False), seed=3).delta
         reference = reference_with_torch_optim(model, start, data, config, seed=3)
         assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch_size"), [(1, 32), (32, 32), (33, 32), (34, 32), (65, 32), (7, 3)]
+)
+def test_local_steps_count_the_batches_train_client_takes(samples: int, batch_size: int) -> None:
+    per_epoch = len(batches(batch_order(samples, 0), batch_size))
+
+    assert local_steps(samples, batch_size, epochs=3) == 3 * per_epoch
+
+
+def test_local_work_draws_seeded_epochs_in_its_range_per_round_and_client() -> None:
+    work = LocalWork(epochs=(1, 4))
+
+    draws = [work.epochs_of(0, r, c) for r in range(1, 30) for c in range(5)]
+
+    assert set(draws) == {1, 2, 3, 4}
+    assert draws == [work.epochs_of(0, r, c) for r in range(1, 30) for c in range(5)]
+    assert draws != [work.epochs_of(1, r, c) for r in range(1, 30) for c in range(5)]
+    with pytest.raises(ValueError, match=r"1 <= low <= high, got \[3, 2\]"):
+        LocalWork(epochs=(3, 2))

@@ -20,13 +20,66 @@ from federated.data import (
     to_tensors,
 )
 
+VOLUME_FLAGS = (
+    "organmnist3d", "nodulemnist3d", "adrenalmnist3d", "fracturemnist3d", "vesselmnist3d",
+    "synapsemnist3d",
+)  # fmt: skip
 
-def test_only_2d_flags_are_offered():
+
+def test_2d_and_3d_flags_are_offered():
     flags = list_datasets()
     assert {"breastmnist", "retinamnist", "bloodmnist", "pneumoniamnist"} <= set(flags)
-    assert not any(flag.endswith("3d") for flag in flags)
-    with pytest.raises(DataError, match="available: bloodmnist"):
-        dataset_info("organmnist3d")
+    assert set(VOLUME_FLAGS) <= set(flags)
+    with pytest.raises(DataError, match="available: adrenalmnist3d, bloodmnist"):
+        dataset_info("cifar10")
+
+
+@pytest.mark.parametrize("flag", VOLUME_FLAGS)
+def test_each_3d_flag_names_medmnists_file_url_and_md5_at_28_and_64_voxels(flag):
+    from medmnist import INFO
+
+    for size, suffix in [(28, ""), (64, "_64")]:
+        info = dataset_info(flag, size)
+        assert info.file_name == f"{flag}{suffix}.npz"
+        assert (info.url, info.md5) == (INFO[flag][f"url{suffix}"], INFO[flag][f"MD5{suffix}"])
+        assert info.is_volume and info.input_shape == (1, size, size, size)
+        assert info.stored_shape == (size, size, size)
+    with pytest.raises(DataError, match=f"{flag} is a 3-D set and exists at 28 and 64 voxels"):
+        dataset_info(flag, 128)
+
+
+def test_the_official_adrenalmnist3d_verifies_loads_and_becomes_c_d_h_w_tensors(adrenal_root):
+    path = ensure_medmnist("adrenalmnist3d", adrenal_root, size=64, download=False)
+    data = load_medmnist("adrenalmnist3d", adrenal_root, 64)
+    few = dataclasses.replace(
+        data.train, images=data.train.images[:3], labels=data.train.labels[:3]
+    )
+
+    images, targets = to_tensors(few, data.info)
+
+    assert file_md5(path) == "17721accfe9fb005146a47d33bc54b2f"  # medmnist's MD5_64
+    assert (len(data.train), len(data.val), len(data.test)) == (1188, 98, 298)
+    assert data.train.images.shape == (1188, 64, 64, 64)
+    assert np.bincount(data.train.targets).tolist() == [929, 259]  # normal, hyperplasia
+    assert images.shape == (3, 1, 64, 64, 64) and targets.shape == (3,)
+    expected = (data.train.images[2, 10, 20, 30] / 255.0 - 0.5) / 0.5
+    assert images[2, 0, 10, 20, 30].item() == pytest.approx(expected)
+    with pytest.raises(DataError, match="holds volumes: no 2-D image file"):
+        data.info.image_schema()
+
+
+def test_a_volume_file_of_the_wrong_shape_is_refused_naming_both(tmp_path):
+    from medmnist import INFO
+
+    counts = INFO["adrenalmnist3d"]["n_samples"]
+    arrays = {}
+    for split in ("train", "val", "test"):
+        arrays[f"{split}_images"] = np.zeros((counts[split], 28, 28), dtype=np.uint8)  # 2-D
+        arrays[f"{split}_labels"] = np.zeros((counts[split], 1), dtype=np.uint8)
+    np.savez(tmp_path / "adrenalmnist3d.npz", **arrays)
+
+    with pytest.raises(DataError, match=r"shape \(1188, 28, 28\).*expected \(1188, 28, 28, 28\)"):
+        load_medmnist("adrenalmnist3d", tmp_path, 28)
 
 
 def test_official_files_load_with_the_promised_shapes(medmnist_root):

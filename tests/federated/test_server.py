@@ -1,11 +1,12 @@
 import io
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from aggregation import build_aggregator
+from aggregation import build_aggregator, build_filter, build_server_optimizer
 from federated.attacks import build_attack
 from federated.client import ClientData, LocalTraining, RegisteredClient
 from federated.data import load_medmnist, to_tensors
@@ -42,8 +43,17 @@ def make_federation(
     defence = {"rule": build_aggregator("fedavg")}
     evaluation = {"test": to_tensors(data.test, data.info)}
     threat = {}
+    execution = {k: overrides[k] for k in ("local_work",) if k in overrides}
     for key, value in overrides.items():  # each override goes to the part that holds it
-        if key in ("rule", "filters", "preaggregators", "noniid", "privacy", "root"):
+        if key in (
+            "rule",
+            "filters",
+            "preaggregators",
+            "noniid",
+            "privacy",
+            "root",
+            "server_optimizer",
+        ):
             defence[key] = value
         elif key in ("val", "sites", "site_vals", "where"):
             evaluation[key] = value
@@ -54,11 +64,12 @@ def make_federation(
     return Federation(
         model=model,
         clients=overrides.get("clients", clients),
-        local=LocalTraining(lr=0.05, batch_size=64),
+        local=overrides.get("local", LocalTraining(lr=0.05, batch_size=64)),
         config=overrides.get("config", FederationConfig(rounds=rounds, seed=seed)),
         defence=Defence(**defence),
         evaluation=EvaluationSets(**evaluation),
         threat=ThreatModel(**threat),
+        execution=overrides.get("execution", Execution(**execution)),
     )
 
 
@@ -223,6 +234,114 @@ def test_resumed_rounds_equal_uninterrupted_rounds(medmnist_root):
 
     assert state.history == uninterrupted.history
     assert torch.equal(state.global_vector, uninterrupted.global_vector)
+
+
+def test_the_server_optimizer_steps_on_the_rules_aggregate(medmnist_root):
+    """FedAdam on the median: the median's aggregate is Adam's pseudo-gradient."""
+    start = make_federation(medmnist_root).initial_state()
+    plain = run(make_federation(medmnist_root, rule=build_aggregator("median")), 1)
+    aggregate = plain.global_vector - start.global_vector
+    expected = build_server_optimizer("adam", lr=0.01).step(start.global_vector, aggregate)
+
+    adam = run(
+        make_federation(
+            medmnist_root, rule=build_aggregator("median"),
+            server_optimizer=build_server_optimizer("adam", lr=0.01),
+        ),
+        1,
+    )  # fmt: skip
+
+    torch.testing.assert_close(adam.global_vector, expected, rtol=0, atol=1e-6)
+    assert adam.server_optimizer_state["step"] == 1
+
+
+def test_a_server_optimizers_memory_resumes_exactly_from_a_weights_only_checkpoint(
+    medmnist_root,
+):
+    def federation():
+        return make_federation(medmnist_root, server_optimizer=build_server_optimizer("yogi"))
+
+    uninterrupted = run(federation(), 3)
+    buffer = io.BytesIO()
+    torch.save(run(federation(), 2).to_dict(), buffer)
+    buffer.seek(0)
+    state = ServerState.from_dict(torch.load(buffer, weights_only=True))
+
+    state, _ = federation().run_round(state)
+
+    assert state.server_optimizer_state["step"] == 3
+    assert torch.equal(state.global_vector, uninterrupted.global_vector)
+    assert torch.equal(state.server_optimizer_state["v"], uninterrupted.server_optimizer_state["v"])
+
+
+def test_fednova_with_equal_local_work_is_fedavg(medmnist_root):
+    """Four IID clients of 136-137 images, batches of 64: three steps each."""
+    fedavg = run(make_federation(medmnist_root), 2)
+    fednova = run(make_federation(medmnist_root, rule=build_aggregator("fednova")), 2)
+
+    steps = {row["local_steps"] for row in fednova.trail}
+    assert steps == {3} and {row["local_epochs"] for row in fednova.trail} == {1}
+    torch.testing.assert_close(fednova.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+
+
+def test_local_work_is_drawn_logged_and_normalised_by_fednova(medmnist_root):
+    from aggregation.fednova import local_norm
+    from federated.client import LocalWork
+
+    work = LocalWork(epochs=(1, 3))
+    federation = make_federation(medmnist_root, rule=build_aggregator("fednova"), local_work=work)
+    start = federation.initial_state()
+    fedavg = make_federation(medmnist_root, local_work=work)
+
+    state, report = federation.run_round(start)
+    plain, _ = fedavg.run_round(fedavg.initial_state())
+
+    rows = report.clients
+    assert [r["local_epochs"] for r in rows] == [work.epochs_of(0, 1, r["client"]) for r in rows]
+    assert [r["local_steps"] for r in rows] == [3 * r["local_epochs"] for r in rows]
+    assert len({r["local_steps"] for r in rows}) > 1  # the draw made the work unequal
+    # the same clients' updates as FedAvg got them; FedNova re-weights them by their work
+    sizes = torch.tensor([float(r["num_samples"]) for r in rows], dtype=torch.float64)
+    norms = torch.tensor(
+        [local_norm(r["local_steps"], momentum=0.9) for r in rows], dtype=torch.float64
+    )
+    p = sizes / sizes.sum()
+    weight = p * (p @ norms) / norms
+    assert [r["effective_weight"] for r in rows] == pytest.approx(
+        weight.tolist(), rel=1e-6
+    )  # float32 sizes
+    assert not torch.allclose(state.global_vector, plain.global_vector)
+
+
+def _equal_sizes(clients):
+    for i, c in enumerate(clients):
+        clients[i] = ClientData(c.client_id, c.images[:136], c.targets[:136])
+
+
+def test_afl_without_ascent_is_fedavg_and_logs_lambda_and_the_worst_clients_loss(medmnist_root):
+    """Equal client sizes: FedAvg's sample weights are AFL's uniform λ."""
+    fedavg = run(make_federation(medmnist_root, edit_clients=_equal_sizes), 2)
+    still = run(
+        make_federation(
+            medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=0.0)
+        ),
+        2,
+    )
+    moving = make_federation(
+        medmnist_root, edit_clients=_equal_sizes, rule=build_aggregator("afl", step_size=1.0)
+    )
+
+    state, report = moving.run_round(moving.initial_state())
+
+    torch.testing.assert_close(still.global_vector, fedavg.global_vector, rtol=0, atol=1e-6)
+    losses = {r["client"]: r["model_loss"] for r in report.clients}
+    expected = moving.scorer.model_losses(moving.initial_vector, list(losses))
+    assert losses == pytest.approx(expected)
+    assert report.metrics["worst_client_loss"] == max(losses.values())
+    assert report.metrics["worst_client"] == max(losses, key=losses.get)
+    lambdas = [r["afl_lambda"] for r in report.clients]
+    assert sum(lambdas) == pytest.approx(1.0) and len(set(lambdas)) > 1
+    assert state.aggregator_state["lambda"].tolist() == pytest.approx(lambdas)
 
 
 def test_config_values_are_validated():
@@ -768,3 +887,39 @@ def test_a_round_that_released_no_model_spends_no_epsilon(medmnist_root):
     assert [row["round_skipped"] for row in state.history] == [1.0, 1.0, 1.0]
     assert [row["privacy_epsilon"] for row in state.history] == [0.0, 0.0, 0.0]
     assert federation.budget_spent(state) is None  # the budget still admits a round
+
+
+def _flipped(clients):
+    """Client 3 flips every label (BreastMNIST's two classes swapped)."""
+    flipper = clients[3]
+    clients[3] = ClientData(flipper.client_id, flipper.images, 1 - flipper.targets)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_validation_at_the_sites_takes_the_flipper_out_with_every_number_in_the_trail(
+    medmnist_root, backend
+):
+    base = make_federation(medmnist_root, edit_clients=_flipped)
+    kept, (vals,) = _held_out(base, 0.25)
+    federation = make_federation(
+        medmnist_root, clients=kept, site_vals=vals, sites=vals,
+        filters=(build_filter("site_validation"),), rule=build_aggregator("median"),
+        malicious=frozenset({3}), execution=Execution(backend=backend),
+        local=LocalTraining(epochs=2, lr=0.05, momentum=0.9, batch_size=32),
+    )  # fmt: skip
+
+    state = run(federation, 2)
+
+    first = [row for row in state.trail if row["round"] == 1]
+    assert [row["excluded"] for row in first] == [False, False, False, True]
+    assert first[3]["reason"] == "site_validation" and first[3]["votes"] >= 2
+    for row in first:  # each site's count, its loss of the round's and of each candidate
+        assert row["val_n"] == len(vals[row["client"]][1])
+        assert {"val_loss", "voters", "contribution"} <= row.keys()
+        assert all(f"val_loss_without_{i}" in row for i in range(4))
+    assert first[3]["contribution"] < min(row["contribution"] for row in first[:3])
+    assert state.history[0]["contribution_3"] == first[3]["contribution"]
+    second = [row for row in state.trail if row["round"] == 2]
+    assert second[3]["excluded"] and second[3]["banned"] == 1.0
+    assert math.isnan(second[3]["votes"])  # banned: not judged again
+    assert not any(row["excluded"] for row in second[:3])

@@ -263,6 +263,7 @@ def test_list_names_every_registry_and_an_unknown_command_is_refused(medmnist_ro
         "partition schemes:",
         "aggregators:",
         "filters:",
+        "server optimizers:",
         "attacks:",
     ):
         assert title in listed.stdout
@@ -510,3 +511,29 @@ def test_a_terminated_comparison_stops_its_running_cells_and_closes_every_run(
         "median-none-f0-s0": "KILLED",
     }
     said_terminated(tmp_path)
+
+
+def test_what_cannot_take_volumes_is_refused_in_one_line_before_anything_runs(
+    medmnist_root, tmp_path
+):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    volumes = ["--set", "data.dataset=adrenalmnist3d", "--set", "data.size=64"]
+    small_3d = [*volumes, "--set", "model.name=small_cnn3d"]
+
+    flat_model = fedsieve(project, medmnist_root, "run", *volumes)
+    registered = fedsieve(project, medmnist_root, "train", *small_3d)
+    plan = fedsieve(
+        project, medmnist_root, "plan", *small_3d, "--set", "tracking.register_model=false"
+    )
+
+    for result, says in [
+        (flat_model, "model.name = small_cnn does not take adrenalmnist3d, a 3-D set of "
+         "volumes (C, D, H, W); allowed: resnet18_3d, resnet50_3d, small_cnn3d"),
+        (registered, "tracking.register_model must be false: the served model reads 2-D"),
+        (plan, "fedsieve plan: data.dataset adrenalmnist3d holds volumes; real sites read 2-D"),
+    ]:  # fmt: skip
+        assert result.returncode == 2 and says in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in project.iterdir()) == ["params.yaml"]  # nothing ran

@@ -24,6 +24,30 @@ def test_an_excluded_client_is_explained_by_its_filter_score_and_weight():
     assert "score: 4 (round median 2; rank 1 of 3, highest first)" in text
 
 
+def test_validation_at_the_sites_is_explained_by_the_votes_with_every_loss():
+    common = {"round": "2", "num_samples": "40", "malicious": "False", "reason": "",
+              "message": "", "voters": "2", "val_n": "12"}  # fmt: skip
+    rows = [
+        common | {"client": "0", "excluded": "False", "votes": "0", "contribution": "0.05",
+                  "val_loss": "0.60", "val_loss_without_0": "0.64", "val_loss_without_2": "0.41"},
+        common | {"client": "1", "excluded": "False", "votes": "1", "contribution": "0.01",
+                  "val_loss": "0.55", "val_loss_without_0": "0.58", "val_loss_without_2": "0.40"},
+        common | {"client": "2", "excluded": "True", "reason": "site_validation", "votes": "2",
+                  "contribution": "-0.17", "malicious": "True", "val_loss": "0.90",
+                  "val_loss_without_0": "0.95", "val_loss_without_2": "1.20"},
+    ]  # fmt: skip
+
+    flipper, kept = explain_row(rows[2], rows), explain_row(rows[1], rows)
+
+    assert (
+        "excluded by the filter site_validation: 2 of the 2 other sites found the round's"
+        in flipper
+    )
+    assert "contribution: -0.17 (round median 0.01; rank 3 of 3, highest first)" in flipper
+    assert "val_loss_without_2: 1.2 (round median 0.41" in flipper
+    assert "validation at the sites: 1 of the 2 other sites voted against it" in kept
+
+
 def test_a_client_a_selecting_rule_passed_over_is_said_so():
     row = ROUND[0] | {"selected": "False", "krum_score": "9.0"}
 

@@ -3,7 +3,7 @@ authentication on 127.0.0.1, and four digits sites, each a SuperNode process giv
 its own data file (written from the simulated partition), site 1's labels flipped, and
 each pinning the training plan of :data:`BASE_PARAMS` (what ``fedsieve plan`` writes).
 
-Every process is started and stopped by :class:`benchmarks.loopback.Loopback`, by PID.
+Every process is started and stopped by :class:`benchmarks.sites.loopback.Loopback`, by PID.
 The Flower environment (``make setup-flower``, part of ``make setup``) runs them."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.loopback import CONNECTION, Loopback
+from benchmarks.sites.loopback import CONNECTION, Loopback
 from config.params import Params, params_hash
 from federated.checkpoint import read_checkpoint
 from federated.data import DatasetInfo, dataset_info, load_digits

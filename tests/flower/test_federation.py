@@ -31,6 +31,7 @@ from federated.seeding import sample_clients
 from federated.server import ServerState
 from flowerapp.certs import make_site_key
 from flowerapp.hub import HubFiles, simulated_federation, site_task, write_params
+from flowerapp.lineage import round_spans
 from flowerapp.plan import write_plan
 from flowerapp.site_data import write_site_files
 from tasks.partition import split_partition
@@ -75,12 +76,27 @@ def noniid_checked(hub: Hub, exclude: bool) -> dict[str, Any]:
     return hub.flower_params(site_names(), noniid=checked, eval={"every": 1})
 
 
+VALIDATION = ("val_n", "val_loss", "votes", "voters", "contribution")  # site_validation's
+
+
+def with_validation(exchanges: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A run's exchanges when its sites validate: each round's training is followed by the
+    validation of the round's candidates (site_validation)."""
+    validated = []
+    for kind, number in exchanges:
+        validated.append((kind, number))
+        if kind.endswith("train"):
+            validated.append(("query.validate", number))
+    return validated
+
+
 def assert_noniid_as_simulated(
     hub: Hub, raw: dict[str, Any], remote: ServerState, folder: str, exclude: bool
 ) -> list[dict[str, Any]]:
     """EMA's CV check at real sites: each site sends its loss of the model it received on
     its own training data, one number; the hub's losses, CVs, exclusions and final verdict
-    equal the simulation's, which computes them on the same data in one process. The
+    equal the simulation's, which computes them on the same data in one process (and,
+    where the sites validate, every site's loss of every candidate and every vote). The
     run's exchanges, in order."""
     params = Params.model_validate(raw)
     federation = simulated_federation(params, load_digits(), [hub.files[n] for n in site_names()])
@@ -92,6 +108,10 @@ def assert_noniid_as_simulated(
     assert bool(left_out) == exclude, remote.trail
     for at_site, here in zip(remote.trail, local.trail, strict=True):
         assert abs(at_site["noniid_loss"] - here["noniid_loss"]) <= TOLERANCE, (at_site, here)
+        validation = [k for k in here if k in VALIDATION or k.startswith("val_loss_without_")]
+        assert validation == [k for k in at_site if k in validation], (at_site, here)
+        for key in validation:  # nan (not judged) at both, or equal
+            assert at_site[key] == pytest.approx(here[key], abs=TOLERANCE, nan_ok=True), key
     for at_site, here in zip(remote.history, local.history, strict=True):
         assert abs(at_site["noniid_cv"] - here["noniid_cv"]) <= TOLERANCE
     diff = (remote.global_vector - local.global_vector).abs().max().item()
@@ -108,7 +128,9 @@ def assert_noniid_as_simulated(
     for site, loss in expected["client_losses"].items():
         assert abs(trained["client_losses"][site] - loss) <= TOLERANCE
     exchanges = [json.loads(line) for line in files.exchanges.read_text().splitlines()]
-    assert [(e["kind"], e["round"]) for e in exchanges] == EXCHANGES[exclude]
+    validates = any(f.name == "site_validation" for f in params.filters)
+    expected = with_validation(EXCHANGES[exclude]) if validates else EXCHANGES[exclude]
+    assert [(e["kind"], e["round"]) for e in exchanges] == expected
     if exclude:  # the left-out sites were not asked to train
         for row in left_out:
             trained_in = next(
@@ -138,20 +160,27 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
 ) -> None:
     """One run at the sites (EMA's non-IID check not excluding) ends where its simulation
     ends, with the simulation's exclusions, scores, losses and verdicts; one site's warm
-    trainer is down, and its ClientApps run the tasks themselves."""
+    trainer is down, and its ClientApps run the tasks themselves. Its defence is validation
+    at the sites, in the plan every site approved: each site's loss of every candidate,
+    each vote and the flipper's exclusion in round 1 are the simulation's."""
     names = site_names()
-    raw = noniid_checked(hub, exclude=False)
+    raw = noniid_checked(hub, exclude=False) | {"filters": [{"name": "site_validation"}]}
     cold = names[-1]
     hub.fed.stop_site(f"{cold}.trainer")
     try:
-        remote = run_at_sites(hub, raw, "noniid-False")
+        with approved(hub, raw):
+            remote = run_at_sites(hub, raw, "noniid-False")
     finally:
         hub.trainers[cold] = hub.fed.start_trainer(cold, hub.files[cold], hub.plan)
 
     exchanges = assert_noniid_as_simulated(hub, raw, remote, "noniid-False", exclude=False)
-    caught = {row["client"] for row in remote.trail if row["excluded"]}
-    assert caught == {FLIPPER}, remote.trail
-    assert all(row["reason"] == "pid_made" for row in remote.trail if row["excluded"])
+    caught = {(row["round"], row["client"]) for row in remote.trail if row["excluded"]}
+    assert caught == {(1, FLIPPER), (2, FLIPPER)}, remote.trail
+    assert all(row["reason"] == "site_validation" for row in remote.trail if row["excluded"])
+    # round 1: every other site voted against the flipper
+    flipper = next(r for r in remote.trail if (r["round"], r["client"]) == (1, FLIPPER))
+    assert (flipper["votes"], flipper["voters"]) == (len(names) - 1, len(names) - 1)
+    assert remote.history[0][f"contribution_{FLIPPER}"] == flipper["contribution"] < 0
     assert {(row["round"], int(row["site"])) for row in remote.sites} == {
         (t, k) for t in (1, 2) for k in range(len(names))
     }
@@ -159,7 +188,10 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
     # site's phases, which its process spent within that wall time; a site's warm trainer
     # did every task (the ClientApp only handed it over), but where none answered
     for exchange in exchanges:
-        assert set(exchange["sites"]) == {str(k) for k in range(len(names))}, exchange
+        asked = {str(k) for k in range(len(names))}
+        if exchange["kind"] == "query.validate" and exchange["round"] > 1:
+            asked -= {str(FLIPPER)}  # banned: not asked to validate
+        assert set(exchange["sites"]) == asked, exchange
         for site, phases in exchange["sites"].items():
             assert phases.pop("warm") == float(site != str(names.index(cold))), exchange
             assert set(phases) == {
@@ -167,6 +199,23 @@ def test_sites_end_where_the_simulation_ends_catch_the_flipper_and_check_non_iid
             }  # fmt: skip
             assert all(0 <= value < exchange["wall_s"] for value in phases.values()), exchange
             assert sum(phases.values()) <= exchange["wall_s"] + 0.05, exchange  # /proc: 10 ms
+
+
+def test_the_hub_holds_the_server_optimizer_and_ends_where_the_simulation_ends(hub: Hub) -> None:
+    """FedAdam on PID-MADE's kept mean at real sites: the hub steps and keeps the
+    optimizer's memory (in its checkpoint), the sites train as they always do."""
+    names = site_names()
+    raw = hub.flower_params(names, train={"server_optimizer": {"name": "adam", "lr": 0.01}})
+
+    remote = run_at_sites(hub, raw, "server-adam")
+    local = simulated(raw, hub, names)
+
+    assert remote.server_optimizer_state["step"] == local.server_optimizer_state["step"] == 2
+    assert decisions(remote) == decisions(local)
+    diff = (remote.global_vector - local.global_vector).abs().max().item()
+    assert diff <= TOLERANCE, f"max abs difference {diff:.2e} from the simulation"
+    moments = remote.server_optimizer_state["v"] - local.server_optimizer_state["v"]
+    assert moments.abs().max().item() <= TOLERANCE
 
 
 def test_the_non_iid_check_that_excludes_at_the_sites_equals_the_simulations(hub: Hub) -> None:
@@ -371,6 +420,29 @@ def logged_rounds(client: Any, run_id: str) -> dict[int, float]:
     return {metric.step: metric.value for metric in history}
 
 
+def assert_refused_in_one_line(said: str, line: str) -> None:
+    """A run that failed closed: exit 1, its last line the reason, no traceback."""
+    assert said.startswith("rc 1:") and "Traceback" not in said, said
+    assert said.rstrip().splitlines()[-1].startswith(line), said
+
+
+def assert_the_run_log_says_what_each_site_read(log: str, read: list[dict[str, Any]]) -> None:
+    """At the start of its stages at the sites (the pre-test, then training before round
+    1), the run's log has one line per site: its images per class, held out, and digest,
+    as the site's lineage on the run (reports/site_data.json) has them."""
+    lines = log.splitlines()
+    first_round = next(i for i, line in enumerate(lines) if "round 1/2:" in line)
+    for site in read:
+        classes = "; ".join(f"{label}: {count}" for label, count in site["classes"].items())
+        said = (
+            f"site {site['site']} read {sum(site['classes'].values())} training images "
+            f"({classes}) and {sum(site['history'][0]['test'])} held out; data sha256 "
+            f"{site['sha256'][:12]}"
+        )
+        at = [i for i, line in enumerate(lines) if line.endswith(said)]
+        assert len(at) >= 2 and at[1] < first_round, (said, log[-4000:])  # pre-test, training
+
+
 def assert_sites_hold_the_data(project: Path) -> None:
     """The partition and pre-test stages at real sites: no simulated partition, its report
     saying that the sites hold the data; the pre-test run on what every site sent."""
@@ -381,16 +453,23 @@ def assert_sites_hold_the_data(project: Path) -> None:
     assert pretest["n_tests"] > 0 and 0 <= pretest["shapiro_rate"] <= 1, pretest
 
 
-def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub) -> None:
+def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """...and ``fedsieve check-simulation`` names the outage as why the run is not its
+    simulation (the hub's records laid out as a run's: params, checkpoint, journal)."""
     fed, victim = hub.fed, "site-2"
     raw = hub.flower_params(site_names(), train={"rounds": 6}, filters=[], eval={"every": 6})
     # a live site answers well within it; Flower answers for the dead one once its
     # heartbeat lapses (at most 60 s), or the round's deadline passes first
     raw["federation"]["round_timeout"] = round(limit(90))
     params = Params.model_validate(raw)
-    files = HubFiles(hub.folder / "killed")
+    project = tmp_path / "project"
+    (project / "params.yaml").parent.mkdir()
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    files = HubFiles(project / "artifacts" / "hub")
     write_params(files.params, params)
-    checkpoint = files.folder / "checkpoint.pt"
+    checkpoint = project / "artifacts" / "checkpoints" / "train.pt"
     run = fed.start_app(
         APP_DIR,
         {
@@ -414,6 +493,21 @@ def test_a_site_killed_mid_run_is_left_out_with_its_reason_and_rejoins(hub: Hub)
     others = [row for row in state.trail if row["client"] != 2 and row["excluded"]]
     assert not others, others
     assert state.round == 6 and all(h["clients_kept"] >= 3 for h in state.history)
+
+    checked = subprocess.run(
+        [sys.executable, "-m", "fedsieve.cli", "check-simulation", "--params", "params.yaml",
+         "--data", str(hub.files[victim].parent)],
+        cwd=project, capture_output=True, text=True, timeout=limit(600),
+    )  # fmt: skip
+    said = checked.stdout.splitlines()
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert said[-2].startswith("fedsieve: the run at the sites is not its simulation: "), said
+    rounds = [row["round"] for row in missed]
+    assert said[-1] == (
+        f"  cause: site {victim} did not answer in round{'s' if len(rounds) > 1 else ''} "
+        f"{round_spans(rounds)} ({', '.join(sorted({row['reason'] for row in missed}))}), "
+        "which the simulation cannot replay: it trains every site every round"
+    )
 
 
 def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_connected(
@@ -686,7 +780,10 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
         flow_runs = [run_deployment("pipeline/at-sites", timeout=limit(600), poll_interval=2)]
         reported["scheduled"] = reported_rounds(project)
         metrics = json.loads((project / "reports" / "metrics.json").read_text())
-        sites = json.loads((project / "reports" / "sites.json").read_text())["sites"]
+        sites, read = (  # each site's scores; what each site read
+            json.loads((project / "reports" / name).read_text())["sites"]
+            for name in ("sites.json", "site_data.json")
+        )
         with approved(hub, private):
             flow_runs.append(
                 run_deployment(
@@ -701,6 +798,7 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
 
     log = (project / "serve.log").read_text()
     assert "rc 0:" not in said[0] and "rc 0:" in said[1], said
+    assert_refused_in_one_line(said[0], "fedsieve: error: round ")
     for output in (*said, log):  # the sites trained each run
         assert "no round was aggregated" not in output and "JSONDecodeError" not in output, output
     experiment = client.get_experiment_by_name("fedsieve").experiment_id
@@ -727,6 +825,7 @@ def test_runs_in_one_checkout_by_hand_on_schedule_and_by_make_run_log_their_own_
     assert metrics["rounds"] == 2
     assert scheduled.data.metrics["final_test_acc"] == pytest.approx(metrics["test_acc"])
     assert sorted(int(row["site"]) for row in sites) == list(range(len(names)))  # their own
+    assert_the_run_log_says_what_each_site_read(log, read)
 
     assert "test_auc" not in client.get_run(private_run.info.run_id).data.metrics
     assert private_run.data.tags["stopped_early"].startswith("privacy budget: round 2 would")

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.loopback import free_ports, port_open, stop_group
+from benchmarks.sites.loopback import free_ports, port_open, stop_group
 from flowerapp.certs import make_tls
 from flowerapp.superlink import PollFilter
 from tests.flower.conftest import FLOWER_BIN, Hub

@@ -245,6 +245,10 @@ def changed_mid_run_and_champion_scored_at_sites(
     assert "fedsieve: the run at the sites is not its simulation: final weights differ" in (
         differs.stdout
     )
+    assert differs.stdout.splitlines()[-1] == (
+        "  cause: site hospital-a's data changed during the run (site_data.json): the "
+        "simulation reads the data as they are now"
+    )
     missing = subprocess.run(
         [*command, "--data", str(project)], cwd=project, env=env, capture_output=True, text=True,
         timeout=limit(600),

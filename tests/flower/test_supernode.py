@@ -136,8 +136,13 @@ def test_a_site_killed_and_started_again_at_once_waits_and_rejoins(
     time.sleep(RESTART_AFTER_S)
     log = fed.site_log(name)
     start = log.stat().st_size
+    launched = time.time()  # the site's process starts after this
     fed.start_site_command(name, command, bare_env(tmp_path))
     assert fed.wait_connected(name, timeout=REJOIN_TIMEOUT) == node
+    rejoined = fed.wait_line(name, rf"rejoined as node {node}, (\d+) s after this site's process")
+    # the line's clock is the process's, which includes the site's data check: it says
+    # the time from the launch to the line (read within a poll of its writing)
+    assert abs(int(rejoined.group(1)) - (time.time() - launched)) <= 2, rejoined.group(0)
     assert fed.node_status(node) == "online"
     lines = lines_since(log, start)
     waiting = [line for line in lines if "waiting until its heartbeat lapses" in line]

@@ -79,6 +79,43 @@ def test_a_node_still_online_is_waited_for_though_the_superexec_warns_after_the_
     assert "Traceback" not in out and "ERROR" not in out and "WARNING" not in out, out
 
 
+STILL_ONLINE_THEN_JOINED = textwrap.dedent(
+    """
+    import pathlib, sys
+    tried = pathlib.Path(sys.argv[1])
+    if not tried.exists():  # the first try: the hub still counts the old node online
+        tried.touch()
+        print('\\tdetails = "SuperNode with node ID 42 could not be activated."', flush=True)
+        sys.exit(1)
+    print("INFO :      SuperNode ID: 42", flush=True)
+    """
+)
+
+
+def test_the_rejoin_line_counts_from_the_sites_process_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site that took 90 s to read and check its data before its SuperNode's first try
+    says 90 s, not the seconds since that try."""
+    monkeypatch.setattr(supernode, "RETRY_S", 0.1)
+    stand_in = tmp_path / "flower_supernode.py"
+    stand_in.write_text(STILL_ONLINE_THEN_JOINED)
+    out = io.StringIO()
+    site = Site("127.0.0.1:9092", tmp_path / "ca.crt", tmp_path / "site.key")
+
+    code = run_supernode(
+        [sys.executable, str(stand_in), str(tmp_path / "tried")], {}, site, out=out,
+        process_started=time.time() - 90,
+    )  # fmt: skip
+
+    assert code == 0, out.getvalue()
+    rejoined = out.getvalue().splitlines()[-1]
+    assert rejoined in [
+        f"fedsieve-site: rejoined as node 42, {seconds} s after this site's process started"
+        for seconds in (90, 91, 92)
+    ], out.getvalue()
+
+
 def test_a_supernode_waiting_on_an_absent_hub_is_shown_and_its_last_error_quoted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,6 +78,22 @@ def jobs(data: Path, plan: Path) -> dict[str, Job]:
         "pretest-local-dp": Job(
             kind="pretest", task=local_dp, vector=vector, node=unpinned, request={"mode": "delta"}
         ),
+        # validation at the sites: two candidate models (a plan with validation=true), and
+        # the same asked under the plan this site approved, which says false
+        "validate": Job(
+            kind="validate",
+            task=task | {"validation": True},
+            vector=vector,
+            node=unpinned,
+            candidates=np.stack([vector, vector * 0.5]),
+        ),
+        "validate-off-plan": Job(
+            kind="validate",
+            task=task,
+            vector=vector,
+            node=node,
+            candidates=np.stack([vector, vector * 0.5]),
+        ),
     }
 
 
@@ -123,6 +139,11 @@ def test_the_warm_trainer_answers_as_the_task_run_here_would(trainer, site) -> N
     assert answers["pretest"].arrays["update"].shape == jobs(*site)["train"].vector.shape
     refused = answers["pretest-local-dp"]
     assert refused.refused and "only noised updates leave the site" in refused.reason
+    validation = answers["validate"].metrics["validation"]  # a count and a loss a candidate
+    assert validation["n"] > 0 and len(validation["losses"]) == 2 and not answers["validate"].arrays
+    assert validation["losses"][0] != validation["losses"][1]
+    off_plan = answers["validate-off-plan"]
+    assert off_plan.refused and "validation=false in the task" in off_plan.reason
     assert (directory.stat().st_mode & 0o777) == 0o700
     assert ((directory / KEY).stat().st_mode & 0o777) == 0o600
 

@@ -130,7 +130,7 @@ def test_a_backdoor_run_reports_its_success_rate_every_round_and_at_the_end(
 
 
 def test_a_round_over_the_exclusion_bound_stops_the_run_failed_on_the_record(
-    project, prefect_server, capsys
+    project, prefect_server, capsys, caplog
 ):
     from fedsieve.cli import main
 
@@ -143,6 +143,8 @@ def test_a_round_over_the_exclusion_bound_stops_the_run_failed_on_the_record(
     assert code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("fedsieve: error: round 1: 2 of 5 clients left out, more than")
+    assert "Finished in state Failed" in caplog.text  # the runs' log was captured
+    assert not [r for r in caplog.records if r.exc_info], "a refusal logs no traceback"
     with (project / "reports" / "exclusions.csv").open() as handle:
         assert len(list(csv.DictReader(handle))) == 5  # the round's trail is written
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow.artifacts
 import pytest
 from mlflow import MlflowClient
 
-from config.errors import ModelRefused
 from config.params import load_params
 from flows.pipeline import pipeline_flow
 from tasks.tracking import fluent_tracking_at
+from tests.limits import limit
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +55,17 @@ MEASURED = ("no site excluded; this defence caught 0 of 10 label flippers at 3 s
             "measurements (breastmnist)")  # fmt: skip
 
 
+def fedsieve_run(project: Path, prefect_server: str, overrides: list[str]):
+    """``fedsieve run --set ...`` in ``project`` (its tracking store, the session's Prefect
+    server): its exit code and output."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "fedsieve"), "run", *sets], cwd=project,
+        env={**os.environ, "PREFECT_API_URL": prefect_server}, capture_output=True, text=True,
+        timeout=limit(900),
+    )  # fmt: skip
+
+
 def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(
     project, prefect_server, caplog
 ):
@@ -72,10 +85,12 @@ def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(
         "the champion is replaced: it does not take image files (registered by an older fedsieve)"
     )
 
-    with pytest.raises(ModelRefused) as refused:
-        pipeline_flow(load_params(project / "params.yaml", DIVERGED), project)
-    assert str(refused.value) == (
-        "the model is not registered: test AUC 0.500 is no better than a constant predictor's 0.5"
+    refused = fedsieve_run(project, prefect_server, DIVERGED)  # as a user meets the refusal
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr and "| ERROR" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "fedsieve: error: the model is not registered: test AUC 0.500 is no better than a "
+        "constant predictor's 0.5"
     )
     older_run = client.get_model_version(NAME, older).run_id
     [diverged] = [
@@ -149,10 +164,16 @@ def card_of(client: MlflowClient, version, results: dict) -> None:
     assert client.get_run(version.run_id).data.tags["exclusions"] == MEASURED  # the trail's run
     assert card["performance"]["test"]["auc"] == pytest.approx(results["test_auc"])
     assert {"ece", "brier"} <= set(card["performance"]["test"])
+    per_site = card["performance"]["per_site"]  # each site's held-out split, by name
+    assert [s["site"] for s in per_site] == ["client 0", "client 1", "client 2"]
+    assert all(s["held_out"] > 0 for s in per_site)
+    spread = card["performance"]["sites"]
+    assert {spread["site_worst"], spread["site_best"]} <= {s["site"] for s in per_site}
     assert card["privacy"] == {"mode": "off", "epsilon": None, "delta": None}
     assert len(card["provenance"]["plan_sha256"]) == 64
     assert card["intended_use"].startswith("Research: comparing robust federated learning")
     described = client.get_model_version(NAME, version.version).description
     assert described.startswith(f"# {NAME} version {version.version}")
     assert "| client 0 |" in described
+    assert f"| client 0 | {per_site[0]['held_out']} | " in described
     assert f"{MEASURED[0].upper()}{MEASURED[1:]}." in described

@@ -83,3 +83,51 @@ def test_logistic_regression_is_one_linear_map_of_the_pixels():
     expected = images.flatten(1) @ model.linear.weight.T + model.linear.bias
     assert torch.allclose(logits, expected)
     assert sum(p.numel() for p in model.parameters()) == 64 * 10 + 10
+
+
+VOLUME_MODELS = ["resnet18_3d", "resnet50_3d", "small_cnn3d"]
+
+
+def test_volume_models_are_listed_apart_from_image_models():
+    from models import model_spatial_dims
+
+    assert list_models(3) == VOLUME_MODELS
+    assert set(IMAGE_MODELS) == set(list_models(2))
+    assert {model_spatial_dims(n) for n in VOLUME_MODELS} == {3}
+    with pytest.raises(RegistryError, match="available: logreg"):
+        model_spatial_dims("vgg16")
+
+
+@pytest.mark.parametrize("size", [28, 64])
+def test_the_small_3d_cnn_maps_volumes_at_both_sizes_to_logits_and_trains(size):
+    model = build_model("small_cnn3d", in_channels=1, num_classes=3, image_size=size)
+    volumes = torch.randn(2, 1, size, size, size)  # (B, C, D, H, W)
+
+    logits = model(volumes)
+    logits.sum().backward()
+
+    assert logits.shape == (2, 3)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(0.1e6, rel=0.05)
+
+
+def test_resnet18_3d_is_the_medmnist_2d_resnet18_with_every_kernel_made_3d():
+    # MedMNIST3D/models.py through ACSConv's Conv3dConverter: k x k -> k x k x k, BatchNorm3d
+    flat = build_model("resnet18", in_channels=1, num_classes=2)
+    volume = build_model("resnet18_3d", in_channels=1, num_classes=2, image_size=64)
+
+    convs_2d = [m for m in flat.modules() if isinstance(m, torch.nn.Conv2d)]
+    convs_3d = [m for m in volume.modules() if isinstance(m, torch.nn.Conv3d)]
+    assert [(m.kernel_size[0], m.stride[0]) for m in convs_3d] == [
+        (m.kernel_size[0], m.stride[0]) for m in convs_2d
+    ]
+    assert all(len(set(m.kernel_size)) == 1 for m in convs_3d)  # cubic kernels
+    assert (convs_3d[0].kernel_size, convs_3d[0].stride) == ((3, 3, 3), (1, 1, 1))  # at 64 too
+    assert not any(isinstance(m, (torch.nn.MaxPool3d, torch.nn.Conv2d)) for m in volume.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm3d) for m in volume.modules())
+    conv_weights = sum(m.weight.numel() for m in convs_2d)
+    others = sum(p.numel() for p in flat.parameters()) - conv_weights
+    expected = others + sum(m.weight.numel() * m.kernel_size[0] for m in convs_2d)
+    assert sum(p.numel() for p in volume.parameters()) == expected
+    with torch.no_grad():
+        assert volume.eval()(torch.randn(1, 1, 8, 8, 8)).shape == (1, 2)

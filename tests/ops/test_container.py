@@ -185,6 +185,7 @@ def test_compose_serves_the_champion_with_mlflows_own_server(compose):
     assert model["ports"] == ["127.0.0.1:5002:5002"]
     assert model["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert "/ping" in model["healthcheck"]["test"][-1]
+    assert "FEDSIEVE_MODEL_READS_PATHS" not in model["environment"]  # paths refused: the default
 
 
 def test_compose_publishes_ports_on_loopback_only(compose):

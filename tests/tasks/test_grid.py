@@ -36,6 +36,21 @@ def test_each_distinct_partition_is_drawn_once_and_shared(project, medmnist_root
     assert not all((a == b).all() for a, b in zip(by_seed[0], by_seed[1], strict=True))
 
 
+def test_a_method_changes_the_train_settings_it_names_and_keeps_the_rest(project):
+    methods = (
+        "compare={methods: {fedavg: {}, fedadam: {train: {server_optimizer: {name: adam}}}, "
+        "scaffold: {train: {scaffold: true, momentum: 0}}}, attacks: [{name: none}]}"
+    )
+    params = load_params(project / "params.yaml", [*SMALL[:-1], methods])
+
+    cells = {cell.method: cell.params.train for cell in grid_cells(params, project)}
+
+    assert cells["fedavg"].server_step() == ("sgd", {"lr": 1.0}) and not cells["fedavg"].scaffold
+    assert cells["fedadam"].server_step() == ("adam", {})
+    assert cells["scaffold"].scaffold and cells["scaffold"].momentum == 0
+    assert all(train.rounds == 2 for train in cells.values())  # the run's own, kept
+
+
 def test_the_default_threads_share_the_cores_out():
     cores = len(os.sched_getaffinity(0))
 

@@ -88,7 +88,7 @@ def test_a_stop_during_a_store_call_reaches_the_caller_and_the_call_still_ends()
 
 # Run in a process of its own: an exception raised by a signal handler can land anywhere,
 # also between a lock's acquire and its release (logging's module lock), and would leave
-# the test runner's process wedged for the tests after it. benchmarks/signal_in_write.py
+# the test runner's process wedged for the tests after it. benchmarks/sites/signal_in_write.py
 # runs this loop 1,000 times.
 INTERRUPTED_WRITES = """
 import itertools, json, random, signal, sys, time

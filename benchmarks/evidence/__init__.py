@@ -1,0 +1,1 @@
+"""The evidence machinery: the report, the claims ledger, the pre-registration (README.md)."""

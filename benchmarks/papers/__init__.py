@@ -1,0 +1,1 @@
+"""The papers' own experiments, each measured as its paper measures it (README.md)."""

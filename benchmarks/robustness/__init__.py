@@ -1,0 +1,1 @@
+"""Robustness: rules and filters under attack, and what they cost (README.md)."""

@@ -1,0 +1,179 @@
+"""SCAFFOLD (Karimireddy et al. 2020, Algorithm 1, option II) in a federation, step by
+step against the paper's pseudo-code written out on a tiny problem (three clients,
+full-batch steps of a linear classifier); with zero variates (round 1) it is FedAvg."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional
+
+from aggregation import build_aggregator, build_filter
+from federated.client import ClientData, LocalTraining
+from federated.server import (
+    Defence,
+    EvaluationSets,
+    Execution,
+    Federation,
+    FederationConfig,
+    ServerState,
+)
+from federated.vectors import model_to_vector
+
+FEATURES, CLASSES, PER_CLIENT, CLIENTS = 5, 3, 12, 3
+STEPS, LR = 4, 0.2  # K local steps (full batches: one per epoch) at η_l
+
+
+def clients() -> list[ClientData]:
+    """Three clients of 12 points whose labels follow different linear rules (non-IID)."""
+    generator = torch.Generator().manual_seed(7)
+    out = []
+    for client_id in range(CLIENTS):
+        x = torch.randn(PER_CLIENT, FEATURES, generator=generator)
+        w = torch.randn(FEATURES, CLASSES, generator=generator) + client_id
+        out.append(ClientData(client_id, x, (x @ w).argmax(dim=1)))
+    return out
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(FEATURES, CLASSES)
+
+
+def federation(*, scaffold: bool, rounds: int = 3, fraction: float = 1.0, **defence) -> Federation:
+    data = clients()
+    test = (torch.cat([c.images for c in data]), torch.cat([c.targets for c in data]))
+    return Federation(
+        model=model(),
+        clients=data,
+        local=LocalTraining(epochs=STEPS, lr=LR, momentum=0.0, batch_size=PER_CLIENT),
+        config=FederationConfig(rounds=rounds, scaffold=scaffold, client_fraction=fraction),
+        defence=Defence(rule=build_aggregator("fedavg"), **defence),
+        evaluation=EvaluationSets(test=test),
+        execution=Execution(backend="sequential"),
+    )
+
+
+def run(fed: Federation, rounds: int, state: ServerState | None = None) -> ServerState:
+    state = state or fed.initial_state()
+    for _ in range(rounds):
+        state, _ = fed.run_round(state)
+    return state
+
+
+def paper_scaffold(rounds: int) -> list[torch.Tensor]:
+    """Algorithm 1 of the paper, every client sampled, η_g = 1, option II; x after each
+    round. The loss of client i is the mean cross-entropy of its points."""
+    data = clients()
+    x = model_to_vector(model())
+    c = torch.zeros_like(x)
+    c_i = [torch.zeros_like(x) for _ in data]
+    trajectory = []
+    for _ in range(rounds):
+        delta_y, delta_c = [], []
+        for i, client in enumerate(data):
+            y = x.clone()
+            for _ in range(STEPS):
+                g = gradient(y, client)
+                y = y - LR * (g - c_i[i] + c)  # line 10
+            c_plus = c_i[i] - c + (x - y) / (STEPS * LR)  # line 12, option II
+            delta_y.append(y - x)
+            delta_c.append(c_plus - c_i[i])  # line 13
+            c_i[i] = c_plus
+        x = x + torch.stack(delta_y).mean(dim=0)  # line 16 (η_g = 1)
+        c = c + torch.stack(delta_c).sum(dim=0) / len(data)  # line 17 (S = N)
+        trajectory.append(x.clone())
+    return trajectory
+
+
+def gradient(vector: torch.Tensor, client: ClientData) -> torch.Tensor:
+    """∇f_i at ``vector`` (the Linear layer's weight then bias, as its state_dict)."""
+    weight = vector[: FEATURES * CLASSES].view(CLASSES, FEATURES).clone().requires_grad_()
+    bias = vector[FEATURES * CLASSES :].clone().requires_grad_()
+    loss = functional.cross_entropy(client.images @ weight.T + bias, client.targets)
+    grads = torch.autograd.grad(loss, (weight, bias))
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def test_scaffold_follows_the_papers_algorithm_step_by_step() -> None:
+    fed = federation(scaffold=True)
+    state = fed.initial_state()
+
+    for reference in paper_scaffold(3):
+        state, _ = fed.run_round(state)
+        torch.testing.assert_close(state.global_vector, reference, rtol=0, atol=2e-6)
+
+    assert all(row["control_counted"] for row in state.trail)
+    assert set(state.client_controls) == {0, 1, 2}
+    # the server's c is the mean of the clients' c_i (every client in every round, S = N)
+    mean = torch.stack(list(state.client_controls.values())).mean(dim=0)
+    torch.testing.assert_close(state.control, mean, rtol=0, atol=1e-6)
+
+
+def test_with_zero_variates_scaffold_is_fedavg_and_then_it_departs() -> None:
+    fedavg = run(federation(scaffold=False), 1)
+    first = run(federation(scaffold=True), 1)
+    second = run(federation(scaffold=True), 2)
+
+    torch.testing.assert_close(first.global_vector, fedavg.global_vector, rtol=0, atol=0)
+    plain = run(federation(scaffold=False), 2)
+    assert (second.global_vector - plain.global_vector).abs().max() > 1e-4
+
+
+def test_a_sampled_round_moves_c_by_the_kept_clients_over_all_clients() -> None:
+    """Two of three clients a round: c += (1/N)·Σ Δc_i over the two."""
+    fed = federation(scaffold=True, fraction=0.6)
+    start = fed.initial_state()
+
+    state, report = fed.run_round(start)
+
+    trained = [row["client"] for row in report.clients]
+    assert len(trained) == 2
+    changes = [state.client_controls[i] for i in trained]  # c_i⁺ − 0
+    torch.testing.assert_close(state.control, sum(changes) / CLIENTS, rtol=0, atol=1e-7)
+    assert set(state.client_controls) == set(trained)
+
+
+def test_a_filtered_clients_control_delta_does_not_count_but_it_keeps_its_own() -> None:
+    """The kept set of the model deltas is the kept set of the control deltas."""
+    fed = federation(scaffold=True, filters=(build_filter("pid_made", threshold="k", k=0.5),))
+    state = run(fed, 2)
+
+    left_out = [row for row in state.trail if row["excluded"]]
+    assert left_out, "the filter should leave someone out at k = 0.5"
+    assert all(row["control_counted"] is False for row in left_out)
+    assert all(row["control_counted"] for row in state.trail if not row["excluded"])
+
+
+def test_the_variates_resume_exactly_from_a_weights_only_checkpoint() -> None:
+    uninterrupted = run(federation(scaffold=True), 3)
+    buffer = io.BytesIO()
+    torch.save(run(federation(scaffold=True), 2).to_dict(), buffer)
+    buffer.seek(0)
+    restored = ServerState.from_dict(torch.load(buffer, weights_only=True))
+
+    resumed = run(federation(scaffold=True), 1, restored)
+
+    assert torch.equal(resumed.global_vector, uninterrupted.global_vector)
+    assert torch.equal(resumed.control, uninterrupted.control)
+
+
+def test_what_scaffold_cannot_run_with_is_refused() -> None:
+    with pytest.raises(ValueError, match="backend 'sequential'"):
+        Federation(
+            model=model(), clients=clients(), local=LocalTraining(momentum=0.0),
+            config=FederationConfig(rounds=1, scaffold=True),
+            defence=Defence(rule=build_aggregator("fedavg")),
+            evaluation=EvaluationSets(test=(clients()[0].images, clients()[0].targets)),
+            execution=Execution(backend="batched"),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="local momentum and prox_mu must be 0"):
+        Federation(
+            model=model(), clients=clients(), local=LocalTraining(momentum=0.9),
+            config=FederationConfig(rounds=1, scaffold=True),
+            defence=Defence(rule=build_aggregator("fedavg")),
+            evaluation=EvaluationSets(test=(clients()[0].images, clients()[0].targets)),
+        )  # fmt: skip
