@@ -379,7 +379,7 @@ def pending(claim: dict[str, Any]) -> bool:
     defence of the grid), while the record's other rows are committed."""
     if claim["kind"] != "consortium":
         return False
-    from benchmarks import small_consortium
+    from benchmarks.robustness import small_consortium
 
     rows = small_consortium.rows_of(small_consortium.read_seed_rows())
     ran = {r["defence"] for r in rows if (r["dataset"], r["sites"], r["attack"])
@@ -392,7 +392,7 @@ def pending(claim: dict[str, Any]) -> bool:
 
 def consortium(claim: dict[str, Any]) -> Verdict:
     """Counted off benchmarks/small_consortium.py's per-run record (its rows and rule)."""
-    from benchmarks import small_consortium
+    from benchmarks.robustness import small_consortium
 
     rows = small_consortium.rows_of(small_consortium.read_seed_rows())
     sites, defence = int(claim["sites"]), claim["defence"]

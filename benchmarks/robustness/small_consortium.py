@@ -42,7 +42,15 @@ import yaml
 
 from benchmarks.common import cpu_environment, write_summary
 from benchmarks.papers.pid_made_ablation import VARIANTS
-from benchmarks.robustness.matrix import ATTACKS, PARAMS, REPO, RESULTS, finished, run_matrix, trained
+from benchmarks.robustness.matrix import (
+    ATTACKS,
+    PARAMS,
+    REPO,
+    RESULTS,
+    finished,
+    run_matrix,
+    trained,
+)
 from fedsieve.arguments import positive_int
 
 DATASETS = ("breastmnist", "retinamnist", "digits")
