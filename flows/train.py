@@ -16,6 +16,7 @@ from config.assembly import dataset_info_of
 from config.params import Params, params_hash
 from tasks.champion import score_champion_at_sites
 from tasks.data import data_root, load_verified_dataset
+from tasks.measured_defence import no_exclusion_sentence, start_line
 from tasks.reports import (
     ProjectPaths,
     check_partitioned_images,
@@ -24,7 +25,7 @@ from tasks.reports import (
     read_root,
 )
 from tasks.sites import selected_model, train_at_sites
-from tasks.tracking import open_training_run
+from tasks.tracking import Tracker, open_training_run
 from tasks.training import (
     RunOutputs,
     build_federation,
@@ -53,6 +54,7 @@ def train_flow(
     """``parent_run_id``/``run_name`` make the MLflow run a named child (a grid's cell)."""
     paths = ProjectPaths(workdir)
     digest = params_hash(params)
+    get_run_logger().info("%s", start_line(params))
     for line in filters_that_cannot_exclude(params):
         get_run_logger().warning("%s", line)
     checkpoint = load_checkpoint(paths.checkpoint, digest) if resume else None
@@ -74,6 +76,7 @@ def train_flow(
             )  # fmt: skip
             model = selected_model(params, dataset_info_of(params.data), state)
             write_training_reports(paths, model, state, params, tracker, trained_noniid)
+            say_when_nobody_was_excluded(params, state.trail, tracker)
             halt_if_bound_exceeded(state)
             halt_if_tracking_lost(tracker, state)
             return write_run_info(paths, tracker, state, digest)
@@ -90,8 +93,23 @@ def train_flow(
         model = federation.selected_model(state)
         trained_noniid = trained_model_noniid(federation, model, params)
         write_training_reports(paths, model, state, params, tracker, trained_noniid)
+        say_when_nobody_was_excluded(params, state.trail, tracker)
         if params.eval.where == "sites":  # the gate's champion, scored where the model was
             score_champion_at_sites(tracker, params, paths, federation, state)
         halt_if_bound_exceeded(state)  # fail closed: reports written, the run closed FAILED
         halt_if_tracking_lost(tracker, state)
     return write_run_info(paths, tracker, state, digest)
+
+
+def say_when_nobody_was_excluded(
+    params: Params, trail: list[dict[str, Any]], tracker: Tracker
+) -> None:
+    """With no site excluded, the run's log and its MLflow run (tag ``exclusions``, which
+    the model card reads) say what this defence caught where it was measured: "no site
+    excluded" alone would read as "every site honest"."""
+    if any(row["excluded"] for row in trail):
+        return
+    sentence = no_exclusion_sentence(params)
+    get_run_logger().info("%s", sentence)
+    tracker.tags["exclusions"] = sentence  # kept in the run's tracking.json, for the card
+    tracker.set_tags({"exclusions": sentence})

@@ -42,7 +42,7 @@ def build_card(
             "rule": params.aggregate.name,
             "filters": [f.name for f in params.filters] or ["none"],
             "rounds": results.get("rounds"), "selected_round": results.get("selected_round"),
-            "exclusions": _exclusions(paths.exclusions),
+            "exclusions": _exclusions(paths.exclusions, run["tags"].get("exclusions")),
         },
         "performance": {
             "test": {k[5:]: v for k, v in results.items() if k.startswith("test_")},
@@ -141,21 +141,26 @@ def _per_site(paths: ProjectPaths, names: dict[int, str]) -> list[dict[str, Any]
     ]  # fmt: skip
 
 
-def _exclusions(trail: Path) -> dict[str, Any]:
+def _exclusions(trail: Path, measured: str | None) -> dict[str, Any]:
     """How many client-rounds the filters left out, of how many, by reason, and which
-    clients were ever left out (the trail, ``reports/exclusions.csv``)."""
-    if not trail.exists():
-        return {"client_rounds": 0, "excluded": 0}
-    with trail.open() as handle:
-        rows = list(csv.DictReader(handle))
+    clients were ever left out (the trail, ``reports/exclusions.csv``); with none left
+    out, what this defence caught where it was measured (``measured``: what the train
+    stage said, its run's tag ``exclusions``: tasks/measured_defence.py)."""
+    rows = []
+    if trail.exists():
+        with trail.open() as handle:
+            rows = list(csv.DictReader(handle))
     excluded = [r for r in rows if r.get("excluded") == "True"]
-    return {
+    found: dict[str, Any] = {
         "client_rounds": len(rows),
         "excluded": len(excluded),
         "by_reason": dict(Counter(r.get("reason") or "unstated" for r in excluded)),
         "clients_ever_excluded": sorted({int(r["client"]) for r in excluded}),
         "contribution": _contributions(rows),
     }
+    if not excluded and measured:
+        found["measured"] = measured
+    return found
 
 
 def _contributions(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
@@ -206,6 +211,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"{exclusions['excluded']} of {exclusions['client_rounds']} client-rounds excluded"
         + (f" ({_counts(exclusions['by_reason'])})" if exclusions.get("by_reason") else "")
         + ".",
+        *(["", _sentence(exclusions["measured"])] if "measured" in exclusions else []),
         *_contribution_lines(exclusions.get("contribution", {})),
         "",
         "## Performance on held-out data",
@@ -230,6 +236,10 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- MLflow run: {model['run_id']}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _sentence(text: str) -> str:
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def _per_site_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -32,6 +32,12 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``first`` has the outcome in fewer (more) seeds than ``second``, an exact McNemar test.
 - ``at_most_seeds``: ``dataset``, ``variant``, ``outcome``, ``held_out`` (bool), ``k``: the
   outcome happened in at most k of the ablation's seeds of that group.
+- ``consortium``: ``dataset``, ``sites``, ``attack``, ``defence`` (a defence of
+  benchmarks/small_consortium.py, or ``recommended``: the one its pre-registered rule
+  recommends at that size), ``caught_at_least`` or ``caught_at_most`` (k), optional
+  ``honest_banned_at_most`` (m): in the small consortium's per-run record, the seeds in
+  which the attacker was out by the rule's round are at least (at most) k, and those with
+  an honest site banned at most m; a count, no test.
 - ``stability``: ``alpha``, ``first``, ``second``, ``measure`` (``acc``: final test
   accuracy; ``wobble``: its standard deviation over the last rounds), ``higher`` or
   ``lower`` (true): in benchmarks/papers/fedlag_stability.py's record at that Dirichlet α,
@@ -66,7 +72,7 @@ set of tests the reader saw:
   (a comparison picked from a table after seeing it belongs to the table). A family is
   thus a whole generated table or a declared list, never a subset chosen by hand.
 
-``worst_case`` and ``at_most_seeds`` declare no family (the loader refuses one): they
+``worst_case``, ``at_most_seeds`` and ``consortium`` declare no family (the loader refuses one): they
 compare no two methods. A worst case is a 95 % logit-scale t-interval for one method's
 level, held to a stated bound; an ``at_most_seeds`` claim is a count of the records, with no test at all.
 Their bounds are guards against a changed record, each read on its own, and the text does
@@ -367,6 +373,53 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
     )  # fmt: skip
 
 
+def pending(claim: dict[str, Any]) -> bool:
+    """Whether a claim's records exist but do not yet hold what it counts: a consortium
+    claim's defence not yet run at its dataset and size (the recommended one: any
+    defence of the grid), while the record's other rows are committed."""
+    if claim["kind"] != "consortium":
+        return False
+    from benchmarks.robustness import small_consortium
+
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows())
+    ran = {r["defence"] for r in rows if (r["dataset"], r["sites"], r["attack"])
+           == (claim["dataset"], int(claim["sites"]), claim["attack"])}  # fmt: skip
+    wanted = (
+        set(small_consortium.DEFENCES) if claim["defence"] == "recommended" else {claim["defence"]}
+    )
+    return not wanted <= ran
+
+
+def consortium(claim: dict[str, Any]) -> Verdict:
+    """Counted off benchmarks/small_consortium.py's per-run record (its rows and rule)."""
+    from benchmarks.robustness import small_consortium
+
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows())
+    sites, defence = int(claim["sites"]), claim["defence"]
+    if defence == "recommended":
+        defence = small_consortium.recommended(rows, sites)["defence"]
+    wanted = (claim["dataset"], sites, claim["attack"], defence)
+    row = next((r for r in rows
+                if (r["dataset"], r["sites"], r["attack"], r["defence"]) == wanted), None)  # fmt: skip
+    if row is None:
+        raise ValueError(
+            f"claim {claim['id']}: the small consortium's record holds no row {wanted}"
+        )
+    caught, banned = row["caught_by_round_seeds"], row["honest_banned_seeds"]
+    bounds = [(caught >= claim["caught_at_least"], f"≥ {claim['caught_at_least']} out")
+              if "caught_at_least" in claim
+              else (caught <= claim["caught_at_most"], f"≤ {claim['caught_at_most']} out")]  # fmt: skip
+    if "honest_banned_at_most" in claim:
+        limit = claim["honest_banned_at_most"]
+        bounds.append((banned <= limit, f"honest banned in ≤ {limit}"))
+    return Verdict(
+        claim["id"], claim["text"],
+        f"{defence}: out by round {small_consortium.BY_ROUND} in {caught} of {row['seeds']} "
+        f"seeds, an honest site banned in {banned}",
+        ", ".join(text for _, text in bounds), not row["errors"] and all(ok for ok, _ in bounds),
+    )  # fmt: skip
+
+
 def stability(claim: dict[str, Any]) -> Tested:
     """Read off the stability table, whose rows are α and measure: ``row`` must name the
     claim's ``alpha`` and ``measure``, or its p could match a row that tests another."""
@@ -481,6 +534,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], Verdict | Tested]] = {
     "drop": drop,
     "ablation": ablation,
     "at_most_seeds": at_most_seeds,
+    "consortium": consortium,
     "stability": stability,
     "convergence": convergence,
 }
@@ -497,11 +551,16 @@ def _recomputed(claim: dict[str, Any], path: Path) -> Verdict | Tested:
         raise LedgerError(f"{path.name}: {error}") from None
 
 
-def verdicts(path: Path = LEDGER, declared_lists: bool = False) -> list[Verdict]:
-    """Every claim recomputed and, for a test, judged under its declared family and
+def verdicts(
+    path: Path = LEDGER, declared_lists: bool = False, only: set[str] | None = None
+) -> list[Verdict]:
+    """Every claim recomputed (of ``only``, where given: whole families, so that each is
+    adjusted over all its members) and, for a test, judged under its declared family and
     adjustment; a claim missing a field its kind needs, or read off a table that does not
     hold its test, raises a one-line LedgerError naming the ledger and the claim."""
     ledger = load_ledger(path, declared_lists)
+    if only is not None:
+        ledger = [claim for claim in ledger if claim["id"] in only]
     found = {claim["id"]: _recomputed(claim, path) for claim in ledger}
     of_ledger = {
         c["id"]: (members, [found[m["id"]].p for m in members])

@@ -334,14 +334,39 @@ def commit_order(repo: Path = REPO, path: Path = PREREGISTERED) -> CommitOrder:
     return CommitOrder(lines, problems)
 
 
+def ready(found: list[dict[str, Any]], repo: Path = REPO) -> set[str]:
+    """The ids of the claims that can be recomputed: those whose records exist and hold
+    what they count (:func:`benchmarks.claims.pending`), and those of every other claim
+    of their family (a family is adjusted over all its members, so
+    it is recomputed whole or not at all)."""
+
+    def recorded(claim: dict[str, Any]) -> bool:
+        present = all((repo / record).exists() for record in claim["records"])
+        return present and not claims.pending(claim)
+
+    families: dict[str, list[dict[str, Any]]] = {}
+    for claim in found:
+        families.setdefault(claim.get("family") or claim["id"], []).append(claim)
+    return {
+        claim["id"]
+        for members in families.values()
+        if all(recorded(member) for member in members)
+        for claim in members
+    }
+
+
+def verdicts(path: Path = PREREGISTERED, repo: Path = REPO) -> list[claims.Verdict]:
+    """The pre-registered claims whose records exist (:func:`ready`), recomputed."""
+    return claims.verdicts(path, declared_lists=True, only=ready(load(path), repo))
+
+
 def block(path: Path = PREREGISTERED, repo: Path = REPO) -> str:
     """docs/results.md's table of the pre-registered claims: the file's sha256, each claim
-    recomputed by the ledger's code once every record the file names exists (the file's
-    claims are recomputed together: a family is adjusted over all its members), else
-    "records pending", and the commands that write the records."""
+    recomputed by the ledger's code once the records of its family exist (a family is
+    adjusted over all its members), else "records pending", and the commands that write
+    the records."""
     found = load(path)
-    ready = all((repo / record).exists() for claim in found for record in claim["records"])
-    recomputed = {v.claim: v for v in claims.verdicts(path, declared_lists=True)} if ready else {}
+    recomputed = {v.claim: v for v in verdicts(path, repo)}
     lines = [
         f"`{shown(path, repo)}`, sha256 `{sha256(path)}`",
         "",

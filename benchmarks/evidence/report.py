@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.evidence import claims, figures, preregistration, share_intervals
 from benchmarks.evidence.claims import LedgerError
-from benchmarks.evidence.tables.consortium import small_consortium_block
+from benchmarks.evidence.tables.consortium import recommendation_block, small_consortium_block
 from benchmarks.evidence.tables.ema import ema_paper_block, ema_pretest_block, noniid_cv_block
 from benchmarks.evidence.tables.faults import faults_block
 from benchmarks.evidence.tables.federation import (
@@ -126,6 +126,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-monte-carlo": ema_monte_carlo.table, "share-interval-coverage": share_intervals.block}
     | {"signal-in-write": signal_block, "own-images": own_images_block, "serving": serving_block}
     | {"small-consortium": small_consortium_block}
+    | {"small-consortium-recommended": recommendation_block}
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
@@ -219,10 +220,16 @@ OPERATIONS_BLOCKS: dict[str, Callable[[], str]] = (
 # README.md's results in short: its measured bullets
 README = REPO / "README.md"
 README_BLOCKS: dict[str, Callable[[], str]] = {"readme-results": readme_results_block}
+# docs/configuration.md's choice of filter per size: the small consortium's rule
+CONFIGURATION = REPO / "docs" / "configuration.md"
+CONFIGURATION_BLOCKS: dict[str, Callable[[], str]] = {
+    "small-consortium-recommended": recommendation_block
+}
 # the other documents with generated blocks, each with its builders
 OTHER_DOCS: dict[Path, dict[str, Callable[[], str]]] = {
     OPERATIONS: OPERATIONS_BLOCKS,
     README: README_BLOCKS,
+    CONFIGURATION: CONFIGURATION_BLOCKS,
 }
 
 
@@ -255,9 +262,7 @@ FIGURED = (DOC, README)  # the documents whose every figure is generated or cite
 def passing_claims(verdicts: list[claims.Verdict]) -> set[str]:
     """The ids a sentence may cite to back its figures: the ledger's claims that hold
     (``verdicts``) and the pre-registered ones that hold once their records exist."""
-    registered = preregistration.PREREGISTERED
-    ready = all((REPO / r).exists() for c in preregistration.load() for r in c["records"])
-    held = claims.verdicts(registered, declared_lists=True) if ready else []
+    held = preregistration.verdicts()
     return {v.claim for v in [*verdicts, *held] if v.holds}
 
 

@@ -278,8 +278,10 @@ def trained(cell: Any) -> tuple[Any, Any, Any]:
     if key not in _DATA:
         _DATA[key] = load_medmnist(key, dataset_root(params.data))
     data = _DATA[key]
-    clients, root, _ = partitions_for.fn([cell], data)[partition_key(params)]
-    federation = federation_from_params(params, data, clients, root, validation_every_round=False)
+    clients, root, local_tests = partitions_for.fn([cell], data)[partition_key(params)]
+    federation = federation_from_params(
+        params, data, clients, root, local_tests, validation_every_round=False
+    )  # each client's local test split, where partition.local_test holds one out
     return federation, train(federation, federation.initial_state(), params.train.rounds), data
 
 

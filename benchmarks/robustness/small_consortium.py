@@ -1,89 +1,145 @@
-"""Benchmark: which defence takes a label flipper out of a small consortium, and when.
+"""Benchmark: which defence takes one attacking site out of a small consortium, and when.
 
-Most hospital consortia are 3 to 10 sites. At 3, 4 and 5 sites with one site flipping
-every label, and at 20 with four, each filter of :data:`benchmarks.papers.pid_made_ablation.VARIANTS`
-(and none) runs in front of the coordinate-wise median, on digits with the robustness
-matrix's settings (the logistic model, two local epochs) for :data:`ROUNDS` rounds, over
-seeds 0-9. Per run: the round by which every flipper is out (none if one never is), the
-honest client-rounds excluded and the honest clients ever banned, and the final test
-accuracy. The sites of a real federation train as these simulated clients do (within
-1e-6, tests/flower), so what a filter does here it does at the sites.
+Most hospital consortia are 3 to 10 sites. At 3, 4, 5 and 10 sites, one of them attacking
+(a label flipper, a sign flipper, ALIE or a pixel-trigger backdoor), each defence of
+:data:`DEFENCES` runs in front of the coordinate-wise median on BreastMNIST, RetinaMNIST
+and digits, with the robustness matrix's settings (the logistic model, two local epochs)
+for :data:`ROUNDS` rounds, over seeds 0-9. Per run: the round by which the attacker is out
+(none if it never is), the honest client-rounds excluded and the honest sites ever
+banned, and the final test accuracy. The sites of a real federation train as these
+simulated clients do (within 1e-6, tests/flower), so what a filter does here it does at
+the sites.
 
-The recommendation per size is chosen by a rule fixed before the runs: among the filters
-that take every flipper out in at least :data:`CAUGHT_IN` of the seeds, the one that
-excludes the fewest honest client-rounds (then the earliest); where none does, the
-median alone, and the docs say that no filter protects a consortium of that size.
+The recommendation per size follows a rule fixed before the runs (pre-registered in
+benchmarks/preregistered.yaml, :func:`recommended`): a defence *holds* against an attack
+on a dataset at a size when the attacker is out by round :data:`BY_ROUND` in at least
+:data:`CAUGHT_AT_LEAST` of 10 seeds and an honest site is banned in at most
+:data:`HONEST_BANNED_AT_MOST` of them. Per size the recommended defence is the one that
+holds against the label flipper on the most datasets, then against the other attacks on
+the most (dataset, attack) pairs, then excludes the fewest honest client-rounds, then by
+name; where none holds against the label flipper on any dataset, the median alone, and
+the docs say that no measured filter protects a consortium of that size.
 
-    python -m benchmarks.robustness.small_consortium [--seeds 10] [--workers 2]
+    python -m benchmarks.robustness.small_consortium [--seeds 10] [--workers 1] [--defences D ...]
 
 Records: ``benchmarks/results/small-consortium-cells.jsonl`` (local; a rerun skips
-finished runs) and ``small-consortium-cpu.json`` (committed: the table per size and
-filter, and the recommendation); the four-site figures are also written into
-``federation-loopback.json`` (``four_sites_flipper_out_by_round``,
-``four_sites_false_exclusions``).
+finished runs), ``small-consortium-seeds.csv`` (committed: one row per run) and
+``small-consortium-cpu.json`` (committed: a row per dataset, size, attack and defence, and
+the recommendation per size with the datasets behind it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import csv
 import statistics
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from benchmarks.common import cpu_environment, write_summary
 from benchmarks.papers.pid_made_ablation import VARIANTS
-from benchmarks.robustness.matrix import PARAMS, REPO, RESULTS, finished, run_matrix, trained
+from benchmarks.robustness.matrix import (
+    ATTACKS,
+    PARAMS,
+    REPO,
+    RESULTS,
+    finished,
+    run_matrix,
+    trained,
+)
 from fedsieve.arguments import positive_int
 
-SIZES = {3: 0.25, 4: 0.25, 5: 0.25, 20: 0.2}  # sites -> flipper share (1, 1, 1 and 4)
-FILTERS: dict[str, list[dict[str, Any]]] = {"none": []} | {
-    name: [spec] for name, spec in VARIANTS.items() if name != "paper_chebyshev"
-}  # Chebyshev's k excludes nobody at 20 or fewer (Samuelson): nothing to measure
-ROUNDS = 10
-CAUGHT_IN = 0.8  # the share of seeds in which a recommended filter takes every flipper out
+DATASETS = ("breastmnist", "retinamnist", "digits")
+SIZES = (3, 4, 5, 10)  # sites, one of them attacking
+ATTACKED = ("label_flip", "sign_flip", "alie", "backdoor")
+# defence -> the filters in front of the median. pid_made is the paper's (its defaults:
+# the Gaussian threshold, a banned client's updates counted); pid_robust_fixed is the
+# docs' former 3-site row; distance_cusum has no PID. Two PID-MADE variants only, so that
+# the grid (five rounds, about a second a run) fits an hour of one core: pid_cusum and
+# the other variants of benchmarks/pid_made_ablation.py are left out for time.
+DEFENCES: dict[str, list[dict[str, Any]]] = {
+    "median": [],
+    "pid_made": [{"name": "pid_made"}],
+    "pid_robust_fixed": [VARIANTS["pid_robust_fixed"]],
+    "distance_cusum": [{"name": "distance_cusum", "exclusion": "permanent"}],
+    "site_validation": [{"name": "site_validation"}],
+}
+# validation at the sites scores candidates on each site's own held-out split: a fifth of
+# its images (the pipeline's default partition.local_test), which it then does not train
+# on; the other defences train on every image
+HELD_OUT = {"site_validation": 0.2}
+ROUNDS = 5
+BY_ROUND = 3  # the attacker out by this round ...
+CAUGHT_AT_LEAST = 9  # ... in at least this many of 10 seeds
+HONEST_BANNED_AT_MOST = 1  # and an honest site banned in at most this many
 STEM = RESULTS / "small-consortium"
-LOOPBACK = RESULTS / "federation-loopback.json"
+SEEDS_CSV = RESULTS / "small-consortium-seeds.csv"
+SEED_COLUMNS = ("dataset", "sites", "attack", "defence", "seed", "attacker_out_round",
+                "honest_client_rounds_excluded", "honest_banned", "test_acc", "seconds",
+                "error")  # fmt: skip
 
 
-def cells_for(seeds: range) -> list[Any]:
-    """One cell per size, filter and seed: the median with that filter, one flipping share."""
+def base_params(dataset: str, sites: int) -> dict[str, Any]:
+    """The robustness matrix's settings on ``dataset`` at ``sites`` sites, no root slice."""
+    base = yaml.safe_load((PARAMS / "robustness-breastmnist.yaml").read_text())
+    base["data"]["dataset"] = dataset
+    base["partition"] |= {"num_clients": sites, "root_size": 0}
+    base["train"]["rounds"] = ROUNDS
+    return base
+
+
+def cells_for(
+    seeds: range,
+    defences: tuple[str, ...] = tuple(DEFENCES),
+    datasets: tuple[str, ...] = DATASETS,
+    sizes: tuple[int, ...] = SIZES,
+) -> list[Any]:
+    """One cell per dataset, size, attack, defence and seed; one attacking site each. A
+    cell's method is ``<dataset>.sites<N>.<defence>``."""
     from config.params import Params
     from tasks.grid import grid_cells
 
     cells = []
-    for sites, share in SIZES.items():
-        base = yaml.safe_load((PARAMS / "robustness-digits.yaml").read_text())
-        base["partition"] |= {"num_clients": sites, "root_size": 0}
-        base["train"]["rounds"] = ROUNDS
-        grid = {
-            "methods": {
-                f"sites{sites}.{name}": {"aggregate": {"name": "median"}, "filters": spec}
-                for name, spec in FILTERS.items()
-            },
-            "attacks": [{"name": "label_flip", "rate": 1.0, "mapping": "reverse"}],
-            "fractions": [share],
-            "seeds": list(seeds),
-        }
-        cells += grid_cells(Params.model_validate({**base, "compare": grid}), REPO)
+    for dataset in datasets:
+        for sites in sizes:
+            for held_out in dict.fromkeys(HELD_OUT.get(name, 0.0) for name in defences):
+                grid = {
+                    "methods": {
+                        f"{dataset}.sites{sites}.{name}": {
+                            "aggregate": {"name": "median"}, "filters": DEFENCES[name]
+                        }
+                        for name in defences
+                        if HELD_OUT.get(name, 0.0) == held_out
+                    },
+                    "attacks": [{"name": a, **ATTACKS[a]} for a in ATTACKED],
+                    "fractions": [1 / sites],
+                    "seeds": list(seeds),
+                }  # fmt: skip
+                base = base_params(dataset, sites)
+                if held_out:  # the sites' own scores of the model: the last round's only
+                    base["partition"]["local_test"] = held_out
+                    base["eval"] |= {"every": ROUNDS}
+                params = Params.model_validate({**base, "compare": grid})
+                cells += grid_cells(params, REPO)
     return cells
 
 
 def exclusions(trail: list[dict[str, Any]]) -> dict[str, Any]:
-    """When every flipper was out, and what the honest clients lost, from the trail."""
+    """When every attacker was out, and what the honest clients lost, from the trail."""
     malicious = {int(r["client"]): bool(r["malicious"]) for r in trail}
     first_out: dict[int, int] = {}
     for row in trail:
         if row["excluded"]:
             first_out.setdefault(int(row["client"]), int(row["round"]))
-    flippers = [c for c, bad in malicious.items() if bad]
-    caught = [first_out[c] for c in flippers if c in first_out]
+    attackers = [c for c, bad in malicious.items() if bad]
+    caught = [first_out[c] for c in attackers if c in first_out]
     return {
-        "flippers": len(flippers),
-        "flippers_out_by_round": max(caught) if len(caught) == len(flippers) else None,
+        "attackers": len(attackers),
+        "attacker_out_round": max(caught) if caught and len(caught) == len(attackers) else None,
         "honest_client_rounds_excluded": sum(
             1 for r in trail if r["excluded"] and not malicious[int(r["client"])]
         ),
@@ -92,16 +148,17 @@ def exclusions(trail: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_small_cell(cell: Any) -> dict[str, Any]:
-    """One run: its test accuracy and what its filter did."""
-    sites, _, name = cell.method.partition(".")
+    """One run: its test accuracy and what its defence did."""
+    dataset, sites, defence = cell.method.split(".")
     record: dict[str, Any] = {
-        "name": cell.name, "sites": int(sites.removeprefix("sites")), "filter": name,
-        "seed": cell.seed,
+        "name": cell.name, "dataset": dataset, "sites": int(sites.removeprefix("sites")),
+        "attack": cell.attack, "defence": defence, "seed": cell.seed,
     }  # fmt: skip
     started = time.perf_counter()
     try:
         federation, state, _ = trained(cell)
-        record["metrics"] = {"test_acc": federation.scorer.evaluate(state.selected_vector)["acc"]}
+        test_acc = federation.scorer.evaluate(state.selected_vector)["acc"]
+        record |= {"metrics": {"test_acc": test_acc}, "test_acc": test_acc}
         record |= exclusions(state.trail)
     except Exception as error:  # recorded, never dropped
         record["error"] = f"{type(error).__name__}: {error}"
@@ -110,88 +167,150 @@ def run_small_cell(cell: Any) -> dict[str, Any]:
     return record
 
 
-def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per size and filter: the seeds, in how many every flipper was out and by which round
-    (median over those), the honest client-rounds excluded (mean), the seeds with an honest
-    client banned, and the mean test accuracy."""
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    for sites in SIZES:
-        for name in FILTERS:
-            runs = [r for r in records if r["sites"] == sites and r["filter"] == name]
-            ok = [r for r in runs if "error" not in r]
-            out = [r["flippers_out_by_round"] for r in ok if r["flippers_out_by_round"]]
-            table.setdefault(str(sites), {})[name] = {
-                "seeds": len(runs), "errors": len(runs) - len(ok),
-                "flippers_out_in_seeds": len(out),
-                "flippers_out_by_round_median": statistics.median(out) if out else None,
-                "honest_client_rounds_excluded_mean": _mean(
-                    [r["honest_client_rounds_excluded"] for r in ok]
-                ),
-                "seeds_with_honest_banned": sum(1 for r in ok if r["honest_banned"]),
-                "test_acc_mean": _mean([r["metrics"]["test_acc"] for r in ok]),
-            }  # fmt: skip
-    return table
+def rows_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per dataset, size, attack and defence that ran: the issue's fields
+    (``caught_seeds``: seeds with the attacker out by the last round; ``median_round``: the
+    round it was out, median over those; ``false_exclusions``: honest client-rounds
+    excluded, mean over seeds) and the rule's (``caught_by_round_seeds``,
+    ``honest_banned_seeds``), with the errors and the mean test accuracy."""
+    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        key = (record["dataset"], int(record["sites"]), record["attack"], record["defence"])
+        groups.setdefault(key, []).append(record)
+    order = {name: i for i, name in enumerate(DEFENCES)}
+    rows = []
+    for key in sorted(groups, key=lambda k: (DATASETS.index(k[0]), k[1], ATTACKED.index(k[2]),
+                                             order.get(k[3], len(order)), k[3])):  # fmt: skip
+        runs = groups[key]
+        ok = [r for r in runs if not r.get("error")]
+        out = [int(r["attacker_out_round"]) for r in ok if r.get("attacker_out_round")]
+        dataset, sites, attack, defence = key
+        rows.append({
+            "dataset": dataset, "sites": sites, "attack": attack, "defence": defence,
+            "seeds": len(runs), "caught_seeds": len(out),
+            "median_round": statistics.median(out) if out else None,
+            "false_exclusions": _mean([float(r["honest_client_rounds_excluded"]) for r in ok]),
+            "caught_by_round_seeds": sum(1 for r in out if r <= BY_ROUND),
+            "honest_banned_seeds": sum(1 for r in ok if int(r["honest_banned"])),
+            "errors": len(runs) - len(ok),
+            "test_acc_mean": _mean([float(r["test_acc"]) for r in ok]),
+        })  # fmt: skip
+    return rows
 
 
-def recommended(rows: dict[str, dict[str, Any]]) -> str:
-    """The rule fixed before the runs (module docstring)."""
-    working = [
-        (row["honest_client_rounds_excluded_mean"], row["flippers_out_by_round_median"], name)
-        for name, row in rows.items()
-        if name != "none"
-        and row["seeds"]
-        and row["flippers_out_in_seeds"] >= CAUGHT_IN * row["seeds"]
-    ]
-    return min(working)[2] if working else "none"
+def holds(row: dict[str, Any]) -> bool:
+    """The pre-registered standard: the attacker out by round :data:`BY_ROUND` in at
+    least :data:`CAUGHT_AT_LEAST` of 10 seeds, an honest site banned in at most
+    :data:`HONEST_BANNED_AT_MOST` (counts scaled to the row's seeds, no errors)."""
+    seeds = row["seeds"]
+    return (
+        seeds > 0
+        and not row.get("errors")
+        and row["caught_by_round_seeds"] >= CAUGHT_AT_LEAST * seeds / 10
+        and row["honest_banned_seeds"] <= HONEST_BANNED_AT_MOST * seeds / 10
+    )
+
+
+def recommended(rows: list[dict[str, Any]], sites: int) -> dict[str, Any]:
+    """The pre-registered rule (module docstring) at ``sites``: the defence, the datasets
+    where it holds against the label flipper and those where it does not."""
+    at_size = [r for r in rows if r["sites"] == sites and r["defence"] != "median"]
+    datasets = sorted({r["dataset"] for r in rows if r["sites"] == sites}, key=DATASETS.index)
+    scored = []
+    for defence in sorted({r["defence"] for r in at_size}):
+        own = [r for r in at_size if r["defence"] == defence]
+        flipper = [r["dataset"] for r in own if r["attack"] == "label_flip" and holds(r)]
+        others = sum(1 for r in own if r["attack"] != "label_flip" and holds(r))
+        excluded = _mean([r["false_exclusions"] for r in own if r["false_exclusions"] is not None])
+        scored.append((-len(flipper), -others, excluded or 0.0, defence, flipper))
+    best = min(scored) if scored else None
+    if best is None or not best[4]:
+        return {"defence": "median", "holds_on": [], "fails_on": datasets}
+    holding = sorted(best[4], key=DATASETS.index)
+    return {
+        "defence": best[3],
+        "holds_on": holding,
+        "fails_on": [d for d in datasets if d not in holding],
+    }
 
 
 def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 4) if values else None
 
 
+def write_seed_rows(records: list[dict[str, Any]], path: Path = SEEDS_CSV) -> None:
+    """Every run, one row, in grid order."""
+    order = {name: i for i, name in enumerate(DEFENCES)}
+    ordered = sorted(records, key=lambda r: (DATASETS.index(r["dataset"]), int(r["sites"]),
+                                             ATTACKED.index(r["attack"]),
+                                             order.get(r["defence"], len(order)), int(r["seed"])))  # fmt: skip
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=SEED_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for record in ordered:
+            row = {k: record.get(k) for k in SEED_COLUMNS}
+            row["error"] = record.get("error", "")
+            writer.writerow(row)
+
+
+def read_seed_rows(path: Path = SEEDS_CSV) -> list[dict[str, Any]]:
+    """The committed per-run rows, typed as :func:`rows_of` reads them."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        row["sites"], row["seed"] = int(row["sites"]), int(row["seed"])
+        row["attacker_out_round"] = int(row["attacker_out_round"] or 0) or None
+    return rows
+
+
+def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """The committed record: settings, the rows and the recommendation per size."""
+    rows = rows_of(records)
+    choice = {str(s): recommended(rows, s) for s in SIZES if any(r["sites"] == s for r in rows)}
+    settings = {
+        "datasets": list(DATASETS), "sizes": list(SIZES), "attacks": list(ATTACKED),
+        "attackers": 1, "rule": "median", "model": "logreg", "rounds": ROUNDS, "seeds": seeds,
+        "defences": {name: spec for name, spec in DEFENCES.items()}, "held_out": HELD_OUT,
+        "by_round": BY_ROUND, "caught_at_least": CAUGHT_AT_LEAST,
+        "honest_banned_at_most": HONEST_BANNED_AT_MOST,
+    }  # fmt: skip
+    return {"settings": settings, "rows": rows, "recommended": choice} | cpu_environment()
+
+
+def summary_lines(payload: dict[str, Any]) -> list[str]:
+    """The record's rows as a Markdown table (``small-consortium-cpu.md``, the console)."""
+    lines = ["| dataset | sites | attack | defence | caught (seeds) | by round 3 (seeds) | "
+             "median round | honest client-rounds excluded (mean) | honest banned (seeds) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in payload["rows"]:
+        lines.append(
+            f"| {row['dataset']} | {row['sites']} | {row['attack']} | {row['defence']} | "
+            f"{row['caught_seeds']}/{row['seeds']} | {row['caught_by_round_seeds']} | "
+            f"{row['median_round'] or '-'} | {row['false_exclusions']} | "
+            f"{row['honest_banned_seeds']} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=positive_int, default=10)
-    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--workers", type=positive_int, default=1)
+    parser.add_argument(
+        "--defences", nargs="+", choices=list(DEFENCES), default=list(DEFENCES),
+        help="run these defences' cells (the record keeps every defence already run)",
+    )  # fmt: skip
     args = parser.parse_args()
     cells_file = STEM.with_name(STEM.name + "-cells.jsonl")
-    run_matrix(cells_for(range(args.seeds)), cells_file, args.workers, runner=run_small_cell)
+    cells = cells_for(range(args.seeds), tuple(args.defences))
+    # the label flipper's runs first: the recommendation rests on them (then by attack)
+    cells.sort(key=lambda cell: ATTACKED.index(cell.attack))
+    run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
     records = list(finished(cells_file).values())
-    table = summary(records)
-    choice = {sites: recommended(rows) for sites, rows in table.items()}
-    four = table["4"][choice["4"]]
-    settings = {
-        "data": "digits", "rule": "median", "rounds": ROUNDS, "seeds": args.seeds,
-        "flippers": {str(s): round(f * s) for s, f in SIZES.items()}, "caught_in": CAUGHT_IN,
-    }  # fmt: skip
-    payload = {"settings": settings, "by_size": table, "recommended": choice}
-    payload |= cpu_environment()
-    lines = [
-        "| sites | filter | flippers out (seeds) | by round (median) | honest client-rounds "
-        "excluded (mean) | seeds with an honest site banned | test acc (mean) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for sites, rows in table.items():
-        for name, row in rows.items():
-            mark = " (recommended)" if name == choice[sites] else ""
-            lines.append(
-                f"| {sites} | {name}{mark} | {row['flippers_out_in_seeds']}/{row['seeds']} | "
-                f"{row['flippers_out_by_round_median'] or '-'} | "
-                f"{row['honest_client_rounds_excluded_mean']} | "
-                f"{row['seeds_with_honest_banned']} | {row['test_acc_mean']} |"
-            )
-    write_summary(STEM.with_name(STEM.name + "-cpu"), payload, lines)
-    loopback = json.loads(LOOPBACK.read_text()) if LOOPBACK.exists() else {}
-    loopback |= {
-        "four_sites_filter": choice["4"],
-        "four_sites_flipper_out_by_round": four["flippers_out_by_round_median"],
-        "four_sites_false_exclusions": four["honest_client_rounds_excluded_mean"],
-        "four_sites_source": "python -m benchmarks.robustness.small_consortium (simulated sites, seeds "
-        f"0-{args.seeds - 1}: median of the round every flipper is out, mean honest "
-        "client-rounds excluded)",
-    }
-    LOOPBACK.write_text(json.dumps(loopback, indent=2) + "\n")
-    print(json.dumps({"recommended": choice}, indent=2))
+    write_seed_rows(records)
+    payload = summarise(read_seed_rows(), args.seeds)
+    write_summary(STEM.with_name(STEM.name + "-cpu"), payload, summary_lines(payload))
+    print(payload["recommended"])
 
 
 if __name__ == "__main__":

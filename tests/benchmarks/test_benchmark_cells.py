@@ -300,7 +300,7 @@ def test_a_missing_dataset_stops_the_matrix_before_any_cell_runs(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cells.jsonl"]
 
 
-def test_the_small_consortium_reads_when_every_flipper_was_out_and_what_honest_sites_lost():
+def test_the_small_consortium_reads_when_the_attacker_was_out_and_what_honest_sites_lost():
     trail = [
         {"round": 1, "client": 0, "malicious": True, "excluded": False},
         {"round": 1, "client": 1, "malicious": False, "excluded": True},
@@ -309,30 +309,80 @@ def test_the_small_consortium_reads_when_every_flipper_was_out_and_what_honest_s
         {"round": 2, "client": 2, "malicious": False, "excluded": False},
     ]
     assert small_consortium.exclusions(trail) == {
-        "flippers": 1, "flippers_out_by_round": 2, "honest_client_rounds_excluded": 2,
+        "attackers": 1, "attacker_out_round": 2, "honest_client_rounds_excluded": 2,
         "honest_banned": 1,
     }  # fmt: skip
     never = [dict(row, excluded=False) for row in trail]
-    assert small_consortium.exclusions(never)["flippers_out_by_round"] is None
+    assert small_consortium.exclusions(never)["attacker_out_round"] is None
 
 
-def test_the_small_consortium_recommends_by_its_fixed_rule():
-    row = {"seeds": 10, "flippers_out_in_seeds": 9, "flippers_out_by_round_median": 3}
-    rows = {
-        "none": {"seeds": 10, "flippers_out_in_seeds": 0, "flippers_out_by_round_median": None,
-                 "honest_client_rounds_excluded_mean": 0.0},
-        "catches_all_bans_many": row | {"honest_client_rounds_excluded_mean": 4.0},
-        "catches_all_bans_few": row | {"honest_client_rounds_excluded_mean": 0.5},
-        "catches_seldom": row | {"flippers_out_in_seeds": 7, "honest_client_rounds_excluded_mean": 0.0},
+def _runs(dataset, sites, attack, defence, out_rounds, honest_banned=0):
+    """Ten runs of one cell: the attacker out in the rounds given (None: never)."""
+    return [
+        {"dataset": dataset, "sites": sites, "attack": attack, "defence": defence,
+         "seed": seed, "attacker_out_round": out, "honest_client_rounds_excluded": 0,
+         "honest_banned": int(seed < honest_banned), "test_acc": 0.9, "error": ""}
+        for seed, out in enumerate(out_rounds)
+    ]  # fmt: skip
+
+
+def test_the_small_consortium_recommends_by_its_pre_registered_rule(tmp_path):
+    late = [2] * 8 + [4, None]  # out by round 3 in 8 of 10: does not hold
+    runs = (
+        _runs("breastmnist", 3, "label_flip", "distance_cusum", late)
+        + _runs("digits", 3, "label_flip", "distance_cusum", [1] * 10)
+        + _runs("breastmnist", 3, "label_flip", "site_validation", [3] * 9 + [None])
+        + _runs("digits", 3, "label_flip", "site_validation", [2] * 10, honest_banned=2)
+        + _runs("breastmnist", 3, "label_flip", "pid_made", [1] * 10)
+        + _runs("digits", 3, "label_flip", "pid_made", [1] * 10, honest_banned=1)
+        + _runs("breastmnist", 3, "sign_flip", "pid_made", [None] * 10)
+        + _runs("breastmnist", 3, "sign_flip", "distance_cusum", [1] * 10)
+        + _runs("digits", 3, "label_flip", "median", [None] * 10)
+        + _runs("digits", 4, "label_flip", "distance_cusum", late)
+    )
+    # the per-run record is written and read back as the claims read it
+    path = tmp_path / "seeds.csv"
+    small_consortium.write_seed_rows(runs, path)
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows(path))
+    row = next(r for r in rows if (r["dataset"], r["sites"], r["defence"])
+               == ("breastmnist", 3, "distance_cusum") and r["attack"] == "label_flip")  # fmt: skip
+    assert (row["seeds"], row["caught_seeds"], row["caught_by_round_seeds"]) == (10, 9, 8)
+    assert (row["median_round"], row["false_exclusions"], row["honest_banned_seeds"]) == (2, 0, 0)
+    # pid_made holds against the flipper on both datasets (one honest ban is allowed)
+    assert small_consortium.recommended(rows, 3) == {
+        "defence": "pid_made", "holds_on": ["breastmnist", "digits"], "fails_on": [],
     }  # fmt: skip
-    assert small_consortium.recommended(rows) == "catches_all_bans_few"
-    assert small_consortium.recommended({"none": rows["none"]}) == "none"
-    # every cell of the grid: 4 sizes x the filters x the seeds, one flipping share each
-    cells = small_consortium.cells_for(range(1))
-    assert len(cells) == len(small_consortium.SIZES) * len(small_consortium.FILTERS)
-    four = [c for c in cells if c.params.partition.num_clients == 4]
-    assert {c.params.aggregate.name for c in four} == {"median"}
-    assert {round(c.fraction * 4) for c in four} == {1}
+    # without it: a tie on one dataset each, broken by the other attacks' count
+    without = [r for r in rows if r["defence"] != "pid_made"]
+    assert small_consortium.recommended(without, 3) == {
+        "defence": "distance_cusum", "holds_on": ["digits"], "fails_on": ["breastmnist"],
+    }  # fmt: skip
+    # nothing holds at 4 sites: the median alone, every dataset named
+    assert small_consortium.recommended(rows, 4) == {
+        "defence": "median", "holds_on": [], "fails_on": ["digits"],
+    }  # fmt: skip
+
+
+def test_the_small_consortium_grid_is_every_dataset_size_attack_and_defence():
+    from aggregation.registry import list_filters
+
+    # every defence whose filters this checkout registers (site_validation lands apart)
+    defences = tuple(
+        name for name, spec in small_consortium.DEFENCES.items()
+        if all(f["name"] in list_filters() for f in spec)
+    )  # fmt: skip
+    cells = small_consortium.cells_for(range(1), defences)
+    assert len(cells) == (
+        len(small_consortium.DATASETS) * len(small_consortium.SIZES)
+        * len(small_consortium.ATTACKED) * len(defences)
+    )  # fmt: skip
+    ten = [c for c in cells if c.params.partition.num_clients == 10]
+    assert {c.params.aggregate.name for c in ten} == {"median"}
+    assert {round(c.fraction * 10) for c in ten} == {1}
+    assert {c.params.data.dataset for c in ten} == set(small_consortium.DATASETS)
+    # only validation at the sites holds out each site's split (it scores candidates there)
+    held_out = {c.method.split(".")[-1]: c.params.partition.local_test for c in cells}
+    assert held_out == {d: small_consortium.HELD_OUT.get(d, 0.0) for d in defences}
 
 
 def test_the_label_skewed_cnn_regime_is_the_cnn_on_the_logistic_regimes_clients():

@@ -219,6 +219,9 @@ def test_every_family_is_a_whole_generated_table_or_a_declared_list():
     registered = preregistration.load()
     lists = claims.ledger_families(registered)
     for claim in registered:
+        if claim["kind"] not in claims.TEST_KINDS:  # a count or a bound: no family
+            assert "family" not in claim, claim["id"]
+            continue
         family = claim["family"]
         assert family == claims.table_family(claim) or claim in lists[family], claim["id"]
 
@@ -233,3 +236,26 @@ def test_a_ledger_claim_naming_a_list_of_claims_is_refused(tmp_path):
 
     assert "claim C91 names family 'two-drops', a list of claims" in said
     assert claims.load_ledger(written(tmp_path, [FLIPPED | declared, second]), True)
+
+
+def test_a_consortium_claim_counts_the_small_consortiums_runs():
+    """Counted off the committed per-run record: the row's seeds with the attacker out by
+    the rule's round, and those with an honest site banned, against the claim's bounds."""
+    from benchmarks.robustness import small_consortium
+
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows())
+    [row] = [r for r in rows if (r["dataset"], r["sites"], r["attack"], r["defence"])
+             == ("breastmnist", 3, "label_flip", "distance_cusum")]  # fmt: skip
+    caught = row["caught_by_round_seeds"]
+    claim = {"id": "P9", "text": "t", "kind": "consortium", "dataset": "breastmnist",
+             "sites": 3, "attack": "label_flip", "defence": "distance_cusum"}  # fmt: skip
+    assert claims.consortium(claim | {"caught_at_most": caught}).holds
+    assert not claims.consortium(claim | {"caught_at_most": caught - 1}).holds
+    assert not claims.consortium(claim | {"caught_at_least": caught + 1}).holds
+    banned = row["honest_banned_seeds"]
+    bounded = claim | {"caught_at_most": caught, "honest_banned_at_most": banned}
+    assert claims.consortium(bounded).holds
+    assert not claims.consortium(bounded | {"honest_banned_at_most": banned - 1}).holds
+    # a defence the record has not run yet: pending, never judged
+    assert claims.pending(claim | {"defence": "not_run"})
+    assert not claims.pending(claim)

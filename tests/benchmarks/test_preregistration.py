@@ -286,6 +286,22 @@ def test_a_claim_whose_records_exist_is_recomputed_by_the_ledgers_code(tmp_path)
     assert f"- `{records[0]}`: `{CLAIM['command']}`" in table
 
 
+def test_a_claim_is_recomputed_while_another_claims_records_are_pending(tmp_path):
+    """Claims registered later, their records not yet written, leave the earlier claims'
+    verdicts standing (what a sentence may cite): each family is recomputed once its own
+    records exist."""
+    records = ["benchmarks/results/robustness-digits-cnn-seeds.csv"]
+    on_record = CLAIM | {"record": "digits-cnn", "records": records}
+    later = on_record | {"id": "P2", "records": ["benchmarks/results/not-yet-seeds.csv"]}
+    path = preregister(tmp_path, on_record, later)
+
+    assert preregistration.ready(preregistration.load(path)) == {"P1"}
+    assert [v.claim for v in preregistration.verdicts(path)] == ["P1"]
+    table = preregistration.block(path, preregistration.REPO)
+    assert "| P1 | the median keeps a worst case of at least 0.9 | 0.938 " in table
+    assert f"| P2 | {CLAIM['text']} | – | – | records pending |" in table
+
+
 def branch_registering(repo: Path, branch: str, claim: dict, record_name: str) -> None:
     """On ``branch`` (from the current commit): ``claim`` appended and committed, then its
     record committed; back on the main line afterwards."""

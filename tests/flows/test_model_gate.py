@@ -49,6 +49,12 @@ def register_an_older_kind_of_champion(client: MlflowClient) -> str:
     return str(info.registered_model_version)
 
 
+# what a 3-site run with no filter, nobody excluded, says of its defence (the median
+# alone's rows of benchmarks/results/small-consortium-cpu.json: it excludes nobody)
+MEASURED = ("no site excluded; this defence caught 0 of 10 label flippers at 3 sites in our "
+            "measurements (breastmnist)")  # fmt: skip
+
+
 def fedsieve_run(project: Path, prefect_server: str, overrides: list[str]):
     """``fedsieve run --set ...`` in ``project`` (its tracking store, the session's Prefect
     server): its exit code and output."""
@@ -60,10 +66,19 @@ def fedsieve_run(project: Path, prefect_server: str, overrides: list[str]):
     )  # fmt: skip
 
 
-def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(project, prefect_server):
+def test_the_gate_refuses_a_diverged_model_and_keeps_a_better_champion(
+    project, prefect_server, caplog
+):
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     older = register_an_older_kind_of_champion(client)
     good = pipeline_flow(load_params(project / "params.yaml", [*SMALL, "train.rounds=3"]), project)
+    log = caplog.text  # the run's log: what its defence caught, at the start
+    assert (
+        "defence as measured: no filter (measured: the median alone) at 3 sites, one attacking "
+        "site, 5 rounds (benchmarks/results/small-consortium-cpu.json): a label flipper out in "
+        "0 of 10 seeds on breastmnist" in log
+    )
+    assert MEASURED in log  # and at the end, nobody excluded
     [first] = [v for v in client.search_model_versions(f"name='{NAME}'") if str(v.version) != older]
     assert client.get_model_version_by_alias(NAME, "champion").version == first.version
     assert client.get_run(first.run_id).data.tags["gate.champion.reason"] == (
@@ -145,6 +160,8 @@ def card_of(client: MlflowClient, version, results: dict) -> None:
     assert all(sum(s["classes"].values()) == s["samples"] for s in sites)
     assert card["training"]["rule"] == "fedavg" and card["training"]["filters"] == ["none"]
     assert card["training"]["exclusions"]["client_rounds"] == 9
+    assert card["training"]["exclusions"]["measured"] == MEASURED
+    assert client.get_run(version.run_id).data.tags["exclusions"] == MEASURED  # the trail's run
     assert card["performance"]["test"]["auc"] == pytest.approx(results["test_auc"])
     assert {"ece", "brier"} <= set(card["performance"]["test"])
     per_site = card["performance"]["per_site"]  # each site's held-out split, by name
@@ -159,3 +176,4 @@ def card_of(client: MlflowClient, version, results: dict) -> None:
     assert described.startswith(f"# {NAME} version {version.version}")
     assert "| client 0 |" in described
     assert f"| client 0 | {per_site[0]['held_out']} | " in described
+    assert f"{MEASURED[0].upper()}{MEASURED[1:]}." in described

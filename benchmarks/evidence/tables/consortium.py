@@ -1,7 +1,8 @@
-"""A small consortium's defence (benchmarks/robustness/small_consortium.py): which filter, in front of
-the median, takes a label flipper out of a few sites, and what it costs the honest ones.
+"""A small consortium's defence (benchmarks/robustness/small_consortium.py): which
+defence, in front of the median, takes an attacking site out of a few sites, and what it
+costs the honest ones; and the recommendation per size with the datasets behind it.
 
-The table is built from rows of the fields below, read off the record by
+The tables are built from rows of the fields below, read off the record by
 :func:`consortium_rows`: a record that holds ``rows`` of these fields is read as it is,
 and the record written before them (``by_size``, per filter) is read into them."""
 
@@ -9,20 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from benchmarks.evidence.tables.cells import table
 from benchmarks.evidence.tables.records import results_json
 
 RECORD = "small-consortium-cpu"
-# A row: dataset, sites, attack, defence, seeds, caught_seeds (seeds with every flipper
+# A row: dataset, sites, attack, defence, seeds, caught_seeds (seeds with every attacker
 # out), median_round (the round the last was out, median over those seeds),
 # false_exclusions (honest client-rounds excluded, mean over seeds), and where recorded
-# honest_banned_seeds and test_acc_mean
+# caught_by_round_seeds, honest_banned_seeds and test_acc_mean
 FIELDS = ("dataset", "sites", "attack", "defence", "seeds", "caught_seeds", "median_round",
           "false_exclusions")  # fmt: skip
 
 
 def consortium_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's rows, one per (sites, defence), with :data:`FIELDS`."""
+    """The record's rows, one per (dataset, sites, attack, defence), with :data:`FIELDS`."""
     if "rows" in record:
         return list(record["rows"])
     settings = record["settings"]
@@ -41,27 +44,84 @@ def consortium_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def recommendations(record: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The recommendation per size: ``defence``, and where recorded the datasets where it
+    holds against the label flipper (``holds_on``) and where it does not (``fails_on``)."""
+    found = record.get("recommended", {})
+    return {
+        int(sites): choice if isinstance(choice, dict) else {"defence": choice}
+        for sites, choice in found.items()
+    }
+
+
 def small_consortium_block() -> str:
-    """Per size and filter: the seeds with every flipper out, the median round of it, the
-    honest client-rounds excluded and, where recorded, the seeds with an honest site
-    banned and the mean test accuracy; the filter the benchmark's rule recommends marked."""
+    """Per dataset, size, attack and defence: the seeds with the attacker out, those with
+    it out by the rule's round, the median round, the honest client-rounds excluded and,
+    where recorded, the seeds with an honest site banned and the mean test accuracy; the
+    defence the benchmark's rule recommends per size marked."""
     record = results_json(RECORD)
-    recommended = {int(k): v for k, v in record.get("recommended", {}).items()}
+    recommended = {s: c["defence"] for s, c in recommendations(record).items()}
     rows = consortium_rows(record)
-    extra = [key for key in ("honest_banned_seeds", "test_acc_mean") if key in rows[0]]
-    header = ("dataset", "sites", "attack", "filter", "every flipper out (seeds)",
+    by_round = record["settings"].get("by_round")
+    optional = {
+        "caught_by_round_seeds": f"attacker out by round {by_round} (seeds)",
+        "honest_banned_seeds": "seeds with an honest site banned",
+        "test_acc_mean": "test ACC (mean, no interval: the record keeps no seeds)",
+    }
+    extra = [key for key in optional if key in rows[0]]
+    header = ("dataset", "sites", "attack", "defence", "attacker out (seeds)",
               "by round (median)", "honest client-rounds excluded (mean)",
-              *(("seeds with an honest site banned",) if "honest_banned_seeds" in extra else ()),
-              *(("test ACC (mean, no interval: the record keeps no seeds)",)
-                if "test_acc_mean" in extra else ()))  # fmt: skip
+              *(optional[key] for key in extra))  # fmt: skip
     body = []
     for row in rows:
         mark = " (recommended)" if recommended.get(row["sites"]) == row["defence"] else ""
         median = "–" if row["median_round"] is None else f"{row['median_round']:g}"
+        excluded = row["false_exclusions"]
         cells = [row["dataset"], row["sites"], row["attack"], f"{row['defence']}{mark}",
                  f"{row['caught_seeds']} of {row['seeds']}", median,
-                 f"{row['false_exclusions']:.1f}"]  # fmt: skip
-        cells += [str(row["honest_banned_seeds"])] if "honest_banned_seeds" in extra else []
-        cells += [f"{row['test_acc_mean']:.3f}"] if "test_acc_mean" in extra else []
+                 "–" if excluded is None else f"{excluded:.1f}"]  # fmt: skip
+        for key in extra:
+            value = row[key]
+            if key == "test_acc_mean":
+                cells.append("–" if value is None else f"{value:.3f}")
+            elif key == "caught_by_round_seeds":
+                cells.append(f"{value} of {row['seeds']}")
+            else:
+                cells.append(str(value))
         body.append(tuple(cells))
+    return table(header, body)
+
+
+def recommendation_block() -> str:
+    """docs/configuration.md's table: per size, the recommended defence, the datasets its
+    rule saw it hold on against the label flipper and those it did not, and what it did
+    there (out by the rule's round, seeds with an honest site banned), from the rows."""
+    record = results_json(RECORD)
+    rows = consortium_rows(record)
+    by_round = record["settings"].get("by_round")
+    body = []
+    for sites, choice in sorted(recommendations(record).items()):
+        defence = choice["defence"]
+        flipper = [r for r in rows if r["sites"] == sites and r["defence"] == defence
+                   and r["attack"] == "label_flip"]  # fmt: skip
+        measured = "; ".join(
+            f"{r['dataset']}: out by round {by_round} in {r['caught_by_round_seeds']} of "
+            f"{r['seeds']}, an honest site banned in {r['honest_banned_seeds']}"
+            for r in flipper
+            if "caught_by_round_seeds" in r
+        )
+        holds = ", ".join(choice.get("holds_on", [])) or "none"
+        fails = ", ".join(choice.get("fails_on", [])) or "none"
+        spec = record["settings"].get("defences", {}).get(defence)
+        flow = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=1000).strip()
+        use = (
+            "the median alone: `filters: []` (no measured filter holds)"
+            if defence == "median"
+            else f"{defence}: `filters: {flow}`"
+        )
+        held_out = record["settings"].get("held_out", {}).get(defence)
+        use += f", `partition.local_test: {held_out}`" if held_out else ""
+        body.append((sites, use, holds, fails, measured or "–"))
+    header = ("sites", "use (in front of `median`)", "holds against one label flipper on",
+              "does not hold on", "the label flipper, as measured")  # fmt: skip
     return table(header, body)

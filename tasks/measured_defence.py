@@ -1,0 +1,164 @@
+"""What a run's defence caught where it was measured, said by the run itself.
+
+A consortium that reads its trail should know what the configured filters can catch at
+its size: at three sites a distance score may exclude nobody, and "no site excluded"
+then says little. The small consortium's benchmark (benchmarks/robustness/small_consortium.py)
+records, per dataset, size, attack and defence, in how many of its seeds the one
+attacking site was out; its committed record, :data:`RECORD`, is read here (the files
+only: the pipeline does not import the benchmarks). A run's filters are matched to a
+measured defence by building both and comparing every setting, so a filter with one
+setting changed is "not measured", never borrowed from a neighbour's row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggregation.registry import build_filter
+from config.params import Params, population
+from federated.seeding import clients_per_round
+from registry import RegistryError
+
+__all__ = ["RECORD", "Measured", "measured_for", "no_exclusion_sentence", "start_line"]
+
+RECORD = Path(__file__).resolve().parents[1] / "benchmarks/results/small-consortium-cpu.json"
+SHOWN = "benchmarks/results/small-consortium-cpu.json"
+ATTACKS = {"label_flip": "a label flipper", "sign_flip": "a sign flipper", "alie": "ALIE",
+           "backdoor": "a backdoor"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The record's rows for a run: ``defence`` (the record's name for the run's filters,
+    None where no measured defence has them), the measured size nearest to the run's
+    ``run_sites`` (``sites``), those rows, and what the record measured."""
+
+    run_sites: int
+    defence: str | None = None
+    sites: int | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)
+    rounds: int | None = None
+
+
+def load_record(path: Path = RECORD) -> dict[str, Any] | None:
+    """The committed record, or None where this checkout has none (or an older layout
+    without its defences' settings)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if "rows" not in record or "defences" not in record.get("settings", {}):
+        return None
+    return record
+
+
+def _built(specs: list[dict[str, Any]]) -> list[Any] | None:
+    """The filters ``specs`` name, built with every setting, or None where this checkout
+    cannot build one (a filter it does not have)."""
+    try:
+        return [build_filter(s["name"], **{k: v for k, v in s.items() if k != "name"})
+                for s in specs]  # fmt: skip
+    except (RegistryError, TypeError, ValueError):
+        return None
+
+
+def run_sites(params: Params) -> int:
+    """The sites a round scores: what a filter sees."""
+    return clients_per_round(params.train.client_fraction, population(params))
+
+
+def measured_for(params: Params, record: dict[str, Any] | None) -> Measured:
+    """The record's rows for the run's filters at the measured size nearest to its own
+    (ties: the smaller size)."""
+    sites = run_sites(params)
+    if record is None:
+        return Measured(sites)
+    defences: dict[str, list[dict[str, Any]]] = record["settings"]["defences"]
+    known = [name for name in defences if any(r["defence"] == name for r in record["rows"])]
+    mine = [build_filter(f.name, **f.params()) for f in params.filters]
+    defence = next((name for name in known if _built(defences[name]) == mine), None)
+    if defence is None:
+        return Measured(sites, known=known, rounds=record["settings"].get("rounds"))
+    rows = [r for r in record["rows"] if r["defence"] == defence]
+    nearest = min({r["sites"] for r in rows}, key=lambda s: (abs(s - sites), s))
+    return Measured(
+        sites, defence, nearest, [r for r in rows if r["sites"] == nearest], known,
+        record["settings"].get("rounds"),
+    )  # fmt: skip
+
+
+def _where(measured: Measured) -> str:
+    nearest = "" if measured.sites == measured.run_sites else (
+        f" (the measured size nearest to this run's {measured.run_sites})"
+    )  # fmt: skip
+    return f"{measured.sites} sites{nearest}"
+
+
+def _caught(rows: list[dict[str, Any]]) -> str:
+    """``2 of 10 seeds on breastmnist, 10 of 10 on digits``."""
+    parts = [f"{r['caught_seeds']} of {r['seeds']}" + (" seeds" if i == 0 else "")
+             + f" on {r['dataset']}" for i, r in enumerate(rows)]  # fmt: skip
+    return ", ".join(parts)
+
+
+def _name(measured: Measured) -> str:
+    if measured.defence == "median":
+        return "no filter (measured: the median alone)"
+    return f"{measured.defence} (measured in front of the median)"
+
+
+def start_line(params: Params, path: Path = RECORD) -> str:
+    """One line for the run's start: what its filters caught at the measured size nearest
+    to its own, per attack and dataset, or that they were not measured."""
+    record = load_record(path)
+    measured = measured_for(params, record)
+    if record is None:
+        return (
+            f"defence as measured: no record of what filters catch ({SHOWN} not found, or "
+            "written before its rows)"
+        )
+    if measured.defence is None:
+        names = ", ".join(f.name for f in params.filters)
+        return (
+            f"defence as measured: the configured filters ({names}, as set) were not measured "
+            f"({SHOWN} measures {', '.join(measured.known)}); what they catch at "
+            f"{measured.run_sites} sites is unknown"
+        )
+    attacks = [a for a in ATTACKS if any(r["attack"] == a for r in measured.rows)]
+    caught = "; ".join(
+        f"{ATTACKS[a]} out in {_caught([r for r in measured.rows if r['attack'] == a])}"
+        for a in attacks
+    )
+    return (
+        f"defence as measured: {_name(measured)} at {_where(measured)}, one attacking site, "
+        f"{measured.rounds} rounds ({SHOWN}): {caught}"
+    )
+
+
+def no_exclusion_sentence(params: Params, path: Path = RECORD) -> str:
+    """What the trail and the card say when no site was excluded: how many label flippers
+    this defence caught at the measured size nearest to the run's (on the run's dataset
+    where it was measured, else on each measured dataset)."""
+    measured = measured_for(params, load_record(path))
+    flippers = [r for r in measured.rows if r["attack"] == "label_flip"]
+    if not flippers:
+        return (
+            "no site excluded; this defence was not measured against a label flipper in our "
+            f"measurements ({SHOWN})"
+        )
+    own = [r for r in flippers if r["dataset"] == params.data.dataset]
+    if own:
+        row = own[0]
+        return (
+            f"no site excluded; this defence caught {row['caught_seeds']} of {row['seeds']} "
+            f"label flippers at {_where(measured)} in our measurements ({row['dataset']})"
+        )
+    each = ", ".join(f"{r['caught_seeds']} of {r['seeds']} ({r['dataset']})" for r in flippers)
+    return (
+        f"no site excluded; this defence caught {each} label flippers at {_where(measured)} "
+        "in our measurements"
+    )
