@@ -35,7 +35,7 @@ from federated.attacks import (
     client_seed,
 )
 from federated.backdoor_eval import triggered_test_set
-from federated.checkpoint import save_checkpoint
+from federated.checkpoint import save_checkpoint, stale_checkpoint
 from federated.client import ClientData
 from federated.data import MedMNISTData, to_tensors
 from federated.driver import SHOWN, RunDriver
@@ -338,14 +338,13 @@ def train_rounds(federation: Federation, state: ServerState, rounds: int) -> Ser
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
 def load_checkpoint(path: Path, digest: str) -> dict[str, Any] | None:
-    """The checkpoint at ``path`` if it was written under params hash ``digest``."""
+    """The checkpoint at ``path`` if it was written under params hash ``digest`` by this
+    code."""
     if not path.exists():
         return None
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if checkpoint["params_hash"] != digest:
-        get_run_logger().info(
-            "checkpoint is for other params (hash %s); starting afresh", checkpoint["params_hash"]
-        )
+    if (stale := stale_checkpoint(checkpoint, digest)) is not None:
+        get_run_logger().info("%s; starting afresh", stale)
         return None
     get_run_logger().info(
         "resuming from the checkpoint after round %d", checkpoint["state"]["round"]
