@@ -359,7 +359,9 @@ def _check_one_series(datasets: list[Any], files: list[Path]) -> None:
                 "one frame a file: list the multi-frame file as a row of its own"
             )
     if len(series) > 1:
-        parts = [f"{uid or '(none)'}: {len(names)} files" for uid, names in series.items()]
+        parts = [
+            f"{uid or '(none)'}: {_count(len(names), 'file')}" for uid, names in series.items()
+        ]
         raise VolumeFileError(
             f"{len(series)} series share the folder ({'; '.join(parts[:3])}); put each "
             "series in a folder of its own, one row each"
@@ -579,7 +581,7 @@ def _even_step(along: np.ndarray, ordered: list[Slice], tolerance: float, unit: 
         raise VolumeFileError(
             f"{unit}s missing or unevenly spaced: {steps[index]:.2f} mm between "
             f"{ordered[index].name} and {ordered[index + 1].name}, {median:.2f} mm between "
-            f"the others ({strays.size} such gaps; tolerance {tolerance:.0%}); export the whole "
+            f"the others ({_count(strays.size, 'such gap')}; tolerance {tolerance:.0%}); export the whole "
             "series again"
         )
     return median
@@ -604,6 +606,10 @@ def _dicom_policy(
     except ImageFileError as error:
         raise VolumeFileError(str(error).replace("a DICOM without", "a series without")) from None
     return np.asarray(transformed, dtype=np.float32), bounds
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _cosines(orientation: np.ndarray) -> str:
