@@ -62,7 +62,7 @@ TABLE = "labels.csv"
 SPLIT_NAMES = ("train", "val", "test")
 HOLDOUT = {"val": 0.1, "test": 0.2}  # a table without a split column, split seeded
 PARALLEL_FROM = 256  # files: a smaller folder decodes faster than processes start
-VOLUMES_PARALLEL_FROM = 8  # volumes: each is tens of slices (and imports torch to resample)
+VOLUMES_PARALLEL_FROM = 32  # volumes: a worker starts in seconds (torch resamples)
 CHUNK = 32  # files a worker decodes per message
 
 
