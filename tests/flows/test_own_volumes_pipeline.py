@@ -20,6 +20,7 @@ from config.errors import ConfigError
 from config.params import load_params
 from federated.data import Split, load_medmnist
 from federated.volume_writers import write_volume_folder
+from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
 
@@ -59,6 +60,7 @@ def test_own_volumes_in_three_forms_partition_and_train_on_the_3d_cnn(
             "model.name=small_cnn3d",
             "tracking.register_model=false",
             "partition.num_clients=3",
+            "partition.min_samples=4",
             "train.rounds=2",
             "train.local_epochs=1",
             "train.batch_size=4",
@@ -66,12 +68,14 @@ def test_own_volumes_in_three_forms_partition_and_train_on_the_3d_cnn(
     )
 
     partition_flow(params, project)
-    metrics = train_flow(params, project)
+    trained = train_flow(params, project)
+    metrics = evaluate_flow(params, project)
 
-    assert metrics["rounds"] == 2 and 0 <= metrics["test_acc"] <= 1
+    assert trained["rounds"] == 2 and 0 <= metrics["test_acc"] <= 1
+    assert 0 <= metrics["test_auc"] <= 1
     partition = json.loads((project / "reports" / "partition.json").read_text())
     assert partition["dataset"] == "adrenal-ct" and len(partition["data_sha256"]) == 64
-    assert partition["total"] == SUBSET["train"]
+    assert partition["total"] + partition["local_test_total"] == SUBSET["train"]
     state = torch.load(project / "artifacts" / "model" / "model.pt", weights_only=True)
     assert state["features.0.weight"].shape[2:] == (3, 3, 3)  # a 3-D kernel
 
