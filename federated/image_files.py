@@ -53,6 +53,7 @@ __all__ = [
     "decode_or_refuse",
     "one_line",
     "pixel_array",
+    "refusal_as_line",
     "scaled_to_bytes",
     "suffix_of_content",
     "value_policy",
@@ -130,8 +131,14 @@ def decode_or_refuse(
 ) -> DecodedImage | str:
     """:func:`decode_file`, a refusal returned as its one line (what a worker process
     sends back, so one bad file does not stop the others)."""
+    return refusal_as_line(decode_file, file, schema, by_content=by_content)
+
+
+def refusal_as_line(decode: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``decode(*args, **kwargs)``, or the one line of its refusal (an
+    :class:`ImageFileError`, or an ``OSError`` for a file that cannot be opened)."""
     try:
-        return decode_file(file, schema, by_content=by_content)
+        return decode(*args, **kwargs)
     except ImageFileError as error:
         return str(error)
     except OSError as error:

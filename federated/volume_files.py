@@ -52,6 +52,7 @@ from federated.image_files import (
     ImageSchema,
     one_line,
     pixel_array,
+    refusal_as_line,
     scaled_to_bytes,
     value_policy,
 )
@@ -163,12 +164,7 @@ def decode_volume_or_refuse(
 ) -> DecodedVolume | str:
     """:func:`decode_volume`, a refusal returned as its one line (what a worker process
     sends back, so one bad volume does not stop the others)."""
-    try:
-        return decode_volume(path, schema, by_content=by_content)
-    except ImageFileError as error:
-        return str(error)
-    except OSError as error:
-        return str(error.strerror or error)
+    return refusal_as_line(decode_volume, path, schema, by_content=by_content)
 
 
 def volume_stamp(path: Path) -> tuple[int, int]:
