@@ -64,6 +64,7 @@ __all__ = [
     "VolumeFileError",
     "VolumeSchema",
     "decode_volume",
+    "decode_volume_bytes",
     "decode_volume_or_refuse",
     "volume_stamp",
 ]
@@ -149,11 +150,25 @@ def decode_volume(
     path = Path(path)
     if path.is_dir():
         stack, sha256 = _read_series(path, schema)
-    else:
-        raw = path.read_bytes()
-        kind = _kind_of_content(raw) if by_content else _kind_of_name(path.name)
-        sha256 = hashlib.sha256(raw).hexdigest()
-        stack = _read_nifti(raw, schema) if kind == "nifti" else _read_multiframe(raw, schema)
+        return _in_schema(stack, schema, sha256)
+    raw = path.read_bytes()
+    kind = _kind_of_content(raw) if by_content else _kind_of_name(path.name)
+    return _in_schema(_read_file(raw, kind, schema), schema, hashlib.sha256(raw).hexdigest())
+
+
+def decode_volume_bytes(raw: bytes, schema: VolumeSchema) -> DecodedVolume:
+    """A NIfTI's or a multi-frame DICOM's bytes (told apart by their content: what a
+    served model is sent) in ``schema``, as :func:`decode_volume` reads the file."""
+    kind = _kind_of_content(raw)
+    return _in_schema(_read_file(raw, kind, schema), schema, hashlib.sha256(raw).hexdigest())
+
+
+def _read_file(raw: bytes, kind: str, schema: VolumeSchema) -> Stack:
+    return _read_nifti(raw, schema) if kind == "nifti" else _read_multiframe(raw, schema)
+
+
+def _in_schema(stack: Stack, schema: VolumeSchema, sha256: str) -> DecodedVolume:
+    """A volume as read, turned to RAS+ and resampled into the schema."""
     voxels, spacing = _canonical(stack.values, stack.affine)
     pixels = _resampled(voxels, spacing, schema, stack.bounds)
     return DecodedVolume(pixels, voxels.shape, spacing, sha256)

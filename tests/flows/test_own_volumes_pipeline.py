@@ -1,13 +1,15 @@
 """A consortium's own volumes through the pipeline: real AdrenalMNIST3D volumes written as
 hospitals store them (NIfTI files, DICOM series folders, enhanced multi-frame DICOM files)
 and a label table, partitioned across three clients and trained on the small 3-D CNN;
-the partition records the data's fingerprint and a later stage that finds a slice
-changed refuses in one line.
+the partition records the data's fingerprint, ``fedsieve predict`` reads a new series
+folder, NIfTI and multi-frame file with the reader training used, and a later stage that
+finds a slice changed refuses in one line.
 
 Lean on CI's two cores: 30 volumes, every second voxel of the official 64³ (32³)."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -16,13 +18,17 @@ import pytest
 import torch
 from pydicom import dcmread
 
+from config.dataset import dataset_info_of
 from config.errors import ConfigError
 from config.params import load_params
 from federated.data import Split, load_medmnist
+from federated.inference import save_classifier
 from federated.volume_writers import write_volume_folder
+from fedsieve.cli import main
 from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
+from models import build_model
 
 pytestmark = pytest.mark.e2e
 SUBSET = {"train": 18, "val": 6, "test": 6}  # volumes per split, both classes in each
@@ -44,8 +50,13 @@ def own_volumes(adrenal_root: Path, folder: Path) -> tuple[str, ...]:
     return official.info.labels
 
 
-def test_own_volumes_in_three_forms_partition_and_train_on_the_3d_cnn(
-    project: Path, prefect_server: str, adrenal_root: Path
+def test_own_volumes_in_three_forms_partition_train_and_are_predicted(
+    project: Path,
+    prefect_server: str,
+    adrenal_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     folder = project / "adrenal-ct"
     classes = own_volumes(adrenal_root, folder)
@@ -78,6 +89,20 @@ def test_own_volumes_in_three_forms_partition_and_train_on_the_3d_cnn(
     assert partition["total"] + partition["local_test_total"] == SUBSET["train"]
     state = torch.load(project / "artifacts" / "model" / "model.pt", weights_only=True)
     assert state["features.0.weight"].shape[2:] == (3, 3, 3)  # a 3-D kernel
+
+    # fedsieve predict reads a series folder, a NIfTI and a multi-frame file as training did
+    classifier = tmp_path / "classifier"
+    model = build_model("small_cnn3d", in_channels=1, num_classes=2, image_size=32)
+    model.load_state_dict(state)
+    save_classifier(classifier, model, "small_cnn3d", dataset_info_of(params.data))
+    new = [folder / "test" / name for name in ("00000.nii.gz", "00001", "00002.dcm")]
+    monkeypatch.chdir(project)
+    code = main(["predict", "--model", str(classifier), "--out", "p.csv", *map(str, new)])
+    with (project / "p.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert code == 0 and "3 volumes predicted by classifier" in capsys.readouterr().out
+    assert [row["file"] for row in rows] == list(map(str, new))
+    assert all(row["class"] in classes and not row["error"] for row in rows)
 
     slice_file = folder / "train" / "00001" / "0010.dcm"  # one slice of a series folder
     dataset = dcmread(slice_file)
