@@ -7,6 +7,11 @@ dataset's declared schema by :mod:`federated.image_files` (channels, size, the i
 policy), stored as uint8 like MedMNIST and normalised when it becomes a tensor
 (``(x / 255 - mean) / std``).
 
+With a volume schema (``DatasetInfo.spatial_dims`` 3) a row names one volume instead: a
+NIfTI file, a multi-frame DICOM or a folder holding one DICOM series, read by
+:mod:`federated.volume_files` into uint8 ``(S, S, S)``; a series folder's digest covers
+every slice file.
+
 A label is a class name of the schema or its index; a multi-label row lists them joined
 by ``;`` (an empty cell: no label). Anything that cannot be read is named in one line
 (:class:`~federated.data.DataError`): the table row, the file and why.
