@@ -769,6 +769,16 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
         ]
     if params.train.backend == "sequential" and params.train.max_parallel is not None:
         ignored.append(("train.max_parallel", "train.backend is sequential"))
+    own = params.data.own
+    if own is not None and own.spatial_dims == 2:
+        ignored += [
+            (f"data.own.{key}", "data.own.spatial_dims is 2 (images: no slices to space)")
+            for key in sorted(own.model_fields_set & {"spacing", "slice_tolerance"})
+        ]
+    elif own is not None and "resample" in own.model_fields_set:
+        ignored.append(
+            ("data.own.resample", "volumes are resampled as data.own.spacing says (trilinear)")
+        )
     return ignored
 
 

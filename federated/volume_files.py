@@ -616,7 +616,10 @@ def _dicom_policy(
         )
     except ImageFileError as error:
         raise VolumeFileError(str(error).replace("a DICOM without", "a series without")) from None
-    return np.asarray(transformed, dtype=np.float32), bounds
+    transformed = np.asarray(transformed, dtype=np.float32)
+    if str(dataset.get("PhotometricInterpretation", "")) == "MONOCHROME1":  # low is bright
+        return -transformed, (-bounds[1], -bounds[0])
+    return transformed, bounds
 
 
 def _count(count: int, noun: str) -> str:

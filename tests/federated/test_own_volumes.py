@@ -140,6 +140,8 @@ def test_a_row_that_is_not_a_volume_is_named_with_its_row(folder: Path, tmp_path
         (["data.own.spatial_dims=3", "data.own.spacing=nearest"], "data.own.spacing"),
         (["data.own.spatial_dims=3", "data.own.slice_tolerance=2"], "slice_tolerance"),
         (["data.own.spatial_dims=3", "model.name=small_cnn"], "allowed: "),
+        (["data.own.spatial_dims=3", "data.own.resample=bicubic"], "data.own.resample"),
+        (["model.name=small_cnn", "data.own.spacing=stretch"], "spatial_dims is 2"),
     ],
 )
 def test_a_volume_schema_that_cannot_hold_is_refused_in_one_line(

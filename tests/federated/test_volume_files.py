@@ -139,6 +139,23 @@ def test_a_series_with_its_own_window_and_each_policy(stored: np.ndarray, tmp_pa
     assert (clipped[hu <= low] == 0).all() and (clipped[hu >= high] == 255).all()
 
 
+def test_a_monochrome1_series_is_inverted_as_a_monochrome1_image(
+    stored: np.ndarray, tmp_path: Path
+) -> None:
+    cube = stored[:, :8, :8]
+    as_read = VolumeSchema(size=8, spacing="stretch")
+    normal = decode_volume(write_series(tmp_path / "m2", cube, SPACING), as_read)
+    folder = write_series(tmp_path / "m1", cube, SPACING)
+    for file in folder.iterdir():
+        dataset = dcmread(file)
+        dataset.PhotometricInterpretation = "MONOCHROME1"  # low values are bright
+        dataset.save_as(file)
+
+    inverted = decode_volume(folder, as_read)
+
+    np.testing.assert_array_equal(inverted.pixels, 255 - normal.pixels)
+
+
 def test_pydicoms_rt_dose_reads_alike_in_three_encodings_and_in_gray() -> None:
     readings = [
         decode_volume(shipped(name), VolumeSchema(size=16, spacing="stretch"))
