@@ -39,6 +39,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ SPACING_POLICIES = ("isotropic", "stretch")
 VOLUME_READER_VERSION = "1"  # bump when reading changes what a volume becomes
 ORIENTATION_TOLERANCE = 1e-3  # direction cosines that differ by less are one orientation
 GZIP_MAGIC = b"\x1f\x8b"
+ZIP_MAGIC = b"PK\x03\x04"
+ZIP_LIMIT = 4 << 30  # bytes a zipped series may unpack to
 
 
 class VolumeFileError(ImageFileError):
@@ -157,13 +160,16 @@ def decode_volume(
 
 
 def decode_volume_bytes(raw: bytes, schema: VolumeSchema) -> DecodedVolume:
-    """A NIfTI's or a multi-frame DICOM's bytes (told apart by their content: what a
-    served model is sent) in ``schema``, as :func:`decode_volume` reads the file."""
+    """A NIfTI's, a multi-frame DICOM's or a zipped series' bytes (told apart by their
+    content: what a served model is sent) in ``schema``, as :func:`decode_volume` reads
+    the file or the folder."""
     kind = _kind_of_content(raw)
     return _in_schema(_read_file(raw, kind, schema), schema, hashlib.sha256(raw).hexdigest())
 
 
 def _read_file(raw: bytes, kind: str, schema: VolumeSchema) -> Stack:
+    if kind == "zip":
+        return _read_zipped_series(raw, schema)[0]
     return _read_nifti(raw, schema) if kind == "nifti" else _read_multiframe(raw, schema)
 
 
@@ -208,9 +214,20 @@ def _kind_of_name(name: str) -> str:
 
 
 def _kind_of_content(raw: bytes) -> str:
-    """``dicom`` for a DICOM file's bytes (``DICM`` after the preamble), else ``nifti``."""
+    """What a volume's bytes hold: ``dicom`` (``DICM`` after the preamble), ``zip`` (a
+    series), ``nifti`` (gzip, or a NIfTI-1 or NIfTI-2 header); anything else refused."""
     offset, magic = DICOM_MAGIC
-    return "dicom" if raw[offset : offset + len(magic)] == magic else "nifti"
+    if raw[offset : offset + len(magic)] == magic:
+        return "dicom"
+    if raw[:4] == ZIP_MAGIC:
+        return "zip"
+    sizes = {int.from_bytes(raw[:4], order) for order in ("little", "big")}
+    if raw[:2] == GZIP_MAGIC or sizes & {348, 540}:
+        return "nifti"
+    raise VolumeFileError(
+        "not a volume: neither a NIfTI (.nii, .nii.gz), a DICOM (multi-frame) nor a zip of "
+        "one DICOM series; send one of those"
+    )
 
 
 # NIfTI
@@ -329,44 +346,72 @@ def _series_files(folder: Path) -> list[Path]:
 def _read_series(folder: Path, schema: VolumeSchema) -> tuple[Stack, str]:
     """A folder of single-frame DICOM files, one series, as one volume, and the SHA-256 of
     every file's name and SHA-256."""
-    from pydicom import dcmread
-    from pydicom.errors import InvalidDicomError
-
     files = _series_files(folder)
     if not files:
         raise VolumeFileError("an empty folder; a series folder holds one DICOM file a slice")
+    return _series_of_files([(file.name, file.read_bytes()) for file in files], schema)
+
+
+def _read_zipped_series(raw: bytes, schema: VolumeSchema) -> tuple[Stack, str]:
+    """A zip of one series' files (folders inside it flattened; hidden files and macOS's
+    ``__MACOSX`` skipped), read as a series folder."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            members = [
+                m for m in archive.infolist()
+                if not m.is_dir() and not any(
+                    part.startswith((".", "__MACOSX")) for part in Path(m.filename).parts
+                )
+            ]  # fmt: skip
+            if sum(m.file_size for m in members) > ZIP_LIMIT:
+                raise VolumeFileError(
+                    f"a zip that unpacks to more than {ZIP_LIMIT >> 30} GiB; send one series"
+                )
+            named = sorted((m.filename, archive.read(m)) for m in members)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as error:
+        raise VolumeFileError(
+            f"not a readable zip of a series ({one_line(error)}); zip the series' folder again"
+        ) from None
+    if not named:
+        raise VolumeFileError("an empty zip; zip the folder holding one DICOM series")
+    return _series_of_files(named, schema)
+
+
+def _series_of_files(named: list[tuple[str, bytes]], schema: VolumeSchema) -> tuple[Stack, str]:
+    """One series' files (name, bytes) in name order, as one volume, and the SHA-256 of
+    every file's name and SHA-256."""
+    from pydicom import dcmread
+    from pydicom.errors import InvalidDicomError
+
     digest = hashlib.sha256()
     datasets = []
-    for file in files:
-        raw = file.read_bytes()
-        digest.update(file.name.encode() + b"\0" + hashlib.sha256(raw).digest())
+    for name, raw in named:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(raw).digest())
         try:
             datasets.append(dcmread(io.BytesIO(raw)))
         except InvalidDicomError:
             raise VolumeFileError(
-                f"{file.name} in the series folder is not a DICOM file; keep only the "
-                "series' slices in its folder"
+                f"{name} in the series folder is not a DICOM file; keep only the series' "
+                "slices in its folder"
             ) from None
         except Exception as error:
             raise VolumeFileError(
-                f"{file.name} is not a readable DICOM file ({one_line(error)}); export the "
-                "series again"
+                f"{name} is not a readable DICOM file ({one_line(error)}); export the series again"
             ) from None
-    _check_one_series(datasets, files)
-    slices = [
-        _series_slice(dataset, file.name) for dataset, file in zip(datasets, files, strict=True)
-    ]
+    names = [name for name, _ in named]
+    _check_one_series(datasets, names)
+    slices = [_series_slice(dataset, name) for dataset, name in zip(datasets, names, strict=True)]
     return _stack(slices, schema, "slice"), digest.hexdigest()
 
 
-def _check_one_series(datasets: list[Any], files: list[Path]) -> None:
+def _check_one_series(datasets: list[Any], names: list[str]) -> None:
     """Refuse a folder of two series (each named with its count), or a multi-frame file."""
     series: dict[str, list[str]] = {}
-    for dataset, file in zip(datasets, files, strict=True):
-        series.setdefault(str(dataset.get("SeriesInstanceUID", "")), []).append(file.name)
+    for dataset, name in zip(datasets, names, strict=True):
+        series.setdefault(str(dataset.get("SeriesInstanceUID", "")), []).append(name)
         if int(dataset.get("NumberOfFrames", 1) or 1) > 1:
             raise VolumeFileError(
-                f"{file.name} is a multi-frame file in a series folder; a series folder holds "
+                f"{name} is a multi-frame file in a series folder; a series folder holds "
                 "one frame a file: list the multi-frame file as a row of its own"
             )
     if len(series) > 1:

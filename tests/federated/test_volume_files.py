@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 
 import nibabel
@@ -25,7 +26,12 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from federated.volume_files import VolumeFileError, VolumeSchema, decode_volume
+from federated.volume_files import (
+    VolumeFileError,
+    VolumeSchema,
+    decode_volume,
+    decode_volume_bytes,
+)
 from federated.volume_writers import write_multiframe, write_nifti, write_series
 
 NIBABEL_DATA = Path(nibabel.__file__).parent / "tests" / "data"
@@ -295,6 +301,31 @@ def test_each_broken_volume_is_refused_in_one_line_with_cause_and_remedy(
 
     line = str(refused.value)
     assert cause in line and remedy in line and "\n" not in line, line
+
+
+def test_what_a_served_model_is_sent_reads_as_the_files(stored: np.ndarray, tmp_path: Path) -> None:
+    schema = VolumeSchema(size=32)
+    folder = write_series(tmp_path / "series", stored, SPACING)
+    zipped = tmp_path / "series.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for file in sorted(folder.iterdir()):
+            archive.write(file, f"export/series/{file.name}")
+        archive.writestr("__MACOSX/export/._0000.dcm", b"resource fork")
+    nifti = write_nifti(tmp_path / "scan.nii.gz", stored, SPACING)
+    multiframe = write_multiframe(tmp_path / "scan.dcm", stored, SPACING)
+    expected = decode_volume(folder, schema).pixels
+
+    for path in (zipped, nifti, multiframe):
+        np.testing.assert_array_equal(
+            decode_volume_bytes(path.read_bytes(), schema).pixels, expected
+        )
+    np.testing.assert_array_equal(decode_volume(zipped, schema, by_content=True).pixels, expected)
+    with pytest.raises(VolumeFileError) as refused:
+        decode_volume_bytes(b"\x89PNG\r\n\x1a\n" + bytes(400), schema)
+    assert str(refused.value) == (
+        "not a volume: neither a NIfTI (.nii, .nii.gz), a DICOM (multi-frame) nor a zip of one "
+        "DICOM series; send one of those"
+    )
 
 
 def test_a_schema_that_cannot_hold_is_refused() -> None:
