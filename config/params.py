@@ -824,14 +824,6 @@ def volume_unsupported(params: Params) -> list[tuple[str, str]]:
     if not params.volumes:
         return []
     refused = []
-    if params.tracking.register_model:
-        refused.append(
-            (
-                "tracking.register_model",
-                "must be false: the served model reads 2-D image files (PNG, JPEG, DICOM "
-                "frames), not volumes",
-            )
-        )
     if params.federation.runtime == "flower":
         refused.append(
             (

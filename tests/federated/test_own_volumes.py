@@ -28,7 +28,7 @@ def schema(size: int = SIZE, **own: object) -> DatasetInfo:
     data = {"dataset": "adrenal-ct", "size": size, "own": declared | {"spatial_dims": 3} | own}
     return dataset_info_of(
         validate_params(
-            {"data": data, "model": {"name": "small_cnn3d"}, "tracking": {"register_model": False}},
+            {"data": data, "model": {"name": "small_cnn3d"}},
             "t",
         ).data
     )
@@ -149,7 +149,6 @@ def test_a_volume_schema_that_cannot_hold_is_refused_in_one_line(
 ) -> None:
     own = ["data.dataset=adrenal-ct", "data.own={path: x, task: binary-class, classes: [a, b]}"]
     model = [] if any(o.startswith("model.") for o in overrides) else ["model.name=small_cnn3d"]
-    model.append("tracking.register_model=false")
 
     with pytest.raises(ConfigError) as refused:
         load_params(project / "params.yaml", [*own, *model, *overrides])

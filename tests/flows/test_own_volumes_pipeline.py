@@ -3,25 +3,33 @@ hospitals store them (NIfTI files, DICOM series folders, enhanced multi-frame DI
 and a label table, partitioned across three clients and trained on the small 3-D CNN;
 the partition records the data's fingerprint, ``fedsieve predict`` reads a new series
 folder, NIfTI and multi-frame file with the reader training used, and a later stage that
-finds a slice changed refuses in one line.
+finds a slice changed refuses in one line. Registered as a run registers it, the served
+model answers a NIfTI's, a zipped series' and a multi-frame file's bytes as ``predict``
+read the files, and anything else with a 400 and one reason.
 
 Lean on CI's two cores: 30 volumes, every second voxel of the official 64³ (32³)."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import zipfile
 from pathlib import Path
+from typing import Any
 
+import mlflow.pyfunc
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from mlflow.exceptions import MlflowException
 from pydicom import dcmread
 
 from config.dataset import dataset_info_of
 from config.errors import ConfigError
 from config.params import load_params
-from federated.data import Split, load_medmnist
+from federated.data import DatasetInfo, Split, load_medmnist
 from federated.inference import save_classifier
 from federated.volume_writers import write_volume_folder
 from fedsieve.cli import main
@@ -29,6 +37,7 @@ from flows.evaluate import evaluate_flow
 from flows.partition import partition_flow
 from flows.train import train_flow
 from models import build_model
+from tasks.tracking import Tracker, fluent_tracking_at
 
 pytestmark = pytest.mark.e2e
 SUBSET = {"train": 18, "val": 6, "test": 6}  # volumes per split, both classes in each
@@ -50,6 +59,19 @@ def own_volumes(adrenal_root: Path, folder: Path) -> tuple[str, ...]:
     return official.info.labels
 
 
+def registered_model(root: Path, classifier: Path, info: DatasetInfo) -> Any:
+    """``classifier`` logged and registered in a store under ``root`` as a run does it,
+    loaded back as the pyfunc model ``mlflow models serve`` serves."""
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    tracker = Tracker("own-volumes", uri)
+    tracker.start(run_id=None, run_name="volumes", tags={})
+    version = tracker.log_model(classifier, info, registered_name="fedsieve-adrenal-ct")
+    tracker.end()
+    assert version is not None, tracker.failed
+    with fluent_tracking_at(uri):
+        return mlflow.pyfunc.load_model(f"models:/fedsieve-adrenal-ct/{version}")
+
+
 def test_own_volumes_in_three_forms_partition_train_and_are_predicted(
     project: Path,
     prefect_server: str,
@@ -69,7 +91,7 @@ def test_own_volumes_in_three_forms_partition_train_and_are_predicted(
             f"data.own={json.dumps(own)}",
             "data.size=32",
             "model.name=small_cnn3d",
-            "tracking.register_model=false",
+            "tracking.register_model=false",  # the gate would refuse 2 rounds: registered below
             "partition.num_clients=3",
             "partition.min_samples=4",
             "train.rounds=2",
@@ -103,6 +125,20 @@ def test_own_volumes_in_three_forms_partition_train_and_are_predicted(
     assert code == 0 and "3 volumes predicted by classifier" in capsys.readouterr().out
     assert [row["file"] for row in rows] == list(map(str, new))
     assert all(row["class"] in classes and not row["error"] for row in rows)
+
+    # registered as a run registers it, the served model takes a volume's bytes
+    served = registered_model(tmp_path, classifier, dataset_info_of(params.data))
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for file in sorted(new[1].iterdir()):
+            archive.write(file, f"series/{file.name}")
+    bodies = [new[0].read_bytes(), zipped.getvalue(), new[2].read_bytes()]
+    answered = served.predict(pd.DataFrame({"image": bodies}))
+    assert list(answered["class"]) == [row["class"] for row in rows]  # as predict read them
+    with pytest.raises(MlflowException) as refused:
+        served.predict(pd.DataFrame({"image": [b"\x89PNG\r\n\x1a\n" + bytes(400)]}))
+    assert refused.value.get_http_status_code() == 400
+    assert str(refused.value.message).startswith("volume 1 of 1: not a volume: neither a NIfTI")
 
     slice_file = folder / "train" / "00001" / "0010.dcm"  # one slice of a series folder
     dataset = dcmread(slice_file)
