@@ -107,7 +107,7 @@ def _default_model(params_file: Path) -> str:
 def _items(paths: list[Path], volumes: bool = False) -> list[Item]:
     """Every image the paths name, in order: a label table's rows, a folder's table (or
     its image files, sorted), single files. For a volume model a folder without a table
-    is one series."""
+    holds volumes, or is one series (:func:`_volumes_in`)."""
     from federated.image_files import DICOM_SUFFIXES, IMAGE_SUFFIXES
 
     items: list[Item] = []
@@ -116,7 +116,7 @@ def _items(paths: list[Path], volumes: bool = False) -> list[Item]:
         if table.suffix == ".csv" and table.is_file():
             items += _table_items(table)
         elif path.is_dir() and volumes:
-            items.append(Item(path, str(path)))
+            items += [Item(volume, str(volume)) for volume in _volumes_in(path)]
         elif path.is_dir():
             suffixes = IMAGE_SUFFIXES + DICOM_SUFFIXES
             found = sorted(f for f in path.rglob("*") if f.suffix.lower() in suffixes)
@@ -128,6 +128,19 @@ def _items(paths: list[Path], volumes: bool = False) -> list[Item]:
     if not items:
         raise OpsError(f"no image files in {', '.join(map(str, paths))}")
     return items
+
+
+def _volumes_in(folder: Path) -> list[Path]:
+    """What a folder given to a volume model holds: its NIfTI files, DICOM files and
+    folders (each a volume) when it holds a NIfTI file or a folder; else it is one series."""
+    from federated.image_files import DICOM_SUFFIXES
+    from federated.volume_files import NIFTI_SUFFIXES
+
+    entries = sorted(entry for entry in folder.iterdir() if not entry.name.startswith("."))
+    if not any(e.is_dir() or e.name.lower().endswith(NIFTI_SUFFIXES) for e in entries):
+        return [folder]  # one series: a file a slice
+    suffixes = NIFTI_SUFFIXES + DICOM_SUFFIXES
+    return [e for e in entries if e.is_dir() or e.name.lower().endswith(suffixes)]
 
 
 def _table_items(table: Path) -> list[Item]:
