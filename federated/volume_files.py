@@ -595,6 +595,12 @@ def _stack(slices: list[Slice], schema: VolumeSchema, unit: str) -> Stack:
                 f"{first.name} along {_cosines(first.orientation)}; a volume has one "
                 "orientation: move the other plane's slices (a localizer?) out of the series"
             )
+        if not np.allclose(other.spacing, first.spacing, rtol=1e-3):
+            raise VolumeFileError(
+                f"{other.name} has pixels of {_mm(other.spacing)}, {first.name} of "
+                f"{_mm(first.spacing)}; a volume's {unit}s share one pixel spacing: remove "
+                f"the odd {unit} or export the series again"
+            )
         if other.pixels.shape != first.pixels.shape:
             raise VolumeFileError(
                 f"{other.name} is {_size(other.pixels)} pixels, {first.name} "
@@ -673,6 +679,10 @@ def _count(count: int, noun: str) -> str:
 
 def _cosines(orientation: np.ndarray) -> str:
     return "[" + ", ".join(f"{value:.3g}" for value in orientation) + "]"
+
+
+def _mm(spacing: tuple[float, float]) -> str:
+    return "x".join(f"{value:g}" for value in spacing) + " mm"
 
 
 def _size(pixels: np.ndarray) -> str:

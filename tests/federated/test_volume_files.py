@@ -235,6 +235,10 @@ def write_broken(kind: str, stored: np.ndarray, root: Path) -> Path:
         dataset.SeriesInstanceUID = dcmread(files[0]).SeriesInstanceUID
         dataset.ImagePositionPatient = [0.0, 0.0, 2 * SPACING[0]]
         dataset.save_as(files[2])
+    elif kind == "pixel spacing":
+        dataset = dcmread(files[6])
+        dataset.PixelSpacing = [0.8, 0.8]
+        dataset.save_as(files[6])
     elif kind == "single slice":
         for file in files[1:]:
             file.unlink()
@@ -278,6 +282,7 @@ def write_broken(kind: str, stored: np.ndarray, root: Path) -> Path:
         ("two series", "2 series share the folder", "put each series in a folder of its own"),
         ("orientations", "orientations disagree", "move the other plane's slices"),
         ("slice size", "0002.dcm is 32x32 pixels, 0000.dcm 64x64", "remove the odd slice"),
+        ("pixel spacing", "0006.dcm has pixels of 0.8x0.8 mm, 0000.dcm of 1x1 mm", "remove the odd slice"),
         ("single slice", "a series of a single slice", "list the whole series"),
         ("same position", "lie at one position", "export one volume a folder"),
         ("not dicom", "notes.txt in the series folder is not a DICOM file", "keep only the series"),
