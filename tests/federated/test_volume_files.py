@@ -77,8 +77,11 @@ def test_a_series_in_each_encoding_an_archive_exports_reads_as_written(
     stored: np.ndarray, syntax: str, tmp_path: Path
 ) -> None:
     folder = write_series(tmp_path / "series", stored, SPACING, syntax=syntax)
+    uncompressed = write_series(tmp_path / "uncompressed", stored, SPACING)
 
     volume = decode_volume(folder, AS_READ)
+
+    np.testing.assert_array_equal(volume.pixels, decode_volume(uncompressed, AS_READ).pixels)
 
     # stretch to 64: the slices' axis is resampled (8 -> 64), the planes stay as stored
     hu = torch.from_numpy(expected_bytes(stored).astype(np.float32))[None, None]
