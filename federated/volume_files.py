@@ -10,7 +10,7 @@ by the same projection of each frame's position (the Per-Frame Functional Groups
 Position, or an RT dose's Grid Frame Offset Vector). Every volume, whatever stores it, is
 turned to the nearest of its axes to RAS+ (nibabel's :func:`~nibabel.orientations.io_orientation`,
 as :func:`nibabel.as_closest_canonical`) and stored as ``(D, H, W)``: inferior to superior,
-posterior to anterior, right-to-left reversed (patient's left to right), so a NIfTI and a
+posterior to anterior, patient's left to right, so a NIfTI and a
 DICOM export of one scan read as the same array.
 
 **Refused in one line**, with the cause and the remedy: missing slices (a step between
