@@ -206,10 +206,12 @@ def _kind_of_name(name: str) -> str:
         return "nifti"
     if lowered.endswith(DICOM_SUFFIXES):
         return "dicom"
+    if lowered.endswith(".zip"):
+        return "zip"
     raise VolumeFileError(
         f"unknown volume type {Path(name).suffix or '(no suffix)'}; a volume is a folder "
-        f"holding one DICOM series, a NIfTI ({', '.join(NIFTI_SUFFIXES)}) or a multi-frame "
-        f"DICOM ({', '.join(DICOM_SUFFIXES)})"
+        f"holding one DICOM series (or its .zip), a NIfTI ({', '.join(NIFTI_SUFFIXES)}) or a "
+        f"multi-frame DICOM ({', '.join(DICOM_SUFFIXES)})"
     )
 
 

@@ -328,6 +328,7 @@ def test_what_a_served_model_is_sent_reads_as_the_files(stored: np.ndarray, tmp_
             decode_volume_bytes(path.read_bytes(), schema).pixels, expected
         )
     np.testing.assert_array_equal(decode_volume(zipped, schema, by_content=True).pixels, expected)
+    np.testing.assert_array_equal(decode_volume(zipped, schema).pixels, expected)  # a table's row
     with pytest.raises(VolumeFileError) as refused:
         decode_volume_bytes(b"\x89PNG\r\n\x1a\n" + bytes(400), schema)
     assert str(refused.value) == (
