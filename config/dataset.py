@@ -45,6 +45,9 @@ def dataset_info_of(data: DataParams) -> DatasetInfo:
         resample=own.resample,
         intensity=own.intensity,
         percentiles=own.percentiles,
+        spatial_dims=own.spatial_dims,
+        spacing=own.spacing,
+        slice_tolerance=own.slice_tolerance,
     )
 
 

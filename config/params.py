@@ -105,6 +105,20 @@ class OwnDataParams(_Section):
     # stored, else the image's own range) | window | range | percentiles
     intensity: Literal["auto", "window", "range", "percentiles"] = "auto"
     percentiles: tuple[float, float] = (0.5, 99.5)  # lower, upper: intensity percentiles
+    # 2: images; 3: volumes (a row names a NIfTI, a multi-frame DICOM or a series folder)
+    spatial_dims: Literal[2, 3] = 2
+    # volumes: isotropic (the shape in mm kept, the longest side at data.size, padded) |
+    # stretch (each axis to data.size); torch trilinear either way (docs/data.md)
+    spacing: Literal["isotropic", "stretch"] = "isotropic"
+    # volumes: a step between neighbouring slices this share off the median is refused
+    # (slices missing)
+    slice_tolerance: float = Field(0.1, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _volumes_are_grey(self) -> OwnDataParams:
+        if self.spatial_dims == 3 and self.channels != 1:
+            raise ValueError("data.own.channels must be 1 with spatial_dims 3: volumes are grey")
+        return self
 
     @model_validator(mode="after")
     def _classes_fit_task(self) -> OwnDataParams:
@@ -123,6 +137,7 @@ class OwnDataParams(_Section):
 
 
 OWN_SIZES = (8, 1024)  # image sizes an own dataset may declare
+OWN_VOLUME_SIZES = (8, 256)  # voxels per axis an own volume dataset may declare
 
 
 class DataParams(_Section):
@@ -143,9 +158,14 @@ class DataParams(_Section):
     def _known_size(cls, value: int, info: ValidationInfo) -> int:
         from federated.data import SIZES, VOLUME_SIZES, is_volume_flag
 
-        if info.data.get("own") is not None:
-            if not OWN_SIZES[0] <= value <= OWN_SIZES[1]:
-                raise ValueError(f"own images are resized to {OWN_SIZES[0]}..{OWN_SIZES[1]} pixels")
+        own = info.data.get("own")
+        if own is not None:
+            low, high = OWN_VOLUME_SIZES if own.spatial_dims == 3 else OWN_SIZES
+            if not low <= value <= high:
+                kind = "volumes are resampled" if own.spatial_dims == 3 else "images are resized"
+                raise ValueError(
+                    f"own {kind} to {low}..{high} {'voxels per axis' if own.spatial_dims == 3 else 'pixels'}"
+                )
             return value
         if value not in SIZES:
             raise ValueError(
@@ -544,10 +564,12 @@ class Params(_Section):
 
     @property
     def volumes(self) -> bool:
-        """Whether the run's data are 3-D volumes (a MedMNIST 3-D flag)."""
+        """Whether the run's data are 3-D volumes (a MedMNIST 3-D flag, or own volumes)."""
         from federated.data import is_volume_flag
 
-        return self.data.own is None and is_volume_flag(self.data.dataset)
+        if self.data.own is not None:
+            return self.data.own.spatial_dims == 3
+        return is_volume_flag(self.data.dataset)
 
     @model_validator(mode="after")
     def _scaffold_as_written(self) -> Params:
@@ -747,6 +769,16 @@ def ignored_settings(params: Params) -> list[tuple[str, str]]:
         ]
     if params.train.backend == "sequential" and params.train.max_parallel is not None:
         ignored.append(("train.max_parallel", "train.backend is sequential"))
+    own = params.data.own
+    if own is not None and own.spatial_dims == 2:
+        ignored += [
+            (f"data.own.{key}", "data.own.spatial_dims is 2 (images: no slices to space)")
+            for key in sorted(own.model_fields_set & {"spacing", "slice_tolerance"})
+        ]
+    elif own is not None and "resample" in own.model_fields_set:
+        ignored.append(
+            ("data.own.resample", "volumes are resampled as data.own.spacing says (trilinear)")
+        )
     return ignored
 
 
@@ -792,14 +824,6 @@ def volume_unsupported(params: Params) -> list[tuple[str, str]]:
     if not params.volumes:
         return []
     refused = []
-    if params.tracking.register_model:
-        refused.append(
-            (
-                "tracking.register_model",
-                "must be false: the served model reads 2-D image files (PNG, JPEG, DICOM "
-                "frames), not volumes",
-            )
-        )
     if params.federation.runtime == "flower":
         refused.append(
             (

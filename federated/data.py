@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from federated.image_files import ImageSchema
+from federated.volume_files import VolumeSchema
 
 __all__ = [
     "SIZES",
@@ -93,6 +94,9 @@ class DatasetInfo:
     # how an own image's grey values become 0-255 (federated/image_files.py)
     intensity: str = "auto"  # auto | window | range | percentiles
     percentiles: tuple[float, float] = (0.5, 99.5)  # lower, upper (intensity percentiles)
+    # how an own volume reaches ``size`` voxels per axis (federated/volume_files.py)
+    spacing: str = "isotropic"  # isotropic (its shape in mm kept, padded) | stretch
+    slice_tolerance: float = 0.1  # a step between slices this share off the median: refused
 
     @property
     def multi_label(self) -> bool:
@@ -119,6 +123,16 @@ class DatasetInfo:
         return ImageSchema(
             channels=self.n_channels, size=self.size, resample=self.resample,
             intensity=self.intensity, percentiles=self.percentiles,
+        )  # fmt: skip
+
+    def volume_schema(self) -> VolumeSchema:
+        """What an own volume (a NIfTI, a multi-frame DICOM, a series folder) becomes
+        (:mod:`federated.volume_files`)."""
+        if not self.is_volume:
+            raise DataError(f"{self.flag} holds 2-D images: no volume is read into it")
+        return VolumeSchema(
+            size=self.size, intensity=self.intensity, percentiles=self.percentiles,
+            spacing=self.spacing, slice_tolerance=self.slice_tolerance,
         )  # fmt: skip
 
     @property

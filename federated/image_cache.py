@@ -29,8 +29,8 @@ READER_VERSION = "2"
 
 
 class CachedImages:
-    """A cache entry: the images (uint8 ``(N, S, S[, 3])``) and each one's size before
-    resizing (``(N, 2)``: height, width)."""
+    """A cache entry: the images (uint8 ``(N, S, S[, 3])``, volumes ``(N, S, S, S)``) and
+    each one's size before resizing (``(N, 2)``: height, width; volumes ``(N, 3)``)."""
 
     def __init__(self, images: np.ndarray, source_sizes: np.ndarray) -> None:
         self.images = images
@@ -66,26 +66,31 @@ class ImageCache:
         os.replace(handle.name, self.root / f"{key}.npz")
 
     def known_digests(
-        self, table: Path, files: list[Path], stats: list[os.stat_result]
+        self, table: Path, files: list[Path], stamps: list[tuple[int, int]]
     ) -> list[str] | None:
         """Every file's SHA-256 as remembered for ``table``, or None when any file is new
-        or its size or modification time (``stats``, taken now) changed since."""
+        or its size or modification time (``stamps``: bytes and ns, taken now) changed since."""
         remembered = self._remembered(table)
         digests = []
-        for file, stat in zip(files, stats, strict=True):
+        for file, stamp in zip(files, stamps, strict=True):
             entry = remembered.get(str(file))
-            if entry is None or entry[:2] != [stat.st_size, stat.st_mtime_ns]:
+            if entry is None or entry[:2] != list(stamp):
                 return None
             digests.append(entry[2])
         return digests
 
     def remember_digests(
-        self, table: Path, files: list[Path], stats: list[os.stat_result], digests: list[str]
+        self,
+        table: Path,
+        files: list[Path],
+        stamps: list[tuple[int, int]],
+        digests: list[str],
     ) -> None:
-        """Keep each file's SHA-256 with the size and modification time it was read at."""
+        """Keep each file's SHA-256 with the size and modification time it was read at
+        (a series folder: its files' total size and latest time)."""
         entries = {
-            str(file): [stat.st_size, stat.st_mtime_ns, digest]
-            for file, stat, digest in zip(files, stats, digests, strict=True)
+            str(file): [*stamp, digest]
+            for file, stamp, digest in zip(files, stamps, digests, strict=True)
         }
         self.root.mkdir(parents=True, exist_ok=True)
         target = self._digests_file(table)

@@ -51,7 +51,12 @@ __all__ = [
     "decode_file",
     "decode_image",
     "decode_or_refuse",
+    "one_line",
+    "pixel_array",
+    "refusal_as_line",
+    "scaled_to_bytes",
     "suffix_of_content",
+    "value_policy",
 ]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
@@ -126,8 +131,14 @@ def decode_or_refuse(
 ) -> DecodedImage | str:
     """:func:`decode_file`, a refusal returned as its one line (what a worker process
     sends back, so one bad file does not stop the others)."""
+    return refusal_as_line(decode_file, file, schema, by_content=by_content)
+
+
+def refusal_as_line(decode: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``decode(*args, **kwargs)``, or the one line of its refusal (an
+    :class:`ImageFileError`, or an ``OSError`` for a file that cannot be opened)."""
     try:
-        return decode_file(file, schema, by_content=by_content)
+        return decode(*args, **kwargs)
     except ImageFileError as error:
         return str(error)
     except OSError as error:
@@ -176,7 +187,7 @@ def decode_image(
         ) from None
     except Exception as error:  # Pillow's and pydicom's own errors: truncated, not an image
         raise ImageFileError(
-            f"not a readable image ({_one_line(error)}); check the file, or export it again"
+            f"not a readable image ({one_line(error)}); check the file, or export it again"
         ) from None
     source_size = (image.height, image.width)
     image = image.convert("L" if schema.channels == 1 else "RGB")
@@ -201,7 +212,7 @@ def _pillow_eight_bit(image: Any, schema: ImageSchema) -> Any:
     if not scaled_by_policy:
         return image
     grey = np.asarray(image, dtype=np.float64)
-    return Image.fromarray(_scaled(grey, _bounds(grey, schema)))
+    return Image.fromarray(scaled_to_bytes(grey, _bounds(grey, schema)))
 
 
 def _dicom_pixels(raw: bytes, schema: ImageSchema) -> np.ndarray:
@@ -211,14 +222,14 @@ def _dicom_pixels(raw: bytes, schema: ImageSchema) -> np.ndarray:
 
     dataset = dcmread(io.BytesIO(raw))
     _check_is_one_image(dataset)
-    pixels = _decoded(dataset)
+    pixels = pixel_array(dataset)
     interpretation = str(dataset.get("PhotometricInterpretation", ""))
     if interpretation == "PALETTE COLOR":
         colours = apply_color_lut(pixels, dataset)
         depth = int(dataset.RedPaletteColorLookupTableDescriptor[2])
-        return _scaled(colours.astype(np.float64), (0.0, 2.0**depth - 1))
+        return scaled_to_bytes(colours.astype(np.float64), (0.0, 2.0**depth - 1))
     if int(dataset.get("SamplesPerPixel", 1)) != 1:  # RGB (YBR decoded to RGB by pydicom)
-        return _scaled(pixels.astype(np.float64), _bit_range(dataset))
+        return scaled_to_bytes(pixels.astype(np.float64), _bit_range(dataset))
     grey = _grey(pixels, dataset, schema)
     return 255 - grey if interpretation == "MONOCHROME1" else grey  # low values are bright
 
@@ -235,7 +246,9 @@ def _grey(pixels: np.ndarray, dataset: Any, schema: ImageSchema) -> np.ndarray:
     low, high = (int(pixels.min()), int(pixels.max())) if pixels.size else (0, 0)
     if pixels.dtype.kind not in "iu" or high - low >= pixels.size:  # float, or a vast range
         values = modality(pixels)
-        return _scaled(*_grey_policy(values, dataset, schema, lambda: _bounds(values, schema)))
+        return scaled_to_bytes(
+            *value_policy(values, dataset, schema, lambda: _bounds(values, schema))
+        )
     table = modality(np.arange(low, high + 1))
 
     def own_bounds() -> tuple[float, float]:  # the image's, after the modality LUT
@@ -246,10 +259,10 @@ def _grey(pixels: np.ndarray, dataset: Any, schema: ImageSchema) -> np.ndarray:
 
     index = pixels.astype(np.intp)  # numpy's own index type: indexing converts to it
     index -= low
-    return _scaled(*_grey_policy(table, dataset, schema, own_bounds))[index]
+    return scaled_to_bytes(*value_policy(table, dataset, schema, own_bounds))[index]
 
 
-def _grey_policy(
+def value_policy(
     values: np.ndarray,
     dataset: Any,
     schema: ImageSchema,
@@ -311,7 +324,7 @@ def _check_is_one_image(dataset: Any) -> None:
         )
 
 
-def _decoded(dataset: Any) -> np.ndarray:
+def pixel_array(dataset: Any) -> np.ndarray:
     """pydicom's pixel array, a failure said in one line naming the transfer syntax."""
     from pydicom.pixels import get_decoder
 
@@ -335,12 +348,12 @@ def _decoded(dataset: Any) -> np.ndarray:
         raise
     except Exception as error:  # a damaged stream: every plugin refused it
         raise ImageFileError(
-            f"{name}: its pixel data could not be decoded ({_one_line(error)}); the file "
+            f"{name}: its pixel data could not be decoded ({one_line(error)}); the file "
             "may be truncated or damaged: export it again"
         ) from None
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """A library's message on one line: its first line of substance, shortened."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # "raised by all available plugins:"
@@ -350,7 +363,7 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-def _scaled(values: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+def scaled_to_bytes(values: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
     """``values`` mapped linearly from ``bounds`` to 0-255 (clipped), as uint8."""
     low, high = bounds
     if high <= low:

@@ -24,8 +24,16 @@ import torch
 from torch import nn
 
 from federated.data import DatasetInfo, Split, to_tensors
-from federated.image_files import ImageFileError, decode_file, decode_image, suffix_of_content
+from federated.image_files import (
+    DecodedImage,
+    ImageFileError,
+    decode_file,
+    decode_image,
+    refusal_as_line,
+    suffix_of_content,
+)
 from federated.metrics import logits_of, probabilities_of
+from federated.volume_files import DecodedVolume, decode_volume, decode_volume_bytes
 from models import build_model
 
 __all__ = [
@@ -71,21 +79,39 @@ class ImageClassifier:
         return Prediction(probabilities, predicted_classes(probabilities, self.info))
 
     def predict_bytes(self, files: list[bytes]) -> Prediction:
-        """Image files' contents (PNG, JPEG, DICOM, ...: told apart by their bytes).
+        """Image files' contents (PNG, JPEG, DICOM, ...: told apart by their bytes), or a
+        volume model's NIfTI or multi-frame DICOM files' contents.
         :class:`~federated.image_files.ImageFileError` names the first unreadable one."""
         images = []
         for number, raw in enumerate(files, start=1):
             try:
-                schema = self.info.image_schema()
-                images.append(decode_image(raw, suffix_of_content(raw), schema)[0])
+                images.append(self._decoded_bytes(raw))
             except ImageFileError as error:
-                raise ImageFileError(f"image {number} of {len(files)}: {error}") from None
+                kind = "volume" if self.info.is_volume else "image"
+                raise ImageFileError(f"{kind} {number} of {len(files)}: {error}") from None
         return self.predict_images(images)
+
+    def _decoded_bytes(self, raw: bytes) -> np.ndarray:
+        if self.info.is_volume:
+            return decode_volume_bytes(raw, self.info.volume_schema()).pixels
+        return decode_image(raw, suffix_of_content(raw), self.info.image_schema())[0]
 
     def read(self, path: Path) -> np.ndarray:
         """One image file in the schema, told apart by its bytes as :meth:`predict_bytes`
-        does, whatever its suffix (ImageFileError or OSError: why not)."""
+        does, whatever its suffix; for a volume model one volume (a NIfTI, a multi-frame
+        DICOM, a series folder) with the reader that read the training volumes
+        (ImageFileError or OSError: why not)."""
+        if self.info.is_volume:
+            return decode_volume(path, self.info.volume_schema(), by_content=True).pixels
         return decode_file(path, self.info.image_schema(), by_content=True).pixels
+
+    def read_or_refuse(self, path: Path) -> DecodedImage | DecodedVolume | str:
+        """:meth:`read`'s whole reading (its size as read, its digest), or its refusal's
+        one line."""
+        if self.info.is_volume:
+            schema = self.info.volume_schema()
+            return refusal_as_line(decode_volume, path, schema, by_content=True)
+        return refusal_as_line(decode_file, path, self.info.image_schema(), by_content=True)
 
     def predict_files(self, paths: list[Path]) -> Prediction:
         return self.predict_images([self.read(path) for path in paths])

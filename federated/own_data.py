@@ -7,6 +7,11 @@ dataset's declared schema by :mod:`federated.image_files` (channels, size, the i
 policy), stored as uint8 like MedMNIST and normalised when it becomes a tensor
 (``(x / 255 - mean) / std``).
 
+With a volume schema (``DatasetInfo.spatial_dims`` 3) a row names one volume instead: a
+NIfTI file, a multi-frame DICOM or a folder holding one DICOM series, read by
+:mod:`federated.volume_files` into uint8 ``(S, S, S)``; a series folder's digest covers
+every slice file.
+
 A label is a class name of the schema or its index; a multi-label row lists them joined
 by ``;`` (an empty cell: no label). Anything that cannot be read is named in one line
 (:class:`~federated.data.DataError`): the table row, the file and why.
@@ -42,6 +47,7 @@ from federated.image_files import (
     decode_file,
     decode_or_refuse,
 )
+from federated.volume_files import VolumeSchema, decode_volume_or_refuse, volume_stamp
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -61,6 +67,7 @@ TABLE = "labels.csv"
 SPLIT_NAMES = ("train", "val", "test")
 HOLDOUT = {"val": 0.1, "test": 0.2}  # a table without a split column, split seeded
 PARALLEL_FROM = 256  # files: a smaller folder decodes faster than processes start
+VOLUMES_PARALLEL_FROM = 32  # volumes: a worker starts in seconds (torch resamples)
 CHUNK = 32  # files a worker decodes per message
 
 
@@ -74,10 +81,10 @@ class Reading:
     workers: int | None = None
     progress: bool = False
 
-    def workers_for(self, count: int) -> int:
+    def workers_for(self, count: int, parallel_from: int = PARALLEL_FROM) -> int:
         if self.workers is not None:
             return max(1, min(self.workers, count))
-        return len(os.sched_getaffinity(0)) if count >= PARALLEL_FROM else 1
+        return len(os.sched_getaffinity(0)) if count >= parallel_from else 1
 
 
 @dataclass(frozen=True)
@@ -114,9 +121,10 @@ def resized_counts(source_sizes: np.ndarray, size: int) -> dict[str, int]:
     """How many of the images read at ``source_sizes`` ``(N, 2)`` were resized to ``size``,
     by their size as read (``"32x32"``), most frequent first."""
     found: dict[str, int] = {}
-    for height, width in np.asarray(source_sizes).tolist():
-        if (height, width) != (size, size):
-            found[f"{height}x{width}"] = found.get(f"{height}x{width}", 0) + 1
+    for shape in np.asarray(source_sizes).tolist():
+        if any(length != size for length in shape):
+            read = "x".join(map(str, shape))
+            found[read] = found.get(read, 0) + 1
     return dict(sorted(found.items(), key=lambda item: -item[1]))
 
 
@@ -129,9 +137,12 @@ def size_note(source_sizes: np.ndarray, size: int, *, of: int | None = None) -> 
         return None
     counts = ", ".join(f"{count} from {read}" for read, count in resized.items())
     total = sum(resized.values()) if of is None else f"{sum(resized.values())} of {of}"
-    note = f"{total} images resized to {size}x{size} ({counts})"
+    dims = np.asarray(source_sizes).shape[1]
+    kind = "volumes resampled" if dims == 3 else "images resized"
+    note = f"{total} {kind} to {'x'.join([str(size)] * dims)} ({counts})"
     if len(np.unique(np.asarray(source_sizes), axis=0)) > 1:
-        note += "; warning: the images have mixed sizes, often the sign of a wrong export"
+        things = "volumes" if dims == 3 else "images"
+        note += f"; warning: the {things} have mixed sizes, often the sign of a wrong export"
     return note
 
 
@@ -210,7 +221,7 @@ def _load_folder(table: Path, info: DatasetInfo, reading: Reading) -> LabelledIm
     where = [f"{at}: {row['file']}" for (_, row), at in zip(rows, at_row, strict=True)]
     files = [table.parent / row["file"] for _, row in rows]
     table_bytes = table.read_bytes()
-    schema = info.image_schema()
+    schema = info.volume_schema() if info.is_volume else info.image_schema()
     cache = ImageCache(reading.cache) if reading.cache is not None else None
     stats = [_stat(file, place) for file, place in zip(files, where, strict=True)]
     if cache is not None and (digests := cache.known_digests(table, files, stats)) is not None:
@@ -227,11 +238,12 @@ def _load_folder(table: Path, info: DatasetInfo, reading: Reading) -> LabelledIm
     return LabelledImages(decoded.images, labels, splits, sha256, decoded.source_sizes)
 
 
-def _stat(file: Path, where: str) -> os.stat_result:
-    """A file's size and modification time, taken once and before it is read (a file
-    changed while it is read is hashed again next time); a missing file named."""
+def _stat(file: Path, where: str) -> tuple[int, int]:
+    """A file's size and modification time (a series folder's: :func:`volume_stamp`),
+    taken once and before it is read (a file changed while it is read is hashed again next
+    time); a missing file named."""
     try:
-        return file.stat()
+        return volume_stamp(file)
     except OSError as error:
         raise DataError(f"{where}: {error.strerror or error}") from None
 
@@ -293,16 +305,23 @@ class DecodedFiles:
 
 
 def decode_files(
-    files: list[Path], where: list[str], schema: ImageSchema, reading: Reading
+    files: list[Path], where: list[str], schema: ImageSchema | VolumeSchema, reading: Reading
 ) -> DecodedFiles:
-    """Decode ``files`` into one uint8 array, one file at a time per process (never the
-    whole folder as float), in parallel when the folder is large. Every file that cannot
-    be read is found before the error names the first of them (``where``) and counts the rest."""
+    """Decode ``files`` (a :class:`VolumeSchema`: volumes, a folder a series) into one
+    uint8 array, one file at a time per process (never the whole folder as float), in
+    parallel when the folder is large. Every file that cannot be read is found before the
+    error names the first of them (``where``) and counts the rest."""
     count = len(files)
-    workers = reading.workers_for(count)
-    shape = (count, schema.size, schema.size) + ((3,) if schema.channels == 3 else ())
+    if isinstance(schema, VolumeSchema):
+        decode: Any = decode_volume_or_refuse
+        workers = reading.workers_for(count, VOLUMES_PARALLEL_FROM)
+        shape = (count, schema.size, schema.size, schema.size)
+    else:
+        decode = decode_or_refuse
+        workers = reading.workers_for(count)
+        shape = (count, schema.size, schema.size) + ((3,) if schema.channels == 3 else ())
     images = np.empty(shape, dtype=np.uint8)
-    source_sizes = np.empty((count, 2), dtype=np.int64)
+    source_sizes = np.empty((count, 3 if isinstance(schema, VolumeSchema) else 2), dtype=np.int64)
     digests: list[str] = []
     refused: list[str] = []
     pool = None
@@ -311,12 +330,14 @@ def decode_files(
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
         jobs = itertools.repeat(schema)
+        chunk = 1 if isinstance(schema, VolumeSchema) else CHUNK
         results = (
-            pool.map(decode_or_refuse, files, jobs, chunksize=CHUNK)
+            pool.map(decode, files, jobs, chunksize=chunk)
             if pool is not None
-            else map(decode_or_refuse, files, jobs)
+            else map(decode, files, jobs)
         )
-        for index, result in enumerate(_progress(results, count, reading.progress)):
+        unit = "volume" if isinstance(schema, VolumeSchema) else "image"
+        for index, result in enumerate(_progress(results, count, reading.progress, unit)):
             if isinstance(result, str):
                 refused.append(f"{where[index]}: {result}")
                 digests.append("")
@@ -332,13 +353,13 @@ def decode_files(
     return DecodedFiles(images, source_sizes, digests)
 
 
-def _progress(results: Iterable[Any], count: int, shown: bool) -> Iterable[Any]:
+def _progress(results: Iterable[Any], count: int, shown: bool, unit: str) -> Iterable[Any]:
     """``results``, with a progress bar (rate and time left) on stderr when ``shown``."""
     if not shown:
         return results
     from tqdm import tqdm
 
-    return tqdm(results, total=count, desc="reading images", unit="image")
+    return tqdm(results, total=count, desc=f"reading {unit}s", unit=unit)
 
 
 def _parse_label(cell: str, info: DatasetInfo, where: str) -> np.ndarray:
@@ -383,7 +404,7 @@ def _load_npz(path: Path, info: DatasetInfo) -> LabelledImages:
         ) from None
     if "train_images" not in arrays or "train_labels" not in arrays:
         raise DataError(f"{path}: no train_images and train_labels (MedMNIST's layout)")
-    expected = (info.size, info.size) + ((3,) if info.n_channels == 3 else ())
+    expected = info.stored_shape
     images, labels, splits = [], [], []
     for name in SPLIT_NAMES:
         if f"{name}_images" not in arrays:

@@ -65,11 +65,12 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
     from federated.own_data import size_note
     from tasks.served_model import load_applied_model
 
-    items = _items(args.paths)
     try:
         applied = load_applied_model(args.model or _default_model(workdir / args.params))
     except ValueError as error:
         raise OpsError(str(error)) from None
+    volumes = applied.classifier.info.is_volume
+    items = _items(args.paths, volumes)
     labels = applied.classifier.info.labels
     rows, refused, source_sizes = _predicted_rows(items, applied)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,10 +81,10 @@ def predict(args: argparse.Namespace, workdir: Path) -> int:
         writer.writeheader()
         writer.writerows(rows)
     predicted = len(rows) - refused
-    print(f"{args.out}: {predicted} images predicted by {applied.name} version "
-          f"{applied.version or '(not registered)'}, {refused} refused")  # fmt: skip
-    resized = size_note(np.array(source_sizes).reshape(-1, 2), applied.classifier.info.size,
-                        of=len(source_sizes))  # fmt: skip
+    print(f"{args.out}: {predicted} {'volumes' if volumes else 'images'} predicted by "
+          f"{applied.name} version {applied.version or '(not registered)'}, {refused} refused")  # fmt: skip
+    resized = size_note(np.array(source_sizes).reshape(-1, 3 if volumes else 2),
+                        applied.classifier.info.size, of=len(source_sizes))  # fmt: skip
     if resized:  # the site's data check says the same of its training images
         print(resized)
     scored = _score_line(rows, applied.classifier.info)
@@ -103,9 +104,10 @@ def _default_model(params_file: Path) -> str:
     return DEFAULT_MODEL.format(dataset=load_params(params_file).data.dataset)
 
 
-def _items(paths: list[Path]) -> list[Item]:
+def _items(paths: list[Path], volumes: bool = False) -> list[Item]:
     """Every image the paths name, in order: a label table's rows, a folder's table (or
-    its image files, sorted), single files."""
+    its image files, sorted), single files. For a volume model a folder without a table
+    holds volumes, or is one series (:func:`_volumes_in`)."""
     from federated.image_files import DICOM_SUFFIXES, IMAGE_SUFFIXES
 
     items: list[Item] = []
@@ -113,6 +115,8 @@ def _items(paths: list[Path]) -> list[Item]:
         table = path / "labels.csv" if path.is_dir() else path
         if table.suffix == ".csv" and table.is_file():
             items += _table_items(table)
+        elif path.is_dir() and volumes:
+            items += [Item(volume, str(volume)) for volume in _volumes_in(path)]
         elif path.is_dir():
             suffixes = IMAGE_SUFFIXES + DICOM_SUFFIXES
             found = sorted(f for f in path.rglob("*") if f.suffix.lower() in suffixes)
@@ -124,6 +128,19 @@ def _items(paths: list[Path]) -> list[Item]:
     if not items:
         raise OpsError(f"no image files in {', '.join(map(str, paths))}")
     return items
+
+
+def _volumes_in(folder: Path) -> list[Path]:
+    """What a folder given to a volume model holds: its NIfTI files, DICOM files and
+    folders (each a volume) when it holds a NIfTI file or a folder; else it is one series."""
+    from federated.image_files import DICOM_SUFFIXES
+    from federated.volume_files import NIFTI_SUFFIXES
+
+    entries = sorted(entry for entry in folder.iterdir() if not entry.name.startswith("."))
+    if not any(e.is_dir() or e.name.lower().endswith(NIFTI_SUFFIXES) for e in entries):
+        return [folder]  # one series: a file a slice
+    suffixes = NIFTI_SUFFIXES + DICOM_SUFFIXES
+    return [e for e in entries if e.is_dir() or e.name.lower().endswith(suffixes)]
 
 
 def _table_items(table: Path) -> list[Item]:
@@ -139,17 +156,14 @@ def _table_items(table: Path) -> list[Item]:
 
 def _predicted_rows(
     items: list[Item], applied: AppliedModel
-) -> tuple[list[dict[str, str]], int, list[tuple[int, int]]]:
+) -> tuple[list[dict[str, str]], int, list[tuple[int, ...]]]:
     """One output row per item, predicted a batch at a time; how many were refused; and
-    the size (height, width) each image was read at before it was resized."""
-    from federated.image_files import decode_or_refuse
-
-    info = applied.classifier.info
-    schema, labels = info.image_schema(), info.labels
+    the size (height, width; a volume's depth too) each was read at before resizing."""
+    labels = applied.classifier.info.labels
     rows, refused, source_sizes = [], 0, []
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
-        decoded = [decode_or_refuse(item.file, schema, by_content=True) for item in batch]
+        decoded = [applied.classifier.read_or_refuse(item.file) for item in batch]
         readable = [d.pixels for d in decoded if not isinstance(d, str)]
         source_sizes += [d.source_size for d in decoded if not isinstance(d, str)]
         prediction = applied.classifier.predict_images(readable)

@@ -87,7 +87,8 @@ def write_champion_scores(paths: ProjectPaths, tracker: Tracker, scores: dict[st
 
 def _reading(info: DatasetInfo) -> tuple[Any, ...]:
     """What decides the model's input and output: classes, schema, normalisation."""
-    return (info.labels, info.n_channels, info.image_schema(), info.mean, info.std)
+    schema = info.volume_schema() if info.is_volume else info.image_schema()
+    return (info.labels, info.n_channels, schema, info.mean, info.std)
 
 
 def champion_version(client: Any, name: str) -> str | None:

@@ -61,6 +61,13 @@ def build_card(
 
 
 def _input_text(info: DatasetInfo) -> str:
+    if info.is_volume:
+        size = "x".join([str(info.size)] * 3)
+        return (
+            f"a volume: a NIfTI file, a multi-frame DICOM or a folder holding one DICOM series "
+            f"(slices ordered along the slice normal), read as grey at {size} voxels "
+            f"(spacing {info.spacing}, torch trilinear; intensity {info.intensity})"
+        )
     colour = "grey" if info.n_channels == 1 else "RGB"
     return (
         f"PNG, JPEG, BMP, TIFF or DICOM files, read as {colour} at {info.size}x{info.size} px "

@@ -10,13 +10,16 @@ the model is loaded (``--env-manager local``).
 Input: a table with a column ``image`` (a file's bytes: PNG, JPEG, DICOM, ...; base64 in
 a REST request) or ``path`` (a file on the serving machine, read only where
 ``FEDSIEVE_MODEL_READS_PATHS=1``: a caller could otherwise learn which files exist
-there), one image a row. Output:
+there), one image a row. A volume model (:mod:`federated.volume_files`) takes a NIfTI
+file's, a multi-frame DICOM's or a zip of one DICOM series' bytes in the same column,
+one volume a row. Output:
 ``class`` (the predicted class name) and one column ``p(<class>)`` per class. A file that
 cannot be read is an error naming the image and why: a 400 reply when served.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import tempfile
@@ -172,8 +175,16 @@ def signature(info: DatasetInfo) -> Any:
 
 
 def input_example(info: DatasetInfo) -> pd.DataFrame:
-    """One PNG file of the schema's size (mid-grey): what a request carries."""
+    """One PNG file of the schema's size (mid-grey), or for a volume model one NIfTI file
+    of the schema's size: what a request carries."""
     from PIL import Image
+
+    if info.is_volume:
+        import nibabel
+
+        volume = np.full((info.size,) * 3, 128, dtype=np.uint8)
+        nifti = nibabel.Nifti1Image(volume, np.eye(4))
+        return pd.DataFrame({"image": [gzip.compress(nifti.to_bytes(), mtime=0)]})
 
     shape = (info.size, info.size) + ((3,) if info.n_channels == 3 else ())
     out = io.BytesIO()

@@ -586,7 +586,7 @@ def model_requirements() -> list[str]:
     from importlib.metadata import version
 
     names = ("torch", "numpy", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg",
-             "pylibjpeg-openjpeg", "pylibjpeg-rle", "Pillow", "pandas", "mlflow")  # fmt: skip
+             "pylibjpeg-openjpeg", "pylibjpeg-rle", "nibabel", "Pillow", "pandas", "mlflow")  # fmt: skip
     return [f"{name}=={version(name).split('+')[0]}" for name in names]
 
 

@@ -98,3 +98,24 @@ def test_without_validation_the_card_says_nothing_of_contributions(tmp_path: Pat
 
     assert card["training"]["exclusions"]["contribution"] == {}
     assert "Contribution per site" not in card_markdown(card)
+
+
+def test_a_volume_models_card_names_its_input_as_a_volume_with_size_and_spacing(
+    tmp_path: Path,
+) -> None:
+    paths = ProjectPaths(tmp_path)
+    write_trail(paths, [{"round": 1, "client": 0, "excluded": False, "reason": ""}])
+    own = {"path": "x", "task": "binary-class", "classes": ["a", "b"], "spatial_dims": 3,
+           "spacing": "stretch", "intensity": "window"}  # fmt: skip
+    params = validate_params(
+        {"data": {"dataset": "ct", "size": 32, "own": own}, "model": {"name": "small_cnn3d"},
+         "tracking": {"register_model": False}}, "t",
+    )  # fmt: skip
+
+    card = build_card(params, paths, {"rounds": 1}, RUN, dataset_info_of(params.data))
+
+    said = card_markdown(card)
+    assert (
+        "a volume: a NIfTI file, a multi-frame DICOM or a folder holding one DICOM series" in said
+    )
+    assert "at 32x32x32 voxels (spacing stretch, torch trilinear; intensity window)" in said
