@@ -29,7 +29,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +55,7 @@ __all__ = [
     "BatchedExecutor",
     "ClientExecutor",
     "ClientResult",
+    "ControlledExecutor",
     "HeldOutLosses",
     "LocalSiteScorer",
     "NextRound",
@@ -119,6 +120,23 @@ class ClientExecutor(Protocol):
         global_vector: Tensor,
         round_number: int,
         client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """One result per id, in the order given."""
+        ...
+
+
+@runtime_checkable
+class ControlledExecutor(Protocol):
+    """Trains SCAFFOLD's round where the clients keep their own variates c_i (real sites):
+    it is given the server's c only, and each update carries the client's Δc_i."""
+
+    def train_with_control(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        control: Tensor,
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
         """One result per id, in the order given."""
@@ -207,6 +225,8 @@ class NextRound:
 
     round: int
     client_ids: tuple[int, ...]
+    # SCAFFOLD: the server's control variate c the round's clients train with (d,)
+    control: Tensor | None = None
 
 
 class SiteScorer(Protocol):

@@ -54,6 +54,7 @@ from federated.execution import (
     BatchedExecutor,
     ClientExecutor,
     ClientResult,
+    ControlledExecutor,
     NextRound,
     SequentialExecutor,
     SiteEvaluation,
@@ -239,7 +240,7 @@ class Federation:
         if following > self.config.rounds or state.halted or self.budget_spent(state):
             return None
         ids = tuple(self.clients[p].client_id for p in self.sample_clients(following))
-        return NextRound(following, ids)
+        return NextRound(following, ids, state.control)
 
     def _shuffle_seed(self, round_number: int, client_id: int) -> int:
         return derive_seed(self.config.seed, round_number, client_id, SHUFFLE)
@@ -252,7 +253,7 @@ class Federation:
         screened out or failed), e.g. to advance a progress bar."""
         round_number = state.round + 1
         sampled = self.sample_clients(round_number)
-        screen = self.screen.screen(state.global_vector, round_number, sampled)
+        screen = self.screen.screen(state.global_vector, round_number, sampled, state.control)
         rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
         outcome = self.round_defence.aggregate(state, round_number, updates, rows)
         self.round_defence.site_epsilons(state, rows)
@@ -293,8 +294,9 @@ class Federation:
         new_state.halted = halted
         if self.config.scaffold:
             advance_controls(
-                new_state, updates, outcome, rows, self.config.min_clients, len(self.clients)
-            )
+                new_state, updates, outcome, rows, self.config.min_clients, len(self.clients),
+                keep_clients=isinstance(self.executor, SequentialExecutor),
+            )  # fmt: skip
         return new_state
 
     def _site_rows(
@@ -370,12 +372,17 @@ class Federation:
         self, state: ServerState, round_number: int, to_train: list[int],
         done: Callable[[ClientResult], None] | None,
     ) -> list[ClientResult]:  # fmt: skip
-        """The executor's results; under SCAFFOLD each client trains with its variates."""
+        """The executor's results; under SCAFFOLD each client trains with its variates: the
+        simulated clients' c_i from the state, the sites' from their own disks (they are
+        sent the server's c only)."""
+        vector = state.global_vector
         if not self.config.scaffold:
-            return self.executor.train(state.global_vector, round_number, to_train, done)
-        assert isinstance(self.executor, SequentialExecutor)  # chosen so when built
-        controls = client_controls(state, to_train)
-        return self.executor.train_with_controls(state.global_vector, round_number, controls, done)
+            return self.executor.train(vector, round_number, to_train, done)
+        if isinstance(self.executor, SequentialExecutor):
+            controls = client_controls(state, to_train)
+            return self.executor.train_with_controls(vector, round_number, controls, done)
+        assert isinstance(self.executor, ControlledExecutor) and state.control is not None
+        return self.executor.train_with_control(vector, round_number, to_train, state.control, done)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation

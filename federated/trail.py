@@ -149,6 +149,16 @@ def checked_update(
             f"{update.delta.dtype}; the model has {tuple(global_vector.shape)} parameters",
         )  # fmt: skip
         return None
+    control = update.control_delta
+    if control is not None and (
+        control.shape != global_vector.shape or not control.is_floating_point()
+    ):
+        row.update(
+            excluded=True, reason="bad_update",
+            message=f"control delta of shape {tuple(control.shape)} and dtype {control.dtype}; "
+            f"the model has {tuple(global_vector.shape)} parameters",
+        )  # fmt: skip
+        return None
     row["train_loss"] = update.train_loss
     if update.num_samples != row["num_samples"]:  # weighted by the registered count
         row["reported_samples"] = update.num_samples
