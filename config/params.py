@@ -285,8 +285,8 @@ class TrainParams(_Section):
     # per round, seeded, in place of local_epochs (null: every client local_epochs)
     local_work: LocalWorkParams | None = None
     # SCAFFOLD (Karimireddy et al. 2020, option II): control variates correct every local
-    # step; plain local SGD (momentum 0, prox_mu 0), clients trained here one after another
-    # or at real sites (each keeps its c_i in its state folder: fedsieve-site --state)
+    # step; plain local SGD (momentum 0, prox_mu 0), any backend, or at real sites (each
+    # keeps its c_i in its state folder: fedsieve-site --state)
     scaffold: bool = False
     min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -564,11 +564,6 @@ class Params(_Section):
                     f"train.scaffold with train.{key} = {value:g}: SCAFFOLD's option II "
                     f"assumes plain local SGD steps; set {why}"
                 )
-        if self.train.backend == "batched":
-            raise ValueError(
-                "train.scaffold trains each client with its own control variate one after "
-                "another: use backend sequential or auto"
-            )
         return self
 
     @model_validator(mode="after")

@@ -167,10 +167,9 @@ class Federation:
 
     def _local_executor(self, execution: Execution) -> ClientExecutor:
         assert self.local is not None  # checked when the federation was built
-        backend = "sequential" if self.config.scaffold else execution.backend
         return local_executor(
             self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
-            backend=backend, max_parallel=execution.max_parallel,
+            backend=execution.backend, max_parallel=execution.max_parallel,
             epochs_of=self.local_epochs if execution.local_work is not None else None,
         )  # fmt: skip
 
@@ -295,7 +294,7 @@ class Federation:
         if self.config.scaffold:
             advance_controls(
                 new_state, updates, outcome, rows, self.config.min_clients, len(self.clients),
-                keep_clients=isinstance(self.executor, SequentialExecutor),
+                keep_clients=isinstance(self.executor, SequentialExecutor | BatchedExecutor),
             )  # fmt: skip
         return new_state
 
@@ -378,7 +377,7 @@ class Federation:
         vector = state.global_vector
         if not self.config.scaffold:
             return self.executor.train(vector, round_number, to_train, done)
-        if isinstance(self.executor, SequentialExecutor):
+        if isinstance(self.executor, SequentialExecutor | BatchedExecutor):  # clients here
             controls = client_controls(state, to_train)
             return self.executor.train_with_controls(vector, round_number, controls, done)
         assert isinstance(self.executor, ControlledExecutor) and state.control is not None

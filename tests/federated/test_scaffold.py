@@ -280,15 +280,33 @@ def test_the_variates_resume_exactly_from_a_weights_only_checkpoint() -> None:
     assert torch.equal(resumed.control, uninterrupted.control)
 
 
-def test_what_scaffold_cannot_run_with_is_refused() -> None:
-    with pytest.raises(ValueError, match="backend 'sequential'"):
-        Federation(
-            model=model(), clients=clients(), local=LocalTraining(momentum=0.0),
-            config=FederationConfig(rounds=1, scaffold=True),
+def test_the_batched_engine_trains_scaffold_as_the_sequential_one() -> None:
+    """Every client's corrected steps and Δc_i in one batched call: the same rounds, c and
+    c_i as client by client (up to float rounding), with sampling and unequal clients."""
+
+    def uneven(backend: str) -> Federation:
+        data = uneven_clients()
+        test = (torch.cat([c.images for c in data]), torch.cat([c.targets for c in data]))
+        return Federation(
+            model=model(), clients=data,
+            local=LocalTraining(epochs=EPOCHS, lr=LR, momentum=0.0, batch_size=BATCH),
+            config=FederationConfig(rounds=3, scaffold=True, client_fraction=0.6, seed=3),
             defence=Defence(rule=build_aggregator("fedavg")),
-            evaluation=EvaluationSets(test=(clients()[0].images, clients()[0].targets)),
-            execution=Execution(backend="batched"),
+            evaluation=EvaluationSets(test=test), execution=Execution(backend=backend),
         )  # fmt: skip
+
+    batched = uneven("batched")
+    assert batched.batched
+    one, many = run(uneven("sequential"), 3), run(batched, 3)
+
+    torch.testing.assert_close(many.global_vector, one.global_vector, rtol=0, atol=1e-6)
+    torch.testing.assert_close(many.control, one.control, rtol=0, atol=1e-6)
+    assert many.client_controls.keys() == one.client_controls.keys()
+    for client, variate in one.client_controls.items():
+        torch.testing.assert_close(many.client_controls[client], variate, rtol=0, atol=1e-5)
+
+
+def test_what_scaffold_cannot_run_with_is_refused() -> None:
     with pytest.raises(ValueError, match="local momentum and prox_mu must be 0"):
         Federation(
             model=model(), clients=clients(), local=LocalTraining(momentum=0.9),

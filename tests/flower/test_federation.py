@@ -655,8 +655,10 @@ def test_scaffold_at_the_sites_keeps_each_variate_at_its_site_through_restarts(
                 wait_for_round(files, 1, first)
                 wait_for_checkpoint(checkpoint, first)
             finally:
-                os.killpg(first.pid, signal.SIGKILL)
+                if first.poll() is None:
+                    os.killpg(first.pid, signal.SIGKILL)
                 first.wait()
+        assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
         hub.fed.kill_superlink()
         hub.fed.start_superlink()
         hub.fed.wait_status(hub.nodes[name] for name in names)
