@@ -158,7 +158,8 @@ class RemoteExecutor(RoundExecutor):
             )  # fmt: skip
             content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())} | extra)
             if trains or client_id in training:
-                content |= controls
+                for name, array in controls.items():
+                    content[name] = array
             if request is not None:
                 content["request"] = request
             messages.append(
