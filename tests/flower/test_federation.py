@@ -662,8 +662,12 @@ def test_scaffold_at_the_sites_keeps_each_variate_at_its_site_through_restarts(
         hub.fed.kill_superlink()
         hub.fed.start_superlink()
         hub.fed.wait_status(hub.nodes[name] for name in names)
-        for name in names:  # each site's variate survives its restart on its own disk
-            restart_site(hub, name, states[name])
+        for name in names:  # each site stopped, its variate left on its own disk ...
+            hub.fed.stop_site(name)
+            hub.fed.stop_site(f"{name}.trainer")
+        hub.fed.wait_status((hub.nodes[name] for name in names), "offline", timeout=limit(180))
+        for name in names:  # ... and started again on it
+            hub.start(name, **{"state-dir": str(states[name])})
         second = subprocess.run(
             fedsieve, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(900)
         )  # fmt: skip
