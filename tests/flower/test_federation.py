@@ -601,6 +601,29 @@ def first_variate(variates: dict[str, np.ndarray], key: str) -> bool:
     )
 
 
+def assert_scaffold_as_simulated(
+    remote: ServerState, local: ServerState, variates: dict[str, np.ndarray]
+) -> None:
+    """The run at the sites ended where its simulation ends: the model, c, the decisions
+    and whose control deltas counted; the hub kept c only; each site's latest c_i is its
+    simulated client's."""
+    assert remote.round == local.round and remote.client_controls == {}
+    assert decisions(remote) == decisions(local)
+    counted = [(row["client"], row["control_counted"]) for row in remote.trail]
+    assert counted == [(row["client"], row["control_counted"]) for row in local.trail]
+    assert (FLIPPER, False) in counted  # left out by PID-MADE: its Δc_i did not count
+    for ours, theirs in (
+        (remote.global_vector, local.global_vector),
+        (remote.control, local.control),
+    ):
+        assert (ours - theirs).abs().max().item() <= TOLERANCE
+    for client in local.client_controls:
+        site = site_names()[client]
+        latest = max(int(key.split("@")[1]) for key in variates if key.startswith(f"{site}@"))
+        diff = torch.from_numpy(variates[f"{site}@{latest}"]) - local.client_controls[client]
+        assert diff.abs().max().item() <= TOLERANCE, (site, latest)
+
+
 def restart_site(hub: Hub, name: str, state: Path) -> None:
     """Stop a site's SuperNode and warm trainer and start both again, its state folder
     given as ``fedsieve-site --state`` gives it."""
@@ -626,23 +649,12 @@ def test_scaffold_at_the_sites_keeps_each_variate_at_its_site_through_restarts(
     )  # fmt: skip
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     states = {name: tmp_path_factory.mktemp(f"{name}-state") for name in names}
-    fedsieve = [
-        sys.executable,
-        "-m",
-        "fedsieve.cli",
-        "train",
-        "--params",
-        "params.yaml",
-        "--resume",
-    ]
-    env = hub.fed.flwr_env() | {
-        "PREFECT_API_URL": prefect_server,
-        "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN),
-    }
-    files, checkpoint = (
-        HubFiles(tmp_path / "artifacts" / "hub"),
-        tmp_path / "artifacts" / "checkpoints" / "train.pt",
-    )
+    fedsieve = [sys.executable, "-m", "fedsieve.cli", "train", "--params", "params.yaml",
+                "--resume"]  # fmt: skip
+    env = hub.fed.flwr_env() | {"PREFECT_API_URL": prefect_server,
+                                "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN)}  # fmt: skip
+    files = HubFiles(tmp_path / "artifacts" / "hub")
+    checkpoint = tmp_path / "artifacts" / "checkpoints" / "train.pt"
     with approved(hub, raw):
         for name in names:
             restart_site(hub, name, states[name])
@@ -673,29 +685,12 @@ def test_scaffold_at_the_sites_keeps_each_variate_at_its_site_through_restarts(
         )  # fmt: skip
         assert second.returncode == 0, second.stderr[-3000:]
 
-    params = Params.model_validate(raw)
-    saved = read_checkpoint(checkpoint, params_hash(params))
+    saved = read_checkpoint(checkpoint, params_hash(Params.model_validate(raw)))
     assert saved is not None
-    remote = ServerState.from_dict(saved["state"])
-    local = simulated(raw, hub, names)
-    assert remote.round == 3 and remote.client_controls == {}  # the hub keeps c only
-    assert decisions(remote) == decisions(local)
-    counted = [(row["client"], row["control_counted"]) for row in remote.trail]
-    assert counted == [(row["client"], row["control_counted"]) for row in local.trail]
-    assert (FLIPPER, False) in counted  # left out by PID-MADE: its Δc_i did not count
-    for ours, theirs in (
-        (remote.global_vector, local.global_vector),
-        (remote.control, local.control),
-    ):
-        assert (ours - theirs).abs().max().item() <= TOLERANCE
     variates = site_variates(states)
-    for client, name in enumerate(names):  # the site's latest c_i is its simulated client's
-        latest = max(
-            (key for key in variates if key.startswith(f"{name}@")),
-            key=lambda k: int(k.split("@")[1]),
-        )
-        diff = (torch.from_numpy(variates[latest]) - local.client_controls[client]).abs().max()
-        assert diff.item() <= TOLERANCE, latest
+    assert_scaffold_as_simulated(
+        ServerState.from_dict(saved["state"]), simulated(raw, hub, names), variates
+    )
 
     hub_wrote = files_holding([tmp_path, Path(os.environ["PREFECT_HOME"])], variates)
     assert hub_wrote == {}, hub_wrote
