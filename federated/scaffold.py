@@ -16,15 +16,42 @@ each Δc_i, adds the counted ones into c, and keeps nothing else of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from federated.client import ClientUpdate, ControlVariates
 from federated.defence import Aggregation
+from federated.execution import (
+    BatchedExecutor,
+    ClientExecutor,
+    ClientResult,
+    ControlledExecutor,
+    OnResult,
+    SequentialExecutor,
+)
 from federated.parts import ServerState
 from federated.trail import TrailRows
 
-__all__ = ["advance_controls", "client_controls"]
+__all__ = ["LOCAL_EXECUTORS", "advance_controls", "client_controls", "train_with_variates"]
+
+LOCAL_EXECUTORS = (SequentialExecutor, BatchedExecutor)  # the clients (and their c_i) here
+
+
+def train_with_variates(
+    executor: ClientExecutor, state: ServerState, round_number: int, client_ids: Sequence[int],
+    on_result: OnResult | None,
+) -> list[ClientResult]:  # fmt: skip
+    """SCAFFOLD's round through ``executor``: clients simulated here train with c and their
+    c_i from the state; sites keep their own c_i and are sent c only."""
+    assert state.control is not None  # a SCAFFOLD state holds c from round 0
+    vector = state.global_vector
+    if isinstance(executor, LOCAL_EXECUTORS):
+        controls = client_controls(state, list(client_ids))
+        return executor.train_with_controls(vector, round_number, controls, on_result)
+    assert isinstance(executor, ControlledExecutor)  # checked when the federation was built
+    return executor.train_with_control(vector, round_number, client_ids, state.control, on_result)
 
 
 def client_controls(state: ServerState, client_ids: list[int]) -> dict[int, ControlVariates]:

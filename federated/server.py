@@ -54,9 +54,7 @@ from federated.execution import (
     BatchedExecutor,
     ClientExecutor,
     ClientResult,
-    ControlledExecutor,
     NextRound,
-    SequentialExecutor,
     SiteEvaluation,
     local_executor,
 )
@@ -77,7 +75,7 @@ from federated.parts import (
     check_local,
 )
 from federated.privacy import released_rounds
-from federated.scaffold import advance_controls, client_controls
+from federated.scaffold import LOCAL_EXECUTORS, advance_controls, train_with_variates
 from federated.scoring import RoundScorer, scored_together
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
 from federated.trail import (
@@ -294,7 +292,7 @@ class Federation:
         if self.config.scaffold:
             advance_controls(
                 new_state, updates, outcome, rows, self.config.min_clients, len(self.clients),
-                keep_clients=isinstance(self.executor, SequentialExecutor | BatchedExecutor),
+                keep_clients=isinstance(self.executor, LOCAL_EXECUTORS),
             )  # fmt: skip
         return new_state
 
@@ -371,17 +369,10 @@ class Federation:
         self, state: ServerState, round_number: int, to_train: list[int],
         done: Callable[[ClientResult], None] | None,
     ) -> list[ClientResult]:  # fmt: skip
-        """The executor's results; under SCAFFOLD each client trains with its variates: the
-        simulated clients' c_i from the state, the sites' from their own disks (they are
-        sent the server's c only)."""
-        vector = state.global_vector
+        """The executor's results; under SCAFFOLD each client trains with its variates."""
         if not self.config.scaffold:
-            return self.executor.train(vector, round_number, to_train, done)
-        if isinstance(self.executor, SequentialExecutor | BatchedExecutor):  # clients here
-            controls = client_controls(state, to_train)
-            return self.executor.train_with_controls(vector, round_number, controls, done)
-        assert isinstance(self.executor, ControlledExecutor) and state.control is not None
-        return self.executor.train_with_control(vector, round_number, to_train, state.control, done)
+            return self.executor.train(state.global_vector, round_number, to_train, done)
+        return train_with_variates(self.executor, state, round_number, to_train, done)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation
