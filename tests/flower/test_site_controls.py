@@ -56,3 +56,70 @@ def test_runs_keep_their_own_variates_and_a_bad_run_key_is_refused(tmp_path: Pat
     assert ControlStore(tmp_path, "0" * 12).before(2, 2).tolist() == [0.0, 0.0]
     with pytest.raises(ControlStoreError, match=r"run key '\.\./x' is not the hub's params hash"):
         ControlStore(tmp_path, "../x")
+
+
+def test_a_scaffold_task_trains_with_the_sites_own_variate_and_keeps_the_next_on_its_disk(
+    tmp_path: Path,
+) -> None:
+    """A site's work on SCAFFOLD tasks (as its warm trainer or ClientApp runs it): round 1
+    from c_i = 0, its Δc_i sent and c_i + Δc_i kept; round 2 from that c_i, as a simulated
+    client (:func:`federated.client.train_client`) trains with the same variates; without
+    a state folder, or with local DP, the task is refused in one line."""
+    import torch
+
+    from config.params import Params
+    from federated.client import ClientData, ControlVariates, train_client
+    from federated.data import dataset_info, load_digits
+    from federated.metrics import loss_function
+    from federated.vectors import model_to_vector
+    from flowerapp.hub import site_task
+    from flowerapp.jobs import Job
+    from flowerapp.site_data import load_site_data, write_site_files
+    from flowerapp.site_work import run_job
+    from models import build_model
+    from tasks.partition import split_partition
+    from tests.flower.conftest import BASE_PARAMS
+
+    data = load_digits()
+    split = split_partition(data.train.targets, "iid", 2, 0, {}, 0, 0.2)
+    write_site_files(data, split.clients[:1], split.local_tests[:1], ["clinic"], tmp_path)
+    raw = BASE_PARAMS | {"train": BASE_PARAMS["train"] | {"scaffold": True, "momentum": 0.0}}
+    spec = site_task(Params.model_validate(raw), dataset_info("digits"))
+    task = spec.to_config() | {"client": 0, "run_key": RUN}
+
+    def model() -> torch.nn.Module:
+        return build_model(spec.model, in_channels=spec.channels, num_classes=spec.classes,
+                           image_size=spec.size)  # fmt: skip
+
+    vector = model_to_vector(model()).detach()
+    server = torch.full_like(vector, 0.01)
+    state = tmp_path / "state"
+    node = {"data-file": str(tmp_path / "clinic.npz"), "state-dir": str(state)}
+
+    def job(round_number: int, **changes: object) -> Job:
+        return Job(kind="train", task=task | {"round": round_number, "shuffle_seed": round_number} | changes,
+                   vector=vector.numpy(), node=node, control=server.numpy())  # fmt: skip
+
+    first, second = run_job(job(1)), run_job(job(2))
+
+    assert not first.failed and not second.failed, (first.reason, second.reason)
+    store = ControlStore(state, RUN)
+    kept_1 = first.arrays["control"]  # c_i was 0: c_i after round 1 is Δc_i
+    assert np.array_equal(store.before(2, vector.numel()), kept_1)
+    (images, targets), _ = load_site_data(tmp_path / "clinic.npz").tensors(
+        spec.dataset_info(), torch.device("cpu")
+    )
+    simulated = train_client(
+        model(), vector, ClientData(0, images, targets), spec.local_training(),
+        loss_function(False), seed=2, control=ControlVariates(server, torch.from_numpy(kept_1)),
+    )  # fmt: skip
+    torch.testing.assert_close(torch.from_numpy(second.arrays["update"]), simulated.delta)
+    torch.testing.assert_close(torch.from_numpy(second.arrays["control"]), simulated.control_delta)
+    assert np.allclose(store.before(3, vector.numel()), kept_1 + second.arrays["control"])
+
+    no_state = run_job(Job(kind="train", task=task | {"round": 3}, vector=vector.numpy(),
+                           node={"data-file": node["data-file"]}, control=server.numpy()))  # fmt: skip
+    assert no_state.refused and "start it with fedsieve-site --state DIR" in no_state.reason
+    local_dp = run_job(job(3, privacy_mode="local", privacy_clip=1.0,
+                           privacy_noise_multiplier=1.0, privacy_delta=1e-5))  # fmt: skip
+    assert local_dp.refused and "neither clipped nor noised" in local_dp.reason
