@@ -73,7 +73,8 @@ def _binary(data: bytes, table: _Table) -> set[str]:
                 if kind == "f8":  # a float32's float64 has its 29 low mantissa bits 0
                     bits = np.frombuffer(data, f"{order}u8", count, offset)
                     found = np.where(bits & 0x1FFFFFFF == 0, found, np.nan)
-                found = found.astype(np.float64)
+                with np.errstate(invalid="ignore", over="ignore"):  # bytes that are no float
+                    found = found.astype(np.float64)
                 holders |= table.in_a_row(found)
                 if kind == "f8":
                     scattered.append(found[np.isfinite(found)])
