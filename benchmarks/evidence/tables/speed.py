@@ -152,13 +152,13 @@ def method_cost_block(device: str) -> str:
     for method, s in r["summary"].items():
         row = [method, f"{s['round_s']:.2f} s", f"{s['over_fedavg']:.2f}×"]
         if cpu:
-            row.append(f"{s['cpu_over_fedavg']:.2f}×")
+            row += [f"{s['round_cpu_s']:.2f} s", f"{s['cpu_over_fedavg']:.2f}×"]
         # the bound is read off the CPU time where there is one (the work, not the load)
         ratio = s["cpu_over_fedavg"] if cpu else s["over_fedavg"]
         row.append("" if method == "FedAvg" else ratio_check(ratio, r["bound"], at_most=True))
         rows.append(tuple(row))
     header = ("method", "a round (median)", "over FedAvg's round (wall)")
-    header += ("over FedAvg's round (CPU time)",) if cpu else ()
+    header += ("CPU time a round (median)", "over FedAvg's (CPU time)") if cpu else ()
     return f"{r['setup']}; {r['rounds']} timed rounds, interleaved.\n\n" + table(
         (*header, "bound"), rows
     )
