@@ -305,7 +305,8 @@ class TrainParams(_Section):
     # per round, seeded, in place of local_epochs (null: every client local_epochs)
     local_work: LocalWorkParams | None = None
     # SCAFFOLD (Karimireddy et al. 2020, option II): control variates correct every local
-    # step; plain local SGD (momentum 0, prox_mu 0), simulation, sequential training
+    # step; plain local SGD (momentum 0, prox_mu 0), any backend, or at real sites (each
+    # keeps its c_i in its state folder: fedsieve-site --state)
     scaffold: bool = False
     min_clients: Annotated[int, engine(FederationConfig, "min_clients")] = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -585,11 +586,6 @@ class Params(_Section):
                     f"train.scaffold with train.{key} = {value:g}: SCAFFOLD's option II "
                     f"assumes plain local SGD steps; set {why}"
                 )
-        if self.train.backend == "batched":
-            raise ValueError(
-                "train.scaffold trains each client with its own control variate one after "
-                "another: use backend sequential or auto"
-            )
         return self
 
     @model_validator(mode="after")
@@ -798,9 +794,13 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
                 "must be null: each site trains the epochs of the plan it approved",
             )
         )
-    if params.train.scaffold:
+    if params.train.scaffold and params.privacy.mode == "local":
         refused.append(
-            ("train.scaffold", "must be false: sites do not keep SCAFFOLD's control variates yet")
+            (
+                "train.scaffold",
+                "must be false with privacy.mode local: the sites' control deltas would "
+                "leave them neither clipped nor noised",
+            )
         )
     if params.aggregate.name == "afl":
         refused.append(

@@ -57,9 +57,13 @@ from torch.nn import functional
 from federated.client import (
     ClientData,
     ClientUpdate,
+    ControlVariates,
     LocalTraining,
     batch_order,
     batches,
+    local_steps,
+    parameter_mask,
+    scaffold_control_delta,
     sgd_step_,
 )
 from federated.seeding import derive_seed
@@ -330,9 +334,28 @@ class _Stacks:
     momenta: dict[str, Tensor]  # the same keys (empty without momentum) -> (P, *shape)
     running: dict[str, Tensor]  # "<BatchNorm>.running_mean" / "...running_var" -> (P, C)
     anchors: list[Tensor]  # the global weights, in the order of params (FedProx)
+    # SCAFFOLD: each client's c − c_i added to its every gradient (empty without) -> (P, *shape)
+    corrections: dict[str, Tensor]
 
 
-def _stacks(space: _Workspace, count: int, config: LocalTraining) -> _Stacks:
+def _corrections(
+    space: _Workspace, params: dict[str, Tensor], controls: Sequence[ControlVariates]
+) -> dict[str, Tensor]:
+    """SCAFFOLD's ``c − c_i`` of each client, shaped as each trainable stack."""
+    difference = torch.stack([c.server - c.client for c in controls])  # (P, d)
+    slices = space.layout.slices()
+    return {
+        k: difference[:, slices[k]].reshape(stack.shape).to(stack.dtype)
+        for k, stack in params.items()
+    }
+
+
+def _stacks(
+    space: _Workspace,
+    count: int,
+    config: LocalTraining,
+    controls: Sequence[ControlVariates] | None = None,
+) -> _Stacks:
     """``count`` copies of the workspace's (global) state; momenta start at zero."""
     named = dict(space.module.named_parameters())
     params = {
@@ -353,6 +376,7 @@ def _stacks(space: _Workspace, count: int, config: LocalTraining) -> _Stacks:
         momenta={k: torch.zeros_like(v) for k, v in params.items()} if config.momentum else {},
         running=running,
         anchors=[named[k].detach() for k in space.trainable],
+        corrections=_corrections(space, params, controls) if controls else {},
     )
 
 
@@ -427,6 +451,8 @@ def _train_group_(
     buffers = [_gather(stacks.momenta[k], group) for k in stacks.momenta]
     grads, (losses, stats) = step_fn(dict(zip(names, weights, strict=True)), x, y)
     with torch.no_grad():
+        for k, correction in stacks.corrections.items():  # SCAFFOLD: g − c_i + c
+            grads[k] = grads[k] + _gather(correction, group)
         sgd_step_(weights, [grads[k] for k in names], stacks.anchors, buffers, config)
         for k, rows in zip(names, weights, strict=True):
             _scatter_(stacks.params[k], group, rows)
@@ -469,10 +495,11 @@ def _train_chunk(
     config: LocalTraining,
     loss_fn: nn.Module,
     seeds: Sequence[int],
+    controls: Sequence[ControlVariates] | None = None,
 ) -> tuple[Tensor, list[float]]:
     """Train one chunk of clients; their deltas ``(P, d)`` and last-epoch mean losses."""
     data = _chunk_data(clients)
-    stacks = _stacks(space, len(clients), config)
+    stacks = _stacks(space, len(clients), config, controls)
     step_fn = vmap(grad(_objective(space, loss_fn), has_aux=True))
     last_losses: list[tuple[Tensor, Tensor, int]] = []  # (members, losses, batch size)
     for epoch in range(config.epochs):
@@ -496,16 +523,19 @@ def train_clients_batched(
     *,
     seeds: Sequence[int],
     max_parallel: int | None = None,
+    controls: Sequence[ControlVariates] | None = None,
 ) -> list[ClientUpdate]:
     """Train ``clients`` from ``global_vector`` all at once; the same updates (up to
-    rounding) as :func:`~federated.client.train_client` per client with the same seeds.
+    rounding) as :func:`~federated.client.train_client` per client with the same seeds
+    (and, SCAFFOLD, each with its ``controls``: its updates carry Δc_i).
 
     ``model`` is only read (a copy is the workspace). ``max_parallel`` caps the clients
     trained simultaneously (default: :func:`auto_max_parallel`). Clients are chunked in
     order of size so a chunk's clients run out of batches at about the same step.
     """
-    if len(seeds) != len(clients):
-        raise ValueError(f"{len(clients)} clients but {len(seeds)} seeds")
+    if len(seeds) != len(clients) or (controls is not None and len(controls) != len(clients)):
+        given = "" if controls is None else f" and {len(controls)} control variates"
+        raise ValueError(f"{len(clients)} clients but {len(seeds)} seeds{given}")
     if not clients:
         return []
     reason = batched_unsupported_reason(model)
@@ -517,6 +547,7 @@ def train_clients_batched(
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
 
     space = _workspace(model, global_vector)
+    on_parameters = None if controls is None else parameter_mask(model).to(global_vector.device)
     order = sorted(range(len(clients)), key=lambda i: len(clients[i]))
     results: list[ClientUpdate | None] = [None] * len(clients)
     for start in range(0, len(order), max_parallel):
@@ -528,6 +559,7 @@ def train_clients_batched(
             config,
             loss_fn,
             [seeds[i] for i in chunk],
+            None if controls is None else [controls[i] for i in chunk],
         )
         for row, (i, loss) in enumerate(zip(chunk, losses, strict=True)):
             results[i] = ClientUpdate(
@@ -535,5 +567,20 @@ def train_clients_batched(
                 delta=deltas[row],
                 num_samples=len(clients[i]),
                 train_loss=loss,
+                control_delta=None
+                if on_parameters is None
+                else _control_delta(
+                    deltas[row], controls[i], len(clients[i]), config, on_parameters
+                ),
             )
     return [r for r in results if r is not None]
+
+
+def _control_delta(
+    delta: Tensor, control: ControlVariates, samples: int, config: LocalTraining,
+    on_parameters: Tensor,
+) -> Tensor:  # fmt: skip
+    """SCAFFOLD's Δc_i of a client trained with ``control`` (option II, as
+    :func:`~federated.client.train_client` computes it)."""
+    steps = local_steps(samples, config.batch_size, config.epochs)
+    return scaffold_control_delta(delta, control, steps, config.lr, on_parameters)

@@ -29,7 +29,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +55,7 @@ __all__ = [
     "BatchedExecutor",
     "ClientExecutor",
     "ClientResult",
+    "ControlledExecutor",
     "HeldOutLosses",
     "LocalSiteScorer",
     "NextRound",
@@ -119,6 +120,23 @@ class ClientExecutor(Protocol):
         global_vector: Tensor,
         round_number: int,
         client_ids: Sequence[int],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """One result per id, in the order given."""
+        ...
+
+
+@runtime_checkable
+class ControlledExecutor(Protocol):
+    """Trains SCAFFOLD's round where the clients keep their own variates c_i (real sites):
+    it is given the server's c only, and each update carries the client's Δc_i."""
+
+    def train_with_control(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        client_ids: Sequence[int],
+        control: Tensor,
         on_result: OnResult | None = None,
     ) -> list[ClientResult]:
         """One result per id, in the order given."""
@@ -207,6 +225,8 @@ class NextRound:
 
     round: int
     client_ids: tuple[int, ...]
+    # SCAFFOLD: the server's control variate c the round's clients train with (d,)
+    control: Tensor | None = None
 
 
 class SiteScorer(Protocol):
@@ -420,6 +440,25 @@ class BatchedExecutor(RoundExecutor):
     def round_results(
         self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
     ) -> ResultOf:
+        return self._batched(global_vector, round_number, client_ids, None)
+
+    def train_with_controls(
+        self,
+        global_vector: Tensor,
+        round_number: int,
+        controls: Mapping[int, ControlVariates],
+        on_result: OnResult | None = None,
+    ) -> list[ClientResult]:
+        """SCAFFOLD's round: the clients in ``controls`` trained at once, each with its
+        control variates (its update carries Δc_i)."""
+        ids = list(controls)
+        result_of = self._batched(global_vector, round_number, ids, controls)
+        return collect_results(ids, result_of, on_result)
+
+    def _batched(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int],
+        controls: Mapping[int, ControlVariates] | None,
+    ) -> ResultOf:  # fmt: skip
         one = self.sequential
         groups: dict[LocalTraining, list[int]] = {}  # clients by their round's local epochs
         for client_id in client_ids:
@@ -432,6 +471,7 @@ class BatchedExecutor(RoundExecutor):
                     one.model, global_vector, [one.clients[i] for i in ids], local, one.loss_fn,
                     seeds=[one.seed_of(round_number, i) for i in ids],
                     max_parallel=self.max_parallel,
+                    controls=None if controls is None else [controls[i] for i in ids],
                 )
             ]  # fmt: skip
         except Exception as error:  # retried client by client: a broken one fails alone
@@ -439,7 +479,10 @@ class BatchedExecutor(RoundExecutor):
                 "round %d: batched training failed (%s: %s); training clients one by one",
                 round_number, type(error).__name__, error,
             )  # fmt: skip
-            return one.round_results(global_vector, round_number, client_ids)
+            return lambda client_id: one.train_one(
+                global_vector, round_number, client_id,
+                None if controls is None else controls[client_id],
+            )  # fmt: skip
         by_id = {u.client_id: u for u in updates}
         return lambda client_id: ClientResult(client_id, "ok", by_id[client_id])
 

@@ -58,13 +58,19 @@ class NonIIDScreen:
             return ""
         return self.check.loss if self.due(next_round.round) else ""
 
-    def screen(self, vector: Tensor, round_number: int, positions: list[int]) -> Screen:
-        """The round's clients (at ``positions``) judged at the global model ``vector``."""
+    def screen(
+        self, vector: Tensor, round_number: int, positions: list[int],
+        control: Tensor | None = None,
+    ) -> Screen:  # fmt: skip
+        """The round's clients (at ``positions``) judged at the global model ``vector``
+        (remote sites may train on it in the same exchange: with SCAFFOLD's ``control``)."""
         check = self.check
         if check is None or not self.due(round_number) or len(positions) < 2:
             return Screen()
         ids = [self.scorer.clients[p].client_id for p in positions]
-        then_train = NextRound(round_number, tuple(ids)) if self.trains_with_scoring() else None
+        then_train = (
+            NextRound(round_number, tuple(ids), control) if self.trains_with_scoring() else None
+        )
         by_id = self.scorer.data_losses(vector, positions, check.loss, then_train)
         ids = [i for i in ids if i in by_id]  # a site that did not answer is not screened
         if len(ids) < 2:

@@ -19,7 +19,7 @@ from aggregation.base import AggregationRule, Filter, PreAggregator, ServerOptim
 from aggregation.server_optimizers import ServerSGD
 from federated.attacks.base import ModelAttack
 from federated.client import ClientData, LocalTraining, LocalWork, RegisteredClient
-from federated.execution import ClientExecutor, SiteScorer
+from federated.execution import ClientExecutor, ControlledExecutor, SiteScorer
 from federated.privacy import ClientPrivacy
 from federated.seeding import clients_per_round
 from registry.constraints import POSITIVE, Interval, Options, allowed, check_fields
@@ -411,13 +411,13 @@ def check_local(
 
 
 def _check_scaffold(local: LocalTraining | None, execution: Execution) -> None:
-    """What SCAFFOLD as the paper writes it needs, in one line each: the clients trained
-    here one after another, with plain local SGD steps (option II reads (x − y)/(K·η_l)
-    as their mean corrected gradient)."""
-    if execution.executor is not None or execution.backend == "batched":
+    """What SCAFFOLD as the paper writes it needs, in one line each: clients that keep
+    their variates (here, or at sites that do), with plain local SGD steps (option II
+    reads (x − y)/(K·η_l) as their mean corrected gradient)."""
+    if execution.executor is not None and not isinstance(execution.executor, ControlledExecutor):
         raise ValueError(
-            "scaffold trains each client with its control variates one after another: "
-            "it needs the clients here and backend 'sequential' (or 'auto')"
+            f"scaffold needs an executor whose clients keep their own variates "
+            f"(train_with_control); {type(execution.executor).__name__} has none"
         )
     if local is not None and (local.momentum or local.prox_mu):
         raise ValueError(

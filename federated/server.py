@@ -55,7 +55,6 @@ from federated.execution import (
     ClientExecutor,
     ClientResult,
     NextRound,
-    SequentialExecutor,
     SiteEvaluation,
     local_executor,
 )
@@ -76,7 +75,7 @@ from federated.parts import (
     check_local,
 )
 from federated.privacy import released_rounds
-from federated.scaffold import advance_controls, client_controls
+from federated.scaffold import LOCAL_EXECUTORS, advance_controls, train_with_variates
 from federated.scoring import RoundScorer, scored_together
 from federated.seeding import SAMPLERS, SHUFFLE, clients_per_round, derive_seed
 from federated.trail import (
@@ -166,10 +165,9 @@ class Federation:
 
     def _local_executor(self, execution: Execution) -> ClientExecutor:
         assert self.local is not None  # checked when the federation was built
-        backend = "sequential" if self.config.scaffold else execution.backend
         return local_executor(
             self.model, self.clients, self.local, self.loss_fn, self._shuffle_seed,
-            backend=backend, max_parallel=execution.max_parallel,
+            backend=execution.backend, max_parallel=execution.max_parallel,
             epochs_of=self.local_epochs if execution.local_work is not None else None,
         )  # fmt: skip
 
@@ -239,7 +237,7 @@ class Federation:
         if following > self.config.rounds or state.halted or self.budget_spent(state):
             return None
         ids = tuple(self.clients[p].client_id for p in self.sample_clients(following))
-        return NextRound(following, ids)
+        return NextRound(following, ids, state.control)
 
     def _shuffle_seed(self, round_number: int, client_id: int) -> int:
         return derive_seed(self.config.seed, round_number, client_id, SHUFFLE)
@@ -252,7 +250,7 @@ class Federation:
         screened out or failed), e.g. to advance a progress bar."""
         round_number = state.round + 1
         sampled = self.sample_clients(round_number)
-        screen = self.screen.screen(state.global_vector, round_number, sampled)
+        screen = self.screen.screen(state.global_vector, round_number, sampled, state.control)
         rows, updates = self._train_clients(state, round_number, sampled, screen, on_client)
         outcome = self.round_defence.aggregate(state, round_number, updates, rows)
         self.round_defence.site_epsilons(state, rows)
@@ -293,8 +291,9 @@ class Federation:
         new_state.halted = halted
         if self.config.scaffold:
             advance_controls(
-                new_state, updates, outcome, rows, self.config.min_clients, len(self.clients)
-            )
+                new_state, updates, outcome, rows, self.config.min_clients, len(self.clients),
+                keep_clients=isinstance(self.executor, LOCAL_EXECUTORS),
+            )  # fmt: skip
         return new_state
 
     def _site_rows(
@@ -373,9 +372,7 @@ class Federation:
         """The executor's results; under SCAFFOLD each client trains with its variates."""
         if not self.config.scaffold:
             return self.executor.train(state.global_vector, round_number, to_train, done)
-        assert isinstance(self.executor, SequentialExecutor)  # chosen so when built
-        controls = client_controls(state, to_train)
-        return self.executor.train_with_controls(state.global_vector, round_number, controls, done)
+        return train_with_variates(self.executor, state, round_number, to_train, done)
 
     def _next_state(
         self, state: ServerState, round_number: int, outcome: Aggregation

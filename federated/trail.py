@@ -137,16 +137,18 @@ def checked_update(
 ) -> ClientUpdate | None:
     """The result's update if one came and it fits the model; otherwise ``None`` and
     the row marked with why: ``client_<outcome>`` (``client_error``, ...) or
-    ``bad_update`` (a wrong shape or dtype)."""
+    ``bad_update`` (a wrong shape or dtype, of the update or SCAFFOLD's control delta)."""
     update = result.update
     if result.outcome != "ok" or update is None:
         row.update(excluded=True, reason=f"client_{result.outcome}", message=result.message)
         return None
-    if update.delta.shape != global_vector.shape or not update.delta.is_floating_point():
+    for what, vector in (("update", update.delta), ("control delta", update.control_delta)):
+        if vector is None or (vector.shape == global_vector.shape and vector.is_floating_point()):
+            continue
         row.update(
             excluded=True, reason="bad_update",
-            message=f"update of shape {tuple(update.delta.shape)} and dtype "
-            f"{update.delta.dtype}; the model has {tuple(global_vector.shape)} parameters",
+            message=f"{what} of shape {tuple(vector.shape)} and dtype {vector.dtype}; "
+            f"the model has {tuple(global_vector.shape)} parameters",
         )  # fmt: skip
         return None
     row["train_loss"] = update.train_loss

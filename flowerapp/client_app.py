@@ -89,12 +89,14 @@ def _job(kind: str, msg: Message, context: Context) -> Job:
         node=dict(context.node_config),
         updates_sent=_updates_sent(context),
         request=None if request is None else dict(request),
-        candidates=(
-            np.array(msg.content["candidates"]["vector"].numpy())
-            if "candidates" in msg.content
-            else None
-        ),
+        candidates=_array(msg, "candidates"),
+        control=_array(msg, "control"),
     )
+
+
+def _array(msg: Message, name: str) -> np.ndarray | None:
+    """The message's array record ``name`` (its one array), if it carries one."""
+    return np.array(msg.content[name]["vector"].numpy()) if name in msg.content else None
 
 
 def _run(job: Job, context: Context) -> tuple[Answer, bool]:

@@ -18,7 +18,7 @@ from config.assembly import (
     local_training,
     resolve_device,
 )
-from config.params import Params, eval_batch_size
+from config.params import Params, eval_batch_size, params_hash
 from federated.client import ClientData, RegisteredClient
 from federated.data import DatasetInfo, MedMNISTData, to_tensors
 from federated.execution import ClientExecutor, SiteScorer
@@ -73,6 +73,7 @@ def site_task(params: Params, info: DatasetInfo) -> SiteTask:
         weight_decay=local.weight_decay, batch_size=local.batch_size, prox_mu=local.prox_mu,
         eval_batch_size=eval_batch_size(params), **privacy_task(params),
         validation=any(f.name == "site_validation" for f in params.filters),
+        scaffold=params.train.scaffold, run_key=params_hash(params),
     )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ class Job:
     updates_sent: int = 0  # local DP: the noised updates this site sent in the run
     request: dict[str, ConfigValue] | None = None  # evaluate: which splits; pretest: mode
     candidates: np.ndarray | None = None  # validate: the candidate models (k, d)
+    control: np.ndarray | None = None  # train under SCAFFOLD: the hub's control variate c
 
 
 @dataclass

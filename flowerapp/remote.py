@@ -54,10 +54,12 @@ from federated.execution import (
     ClientResult,
     HeldOutLosses,
     NextRound,
+    OnResult,
     ResultOf,
     RoundExecutor,
     ScoreRequest,
     SiteEvaluation,
+    collect_results,
 )
 from federated.metrics import ModelDiverged, SplitSummary, summary_from
 from flowerapp.lineage import SiteLineage
@@ -139,12 +141,15 @@ class RemoteExecutor(RoundExecutor):
     def _send(
         self, kind: str, vector: Tensor, round_number: int, client_ids: Sequence[int],
         request: ConfigRecord | None = None, training: Sequence[int] = (),
-        candidates: Tensor | None = None,
+        candidates: Tensor | None = None, control: Tensor | None = None,
     ) -> dict[int, Message]:  # fmt: skip
         """One message per client (a ``train`` message to the ``training`` ones, each with
-        the ``candidates`` when given); the replies that arrived in time, by client id."""
+        the ``candidates`` when given, and SCAFFOLD's ``control`` c to those that train);
+        the replies that arrived in time, by client id."""
         record = vector_record(vector)
         extra = {} if candidates is None else {"candidates": vector_record(candidates)}
+        controls = {} if control is None else {"control": vector_record(control)}
+        trains = kind == "train"
         messages = []
         for client_id in client_ids:
             task = replace(
@@ -152,6 +157,9 @@ class RemoteExecutor(RoundExecutor):
                 shuffle_seed=self.seed_of(round_number, client_id),
             )  # fmt: skip
             content = RecordDict({"global": record, "task": ConfigRecord(task.to_config())} | extra)
+            if trains or client_id in training:
+                for name, array in controls.items():
+                    content[name] = array
             if request is not None:
                 content["request"] = request
             messages.append(
@@ -165,6 +173,8 @@ class RemoteExecutor(RoundExecutor):
             )
         sent_bytes = record.count_bytes() + sum(r.count_bytes() for r in extra.values())
         self.bytes_sent += sent_bytes * len(messages)
+        trained = len(client_ids) if trains else len(training)
+        self.bytes_sent += sum(r.count_bytes() for r in controls.values()) * trained
         started = time.perf_counter()
         replies = self._exchange(messages)
         wall_s = time.perf_counter() - started
@@ -248,28 +258,55 @@ class RemoteExecutor(RoundExecutor):
     def round_results(
         self, global_vector: Tensor, round_number: int, client_ids: Sequence[int]
     ) -> ResultOf:
-        ready = self._take_trained(global_vector, round_number)
+        return self._round_results(global_vector, round_number, client_ids, None)
+
+    def train_with_control(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int],
+        control: Tensor, on_result: OnResult | None = None,
+    ) -> list[ClientResult]:  # fmt: skip
+        """SCAFFOLD's round: the sites are sent the server's ``control`` c; each keeps its
+        own c_i and answers with Δc_i beside its update."""
+        result_of = self._round_results(global_vector, round_number, client_ids, control)
+        return collect_results(client_ids, result_of, on_result)
+
+    def _round_results(
+        self, global_vector: Tensor, round_number: int, client_ids: Sequence[int],
+        control: Tensor | None,
+    ) -> ResultOf:  # fmt: skip
+        ready = self._take_trained(global_vector, round_number, control)
         missing = [i for i in client_ids if i not in ready]
-        replies = self._send("train", global_vector, round_number, missing) if missing else {}
+        replies = (
+            self._send("train", global_vector, round_number, missing, control=control)
+            if missing
+            else {}
+        )
 
         def result(client_id: int) -> ClientResult:
             if client_id in ready:
                 return ready[client_id]
-            return self._result(client_id, replies.get(client_id), global_vector)
+            return self._result(client_id, replies.get(client_id), global_vector, control)
 
         return result
 
-    def _take_trained(self, global_vector: Tensor, round_number: int) -> dict[int, ClientResult]:
-        """The updates trained with the last scoring, if they are for this model and round
-        (used once)."""
+    def _take_trained(
+        self, global_vector: Tensor, round_number: int, control: Tensor | None
+    ) -> dict[int, ClientResult]:
+        """The updates trained with the last scoring, if they are for this model, round
+        and control variate (used once)."""
         trained, self._trained = self._trained, None
         if trained is None or trained.round != round_number:
             return {}
         if not torch.equal(trained.vector, global_vector.detach().cpu()):
             return {}
+        if not _same(trained.control, control):
+            return {}
         return trained.results
 
-    def _result(self, client_id: int, reply: Message | None, like: Tensor) -> ClientResult:
+    def _result(
+        self, client_id: int, reply: Message | None, like: Tensor, control: Tensor | None = None
+    ) -> ClientResult:
+        """The site's answer as a result; under SCAFFOLD (``control`` sent) it must carry
+        the site's Δc_i."""
         if reply is None:
             return ClientResult(
                 client_id, "timeout", message=f"no reply within {self.round_timeout:g} s"
@@ -285,14 +322,22 @@ class RemoteExecutor(RoundExecutor):
         if "train_refused" in reply.content:  # it scored the model, but would not train
             reason = str(reply.content["train_refused"]["reason"])
             return ClientResult(client_id, "error", message=_one_line(reason))
+        if control is not None and "control" not in reply.content:
+            return ClientResult(
+                client_id, "error", message="no control delta with the update (SCAFFOLD)"
+            )
         try:
             delta = reply.content["update"]["vector"].numpy()
             metrics = reply.content["metrics"]
+            change = reply.content["control"]["vector"].numpy() if control is not None else None
             update = ClientUpdate(
                 client_id=client_id,
                 delta=torch.from_numpy(np.array(delta)).to(like.device),
                 num_samples=int(metrics["num_samples"]),
                 train_loss=float(metrics["train_loss"]),
+                control_delta=None
+                if change is None
+                else torch.from_numpy(np.array(change)).to(like.device),
             )
         except Exception as error:  # a reply without the records a site sends
             return ClientResult.failed(client_id, error)
@@ -353,15 +398,18 @@ class RemoteExecutor(RoundExecutor):
         training = [i for i in (then_train.client_ids if then_train else ()) if i in client_ids]
         round_number = then_train.round if then_train and training else 0
         replies = self._send(
-            "evaluate", global_vector, round_number, client_ids, request_record(request), training
-        )
+            "evaluate", global_vector, round_number, client_ids, request_record(request), training,
+            control=then_train.control if then_train is not None and training else None,
+        )  # fmt: skip
         evaluations = self._evaluations(client_ids, replies, request)
         if then_train is not None and training:
+            control = then_train.control
             self._trained = _Trained(
                 then_train.round, global_vector.detach().cpu().clone(),
-                {i: self._result(i, replies.get(i), global_vector) for i in training},
+                {i: self._result(i, replies.get(i), global_vector, control) for i in training},
                 request.data_loss, frozenset(client_ids),
                 {e.site: e.data_loss for e in evaluations if e.data_loss is not None},
+                None if control is None else control.detach().cpu().clone(),
             )  # fmt: skip
         return evaluations
 
@@ -438,6 +486,14 @@ class _Trained:
     loss_name: str
     asked: frozenset[int]
     losses: dict[int, float]
+    control: Tensor | None = None  # SCAFFOLD's c the sites trained with
+
+
+def _same(sent: Tensor | None, asked: Tensor | None) -> bool:
+    """Whether the control variate the sites trained with is the one the round asks for."""
+    if sent is None or asked is None:
+        return sent is None and asked is None
+    return torch.equal(sent, asked.detach().cpu())
 
 
 def _held_out_losses(client_id: int, reply: Message, k: int) -> HeldOutLosses:

@@ -32,7 +32,7 @@ import socket
 import ssl
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -54,11 +54,12 @@ __all__ = ["main", "supernode_command"]
 
 def supernode_command(
     data: Path, plan: Path, superlink: str, ca: Path, key: Path, clientappio_port: int = 9094,
-    local_dp: bool = False, trainer_dir: Path | None = None,
+    local_dp: bool = False, folders: Mapping[str, Path] | None = None,
 ) -> list[str]:  # fmt: skip
     """``flower-supernode`` with TLS (the hub's CA), SuperNode authentication (the site's
     private key; its public key is registered at the hub), and the data file, approved
-    plan and warm trainer's directory as node config."""
+    plan and the site's ``folders`` (``trainer-dir``: the warm trainer's; ``state-dir``:
+    its own state, SCAFFOLD's variate) as node config."""
     binary = Path(sys.executable).parent / "flower-supernode"
     return [
         str(binary),
@@ -70,7 +71,7 @@ def supernode_command(
         "--node-config", " ".join(config_pairs(
             {"data-file": str(data.resolve()), "approved-plan": str(plan.resolve())}
             | ({"require-local-dp": True} if local_dp else {})
-            | ({"trainer-dir": str(trainer_dir)} if trainer_dir else {})
+            | {name: str(folder.resolve()) for name, folder in (folders or {}).items()}
         )),
     ]  # fmt: skip
 
@@ -162,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="train only with local differential privacy (privacy_mode local), plan or no plan",
     )  # fmt: skip
     parser.add_argument(
+        "--state", type=Path,
+        help="the site's own state folder, kept across restarts (SCAFFOLD's control variate; "
+        "a plan with scaffold: true needs it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--rejoin-timeout", type=float, default=120.0,
         help="seconds to wait for the hub to let this site's node in again after a restart",
     )  # fmt: skip
@@ -191,6 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if task.scaffold and args.state is None:
+        print(
+            f"fedsieve-site: error: plan {args.plan} has scaffold: true: this site keeps its "
+            "control variate in its own state folder; give --state DIR",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     problem = credentials_problem(args.ca, args.key) or port_problem(args.clientappio_port)
     if problem:
         print(f"fedsieve-site: error: {problem}", file=sys.stderr)
@@ -212,9 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedsieve-site-") as private:
         trainer_dir = Path(private)
         prepare_dir(trainer_dir)
+        folders = {"trainer-dir": trainer_dir} | ({"state-dir": args.state} if args.state else {})
         command = supernode_command(
             data.path, args.plan, args.superlink, args.ca, args.key, args.clientappio_port,
-            args.local_dp, trainer_dir,
+            args.local_dp, folders,
         )  # fmt: skip
         env = flower_env(Path(command[0]).parent)
         trainer = KeptTrainer(

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from config.environment import image_cache_dir
-from federated.client import ClientData, client_gradient, train_client
+from federated.client import ClientData, ControlVariates, client_gradient, train_client
 from federated.data import to_tensors
 from federated.execution import ScoreRequest, evaluate_site, held_out_losses, validation_split
 from federated.layout import use_fast_layout_
@@ -33,14 +33,16 @@ from federated.stats.noniid import client_losses
 from federated.vectors import model_to_vector, vector_to_model_
 from flowerapp.jobs import Answer, Job
 from flowerapp.plan import PlanError, plan_differences, plan_digest, read_plan
+from flowerapp.site_controls import ControlStore, ControlStoreError
 from flowerapp.site_data import SiteData, SiteDataError, load_site_data
 from flowerapp.task import SiteTask, TaskError
 from models import build_model
 
-__all__ = ["REQUIRE_LOCAL_DP", "TaskRefused", "run_job", "warm_up"]
+__all__ = ["REQUIRE_LOCAL_DP", "STATE_DIR", "TaskRefused", "run_job", "warm_up"]
 
 DEVICE = torch.device("cpu")
 REQUIRE_LOCAL_DP = "require-local-dp"  # node config: refuse every task without local DP
+STATE_DIR = "state-dir"  # node config: the site's own state folder (SCAFFOLD's c_i)
 
 
 class TaskRefused(ValueError):
@@ -65,7 +67,9 @@ def _version(path: str) -> tuple[int, ...]:
 def _data_of(path: str, task: SiteTask) -> SiteData:
     """The site's data, read once per task schema (a folder's images are read in it) and
     again when the operator changes it: the per-message fields do not make it read again."""
-    return _site_data(path, replace(task, round=0, client=0, shuffle_seed=0), _version(path))
+    return _site_data(
+        path, replace(task, round=0, client=0, shuffle_seed=0, run_key=""), _version(path)
+    )
 
 
 @cache
@@ -162,7 +166,10 @@ def _train(
     job: Job, task: SiteTask, data: SiteData, global_vector: Tensor, model: nn.Module
 ) -> Answer:
     """The update; when the job carries a score request too, the received model's
-    scores first (one exchange a round: the model is the last round's)."""
+    scores first (one exchange a round: the model is the last round's). Under SCAFFOLD
+    the site trains with the hub's c and its own c_i, keeps c_i + Δc_i on its disk and
+    sends Δc_i."""
+    controls = _site_controls(job, task, global_vector) if task.scaffold else None
     scores = _evaluate(job, task, data, global_vector, model) if job.request else Answer()
     privacy, sent = _local_privacy(task, job.node), job.updates_sent
     if privacy is not None:
@@ -177,8 +184,9 @@ def _train(
     client = ClientData(task.client, images, targets)
     loss_fn = loss_function(task.multi_label)
     update = train_client(
-        model, global_vector, client, task.local_training(), loss_fn, seed=task.shuffle_seed
-    )
+        model, global_vector, client, task.local_training(), loss_fn, seed=task.shuffle_seed,
+        control=None if controls is None else controls[1],
+    )  # fmt: skip
     metrics: dict[str, float | int] = {
         "num_samples": update.num_samples, "train_loss": update.train_loss,
     }  # fmt: skip
@@ -197,7 +205,40 @@ def _train(
         )
     answer.arrays["update"] = delta.detach().cpu().numpy()
     answer.metrics["metrics"] = metrics
+    if controls is not None and update.control_delta is not None:
+        store, variates = controls
+        change = update.control_delta.detach().cpu()
+        store.save(task.round, (variates.client + change).numpy())  # before it is sent
+        answer.arrays["control"] = change.numpy()
     return answer
+
+
+def _site_controls(
+    job: Job, task: SiteTask, global_vector: Tensor
+) -> tuple[ControlStore, ControlVariates]:
+    """Where this site keeps its SCAFFOLD variate, and the hub's c with its own c_i for
+    the task's round; a task that cannot have them is refused."""
+    if task.privacy_mode == "local":
+        raise TaskRefused(
+            "scaffold with privacy_mode=local: the control delta would leave this site "
+            "neither clipped nor noised"
+        )
+    if STATE_DIR not in job.node:
+        raise TaskRefused(
+            "scaffold: this site keeps its control variate in its own state folder; start "
+            "it with fedsieve-site --state DIR (node config state-dir)"
+        )
+    size = global_vector.numel()
+    if job.control is None or job.control.shape != (size,):
+        shape = None if job.control is None else job.control.shape
+        raise TaskRefused(f"scaffold: the task's control variate c is {shape}, not ({size},)")
+    try:
+        store = ControlStore(Path(str(job.node[STATE_DIR])), task.run_key)
+        own = store.before(task.round, size)
+    except ControlStoreError as error:
+        raise TaskRefused(str(error)) from None
+    server = torch.from_numpy(np.array(job.control, dtype=np.float32))
+    return store, ControlVariates(server=server, client=torch.from_numpy(own))
 
 
 def _evaluate(

@@ -33,9 +33,9 @@ class TaskError(ValueError):
     """A task that does not follow the schema: what is wrong, in one line."""
 
 
-def per_message() -> Any:
+def per_message(default: int | str = 0) -> Any:
     """A field that changes with every message (the round, the client): not the plan's."""
-    return field(default=0, metadata={"per_message": True})
+    return field(default=default, metadata={"per_message": True})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +73,13 @@ class SiteTask:
     # the site scores the round's leave-one-site-out candidates on its held-out split
     # (filter site_validation): it then sees models that differ by one peer's update
     validation: bool = False
+    # SCAFFOLD (option II): the site trains with the hub's c and its own c_i, which it
+    # keeps in its state folder, and sends Δc_i beside its update
+    scaffold: bool = False
     round: int = per_message()
     client: int = per_message()  # the site's client id: its place in federation.sites
     shuffle_seed: int = per_message()  # its batch order this round (the simulation's)
+    run_key: str = per_message("")  # the run a SCAFFOLD variate belongs to (params hash)
 
     @classmethod
     def per_message_fields(cls) -> frozenset[str]:
@@ -85,6 +89,8 @@ class SiteTask:
         """The settings a site's operator approves: every field but the per-message ones,
         as JSON values, by name."""
         every = self.to_config()
+        if not self.scaffold:  # as plans were before SCAFFOLD at the sites: still approved
+            del every["scaffold"]
         return {key: every[key] for key in sorted(every) if key not in self.per_message_fields()}
 
     def to_config(self) -> dict[str, Value]:

@@ -135,20 +135,25 @@ def test_scaffold_is_one_line_of_params_and_what_it_cannot_run_with_is_refused()
     plain_sgd = ["train.scaffold=true", "train.momentum=0"]
 
     assert load_params(PARAMS, plain_sgd).train.scaffold
+    assert load_params(PARAMS, [*plain_sgd, "train.backend=batched"]).train.scaffold
     assert params_hash(load_params(PARAMS, ["train.scaffold=false"])) == params_hash(
         load_params(PARAMS)
     )
     for overrides, says in [
         (["train.scaffold=true"], "train.momentum = 0.9: SCAFFOLD's option II assumes plain"),
         ([*plain_sgd, "train.prox_mu=0.1"], "set train.prox_mu: 0"),
-        ([*plain_sgd, "train.backend=batched"], "use backend sequential or auto"),
         ([*plain_sgd, "privacy.mode=central"], "train.scaffold (its control deltas"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(says)) as error:
             load_params(PARAMS, overrides)
         assert "\n" not in str(error.value)
-    with pytest.raises(ConfigError, match="sites do not keep SCAFFOLD's control variates"):
-        validate_params(at_sites(train={"scaffold": True, "momentum": 0}), "p.yaml")
+    # at real sites each keeps its own c_i; not with local DP, which would not cover Δc_i
+    assert validate_params(at_sites(train={"scaffold": True, "momentum": 0}), "p.yaml")
+    local_dp = {"mode": "local", "clip": 1.0, "noise_multiplier": 1.0}
+    with pytest.raises(ConfigError, match="control deltas would leave them neither clipped"):
+        validate_params(
+            at_sites(train={"scaffold": True, "momentum": 0}, privacy=local_dp), "p.yaml"
+        )
 
 
 def test_a_compared_methods_train_settings_are_refused_as_its_cells_would_refuse_them():

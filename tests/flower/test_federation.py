@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -47,6 +48,7 @@ from tests.flower.conftest import (
     run_at_sites,
     site_names,
 )
+from tests.flower.vectors_in_files import files_holding
 from tests.limits import limit, poll
 
 pytestmark = pytest.mark.e2e  # real processes and servers: minutes
@@ -578,6 +580,127 @@ def test_a_hub_killed_with_sigkill_resumes_from_its_checkpoint_with_the_sites_co
     )
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert metrics["rounds"] == 3 and metrics["site_acc_worst"] == min(r["acc"] for r in scored)
+
+
+def site_variates(states: dict[str, Path]) -> dict[str, np.ndarray]:
+    """Every SCAFFOLD variate the sites keep on their disks (``site-k@round``)."""
+    variates = {}
+    for name, folder in states.items():
+        [path] = (folder / "scaffold").glob("*.npz")
+        with np.load(path) as saved:
+            for round_number, control in zip(saved["rounds"], saved["controls"], strict=True):
+                variates[f"{name}@{round_number}"] = control
+    return variates
+
+
+def first_variate(variates: dict[str, np.ndarray], key: str) -> bool:
+    """Whether ``key`` (``site@round``) is its site's first round in ``variates``."""
+    site, round_number = key.split("@")
+    return int(round_number) == min(
+        int(k.split("@")[1]) for k in variates if k.startswith(f"{site}@")
+    )
+
+
+def assert_scaffold_as_simulated(
+    remote: ServerState, local: ServerState, variates: dict[str, np.ndarray]
+) -> None:
+    """The run at the sites ended where its simulation ends: the model, c, the decisions
+    and whose control deltas counted; the hub kept c only; each site's latest c_i is its
+    simulated client's."""
+    assert remote.round == local.round and remote.client_controls == {}
+    assert decisions(remote) == decisions(local)
+    counted = [(row["client"], row["control_counted"]) for row in remote.trail]
+    assert counted == [(row["client"], row["control_counted"]) for row in local.trail]
+    assert (FLIPPER, False) in counted  # left out by PID-MADE: its Δc_i did not count
+    for ours, theirs in (
+        (remote.global_vector, local.global_vector),
+        (remote.control, local.control),
+    ):
+        assert (ours - theirs).abs().max().item() <= TOLERANCE
+    for client in local.client_controls:
+        site = site_names()[client]
+        latest = max(int(key.split("@")[1]) for key in variates if key.startswith(f"{site}@"))
+        diff = torch.from_numpy(variates[f"{site}@{latest}"]) - local.client_controls[client]
+        assert diff.abs().max().item() <= TOLERANCE, (site, latest)
+
+
+def restart_site(hub: Hub, name: str, state: Path) -> None:
+    """Stop a site's SuperNode and warm trainer and start both again, its state folder
+    given as ``fedsieve-site --state`` gives it."""
+    hub.fed.stop_site(name)
+    hub.fed.stop_site(f"{name}.trainer")
+    hub.start(name, **{"state-dir": str(state)})
+
+
+def test_scaffold_at_the_sites_keeps_each_variate_at_its_site_through_restarts(
+    hub: Hub, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, prefect_server: str
+) -> None:
+    """SCAFFOLD through the pipeline (``fedsieve train``) at the four sites, three of them
+    sampled a round, PID-MADE leaving the flipper out: the hub is SIGKILLed after a round,
+    every site restarted on its state folder, and the run resumed ends where its
+    simulation ends (the model, c, the decisions and whose control deltas counted), each
+    site holding its simulated client's c_i. No file the hub wrote (its project: run
+    folder, checkpoints, reports, MLflow's database and artifacts; Prefect's home; the
+    SuperLink's database) holds any of the variates the sites keep."""
+    names = site_names()
+    raw = hub.flower_params(
+        names, seed=1, train={"rounds": 3, "scaffold": True, "momentum": 0.0,
+                              "client_fraction": 0.75}, eval={"every": 3},
+    )  # fmt: skip
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    states = {name: tmp_path_factory.mktemp(f"{name}-state") for name in names}
+    fedsieve = [sys.executable, "-m", "fedsieve.cli", "train", "--params", "params.yaml",
+                "--resume"]  # fmt: skip
+    env = hub.fed.flwr_env() | {"PREFECT_API_URL": prefect_server,
+                                "FEDSIEVE_FLOWER_BIN": str(FLOWER_BIN)}  # fmt: skip
+    files = HubFiles(tmp_path / "artifacts" / "hub")
+    checkpoint = tmp_path / "artifacts" / "checkpoints" / "train.pt"
+    with approved(hub, raw):
+        for name in names:
+            restart_site(hub, name, states[name])
+        with (tmp_path / "first.log").open("wb") as log:
+            first = subprocess.Popen(
+                fedsieve, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                wait_for_round(files, 1, first)
+                wait_for_checkpoint(checkpoint, first)
+            finally:
+                if first.poll() is None:
+                    os.killpg(first.pid, signal.SIGKILL)
+                first.wait()
+        assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
+        hub.fed.kill_superlink()
+        hub.fed.start_superlink()
+        hub.fed.wait_status(hub.nodes[name] for name in names)
+        for name in names:  # each site stopped, its variate left on its own disk ...
+            hub.fed.stop_site(name)
+            hub.fed.stop_site(f"{name}.trainer")
+        hub.fed.wait_status((hub.nodes[name] for name in names), "offline", timeout=limit(180))
+        for name in names:  # ... and started again on it
+            hub.start(name, **{"state-dir": str(states[name])})
+        second = subprocess.run(
+            fedsieve, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit(900)
+        )  # fmt: skip
+        assert second.returncode == 0, second.stderr[-3000:]
+
+    saved = read_checkpoint(checkpoint, params_hash(Params.model_validate(raw)))
+    assert saved is not None
+    variates = site_variates(states)
+    assert_scaffold_as_simulated(
+        ServerState.from_dict(saved["state"]), simulated(raw, hub, names), variates
+    )
+
+    hub_wrote = files_holding([tmp_path, Path(os.environ["PREFECT_HOME"])], variates)
+    assert hub_wrote == {}, hub_wrote
+    # a site's first variate is the Δc_i it sent, which Flower carried through its database;
+    # none of the later ones was ever sent
+    later = {key: value for key, value in variates.items() if not first_variate(variates, key)}
+    assert later and files_holding(sorted(hub.fed.work.glob("superlink.db*")), later) == {}
+    # and the search finds them where they are: on each site's own disk
+    found = files_holding(list(states.values()), variates)
+    assert set(found) == set(variates)
 
 
 def write_site_plan(hub: Hub, path: Path, **sections: Any) -> Path:

@@ -189,6 +189,37 @@ def test_the_privacy_a_site_is_promised_is_in_its_plan_and_local_dp_can_be_insis
     assert command[-1].endswith(" require-local-dp=true")
 
 
+def test_a_scaffold_plan_needs_the_sites_state_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SCAFFOLD keeps the site's control variate on its own disk: ``fedsieve-site`` refuses
+    a plan with ``scaffold: true`` without ``--state``, and gives the folder to its
+    SuperNode as node config."""
+    scaffold = site_task(
+        validate_params({"train": {"scaffold": True, "momentum": 0}}, "params.yaml"),
+        dataset_info("digits"),
+    )
+    write_plan(tmp_path / "plan.json", scaffold)
+    (tmp_path / "ca.crt").write_text("")
+    (tmp_path / "site.key").write_text("")
+    digits_sized = {"train_images": np.zeros((3, 28, 28), np.uint8),
+                    "test_images": np.zeros((1, 28, 28), np.uint8)}  # fmt: skip
+    argv = ["--data", str(site_file(tmp_path / "site.npz", **digits_sized)), "--superlink", "hub:9092",
+            "--ca", str(tmp_path / "ca.crt"), "--key", str(tmp_path / "site.key"),
+            "--plan", str(tmp_path / "plan.json")]  # fmt: skip
+
+    assert site_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fedsieve-site: error: plan {tmp_path / 'plan.json'} has scaffold: true: this site "
+        "keeps its control variate in its own state folder; give --state DIR\n"
+    )
+    command = supernode_command(
+        tmp_path / "site.npz", tmp_path / "plan.json", "hub:9092", tmp_path / "ca.crt",
+        tmp_path / "site.key", folders={"state-dir": tmp_path / "state"},
+    )  # fmt: skip
+    assert command[-1].endswith(f' state-dir="{tmp_path / "state"}"')
+
+
 def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_register(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,11 +36,21 @@ def test_the_site_reads_the_task_the_hub_sent() -> None:
 def test_the_plan_is_the_record_without_its_per_message_fields() -> None:
     plan = training_plan(TASK)
 
-    assert set(plan) == {
-        f for f in TASK.to_config() if f not in {"round", "client", "shuffle_seed"}
-    }
-    assert plan_differences(plan, SiteTask.from_config(sent())) == []
-    assert SiteTask.per_message_fields() == {"round", "client", "shuffle_seed"}
+    per_message = {"round", "client", "shuffle_seed", "run_key"}
+    # scaffold: false is left out, so plans approved before SCAFFOLD at the sites still hold
+    assert set(plan) == {f for f in TASK.to_config() if f not in per_message | {"scaffold"}}
+    assert plan_differences(plan, SiteTask.from_config(sent(run_key="ab12cd34ef56"))) == []
+    assert SiteTask.per_message_fields() == per_message
+
+
+def test_a_plan_without_scaffold_refuses_a_scaffold_task_and_one_with_it_approves_it() -> None:
+    scaffold = replace(TASK, scaffold=True)
+
+    assert training_plan(scaffold)["scaffold"] is True
+    assert plan_differences(training_plan(TASK), scaffold) == ["scaffold=True (approved <none>)"]
+    assert (
+        plan_differences(training_plan(scaffold), SiteTask.from_config(sent(scaffold=True))) == []
+    )
 
 
 def test_a_whole_number_where_a_float_is_due_is_that_float() -> None:

@@ -143,6 +143,27 @@ def site_validation_cost_block() -> str:
     )
 
 
+def method_cost_block(device: str) -> str:
+    """Each method's round beside FedAvg's on the batched engine, in one run, against
+    issue 79's bound (benchmarks/speed/method_cost.py)."""
+    r = results_json(f"method-cost-{device}")
+    cpu = "cpu_over_fedavg" in r["summary"]["FedAvg"] and device == "cpu"
+    rows = []
+    for method, s in r["summary"].items():
+        row = [method, f"{s['round_s']:.2f} s", f"{s['over_fedavg']:.2f}×"]
+        if cpu:
+            row += [f"{s['round_cpu_s']:.2f} s", f"{s['cpu_over_fedavg']:.2f}×"]
+        # the bound is read off the CPU time where there is one (the work, not the load)
+        ratio = s["cpu_over_fedavg"] if cpu else s["over_fedavg"]
+        row.append("" if method == "FedAvg" else ratio_check(ratio, r["bound"], at_most=True))
+        rows.append(tuple(row))
+    header = ("method", "a round (median)", "over FedAvg's round (wall)")
+    header += ("CPU time a round (median)", "over FedAvg's (CPU time)") if cpu else ()
+    return f"{r['setup']}; {r['rounds']} timed rounds, interleaved.\n\n" + table(
+        (*header, "bound"), rows
+    )
+
+
 def round_speed_block(device: str) -> str:
     """Batched against sequential client training (benchmarks/speed/round_speed.py)."""
     r = results_json("round-speed-cuda" if device == "cuda" else "round-speed-cpu-quick")
