@@ -148,8 +148,7 @@ echo "   --user $OWNER: reports/metrics.json and tracking/mlflow.db in the host 
 done_step
 
 step "compose: PostgreSQL and the servers healthy, deployments registered, worker up"
-"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d postgres mlflow prefect-server
-"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" run --rm deploy
+# the worker waits for PostgreSQL, the servers' health and the deploy service's success
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d worker
 done_step
 
