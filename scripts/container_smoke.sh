@@ -77,6 +77,13 @@ fi
 
 HOST_DIR=$(mktemp -d)  # host folders for results (step 3)
 cleanup() {
+    exit_status=$?
+    if [ "$exit_status" -ne 0 ] && [ -n "$("${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" ps -q 2>/dev/null)" ]; then
+        # the stack's logs outlive its teardown, so that a failure's cause can be read
+        STACK_LOG=$(mktemp --tmpdir fedsieve-container-smoke.XXXXXX.log)
+        "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" logs --no-color --timestamps >"$STACK_LOG" 2>&1 || true
+        echo "container-smoke: failed (exit $exit_status); the stack's logs are in $STACK_LOG" >&2
+    fi
     "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" down --volumes --remove-orphans \
         >/dev/null 2>&1 || true
     rm -rf "$HOST_DIR" "${HOST_COMPOSE:-}" "${DATA_COMPOSE:-}"
@@ -141,8 +148,7 @@ echo "   --user $OWNER: reports/metrics.json and tracking/mlflow.db in the host 
 done_step
 
 step "compose: PostgreSQL and the servers healthy, deployments registered, worker up"
-"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d postgres mlflow prefect-server
-"${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" run --rm deploy
+# the worker waits for PostgreSQL, the servers' health and the deploy service's success
 "${COMPOSE[@]}" -p "$PROJECT" "${COMPOSE_FILES[@]}" up -d worker
 done_step
 

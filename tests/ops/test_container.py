@@ -314,6 +314,8 @@ def test_the_worker_runs_prefects_worker_command_against_the_services(compose):
         assert env["MLFLOW_TRACKING_URI"] == f"http://mlflow:{mlflow_port}"
         assert env["FEDSIEVE_HOME"] == "/app"
         assert {"prefect-server", "mlflow"} <= set(worker["depends_on"])
+        # `up -d` returns with the deployments registered: the docs' next command runs one
+        assert worker["depends_on"]["deploy"]["condition"] == "service_completed_successfully"
         # heartbeats for the zombie-run automation, which the deploy service installs
         assert int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]) >= 30
     assert services["worker-gpu"]["build"]["args"]["TORCH_VARIANT"] == "cuda"
