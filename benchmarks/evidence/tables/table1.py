@@ -1,0 +1,120 @@
+"""The FedLag paper's Table 1, tested (benchmarks/papers/fedlag_table1.py): its per-run
+record read, a halted run scored as a model that learnt nothing, the per-seed values the
+``table1`` claims pair, and the tables of docs/results.md."""
+
+from __future__ import annotations
+
+import csv
+
+from benchmarks.evidence.tables.records import Row
+from benchmarks.papers.fedlag_table1 import (
+    ATTACKED,
+    DATASETS,
+    METHODS,
+    RECORD,
+    REGIMES,
+    ROBUST_FEDADAM,
+    ROUNDS,
+    TARGETS,
+)
+
+# a measure -> (its column in the record, what the tables call it)
+MEASURES = {
+    "acc": ("test_acc", "final test accuracy"),
+    "auc": ("test_auc", "final test AUC"),
+    "worst_site": ("site_acc_worst", "worst site's accuracy"),
+    "rounds": ("rounds_to_target", "rounds to target"),
+}
+NEVER = ROUNDS + 1  # rounds to target of a run that never reached it (or halted)
+
+
+def table1_rows() -> list[Row]:
+    """The record's runs, numbers as numbers; a halted run (an error) scored at chance:
+    accuracy and worst site at its dataset's test majority share, AUC 0.5, the target never
+    reached. A run that never reached its target counts :data:`NEVER` rounds."""
+    with RECORD.open(newline="") as handle:
+        rows: list[Row] = list(csv.DictReader(handle))
+    majority: dict[str, float] = {}
+    for row in rows:
+        row["seed"] = int(row["seed"])
+        if not row["error"]:
+            for key in ("test_acc", "test_auc", "site_acc_worst", "majority_share"):
+                row[key] = float(row[key])
+            row["rounds_to_target"] = int(row["rounds_to_target"])
+            majority.setdefault(row["dataset"], row["majority_share"])
+    for row in rows:
+        if row["error"]:
+            share = majority[row["dataset"]]
+            row |= {"test_acc": share, "site_acc_worst": share, "test_auc": 0.5,
+                    "rounds_to_target": NEVER}  # fmt: skip
+        elif row["rounds_to_target"] < 0:
+            row["rounds_to_target"] = NEVER
+    return rows
+
+
+def table1_by_seed(
+    rows: list[Row], regime: str, method: str, measure: str, attack: str = "none"
+) -> dict[tuple[str, int], float]:
+    """One method's ``measure`` in ``regime`` keyed ``(dataset, seed)``, as
+    :func:`tasks.statistics.seed_difference` pairs them (per seed, the mean over the
+    datasets both have). ``drop``: the accuracy lost from IID to ``regime``."""
+    if measure == "drop":
+        iid = table1_by_seed(rows, "iid", method, "acc")
+        there = table1_by_seed(rows, regime, method, "acc")
+        return {key: iid[key] - value for key, value in there.items() if key in iid}
+    column = MEASURES[measure][0]
+    return {
+        (r["dataset"], r["seed"]): float(r[column])
+        for r in rows
+        if (r["regime"], r["method"], r["attack"]) == (regime, method, attack)
+    }
+
+
+def _mean(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.3f}" if values else "–"
+
+
+def table1_block() -> str:
+    """Per measure, regime and method, the mean over seeds on each dataset (no attack),
+    with the seed count; rounds to target counts a run that never reached it as
+    :data:`NEVER`."""
+    rows = [r for r in table1_rows() if r["attack"] == "none"]
+    lines = []
+    targets = ", ".join(f"{d} {t:g}" for d, t in TARGETS.items())
+    for measure, (column, label) in MEASURES.items():
+        extra = f" (targets: {targets}; never reached: {NEVER})" if measure == "rounds" else ""
+        lines += [f"{label.capitalize()}{extra}, mean over seeds, {' / '.join(DATASETS)}:", ""]
+        lines += ["| method | " + " | ".join(REGIMES) + " |", "|---" * (len(REGIMES) + 1) + "|"]
+        for method in [*METHODS, *ROBUST_FEDADAM]:
+            cells = []
+            for regime in REGIMES:
+                own = [r for r in rows if (r["method"], r["regime"]) == (method, regime)]
+                per = [
+                    _mean([float(r[column]) for r in own if r["dataset"] == d]) for d in DATASETS
+                ]
+                cells.append(f"{' / '.join(per)} [{len({r['seed'] for r in own})}]" if own else "–")
+            if any(cell != "–" for cell in cells):
+                lines.append(f"| {method} | {' | '.join(cells)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def table1_attacked_block() -> str:
+    """At the attacked regime, final test accuracy per method without attack and under
+    each attack (a fifth of the clients), mean over seeds per dataset."""
+    from benchmarks.papers.fedlag_table1 import ATTACKED_REGIME
+
+    rows = [r for r in table1_rows() if r["regime"] == ATTACKED_REGIME]
+    attacks = ["none", *ATTACKED]
+    lines = [f"Final test accuracy at {ATTACKED_REGIME}, mean over seeds, {' / '.join(DATASETS)}:",
+             "", "| method | " + " | ".join(attacks) + " |",
+             "|---" * (len(attacks) + 1) + "|"]  # fmt: skip
+    for method in [*METHODS, *ROBUST_FEDADAM]:
+        cells = []
+        for attack in attacks:
+            own = [r for r in rows if (r["method"], r["attack"]) == (method, attack)]
+            per = [_mean([r["test_acc"] for r in own if r["dataset"] == d]) for d in DATASETS]
+            cells.append(f"{' / '.join(per)} [{len({r['seed'] for r in own})}]" if own else "–")
+        if any(cell != "–" for cell in cells[1:]):
+            lines.append(f"| {method} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
