@@ -382,7 +382,12 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
 def pending(claim: dict[str, Any]) -> bool:
     """Whether a claim's records exist but do not yet hold what it counts: a consortium
     claim's defence not yet run at its dataset and size (the recommended one: any
-    defence of the grid), while the record's other rows are committed."""
+    defence of the grid), while the record's other rows are committed; a table1 claim's
+    runs not all in the record yet."""
+    if claim["kind"] == "table1":  # judged on its whole design only: every dataset and seed
+        from benchmarks.evidence.tables.table1 import table1_complete
+
+        return not table1_complete(claim)
     if claim["kind"] != "consortium":
         return False
     from benchmarks.robustness import small_consortium

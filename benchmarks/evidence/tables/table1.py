@@ -5,15 +5,14 @@ record read, a halted run scored as a model that learnt nothing, the per-seed va
 from __future__ import annotations
 
 import csv
+from typing import Any
 
 from benchmarks.evidence.tables.records import Row
 from benchmarks.papers.fedlag_table1 import (
-    ATTACKED,
     DATASETS,
     METHODS,
     RECORD,
     REGIMES,
-    ROBUST_FEDADAM,
     ROUNDS,
     TARGETS,
 )
@@ -70,6 +69,18 @@ def table1_by_seed(
     }
 
 
+def table1_complete(claim: dict[str, Any]) -> bool:
+    """Whether the record holds every run a ``table1`` claim pairs: both methods on every
+    dataset and seed of the claim, in its regime (and IID for ``drop``), each run once."""
+    first, last = claim.get("seeds", [0, 9])
+    regimes = {claim["regime"], "iid"} if claim["measure"] == "drop" else {claim["regime"]}
+    wanted = {(d, r, m, s) for d in DATASETS for r in regimes
+              for m in (claim["first"], claim["second"]) for s in range(first, last + 1)}  # fmt: skip
+    ran = {(r["dataset"], r["regime"], r["method"], r["seed"])
+           for r in table1_rows() if r["attack"] == "none"}  # fmt: skip
+    return wanted <= ran
+
+
 def _mean(values: list[float]) -> str:
     return f"{sum(values) / len(values):.3f}" if values else "–"
 
@@ -85,7 +96,7 @@ def table1_block() -> str:
         extra = f" (targets: {targets}; never reached: {NEVER})" if measure == "rounds" else ""
         lines += [f"{label.capitalize()}{extra}, mean over seeds, {' / '.join(DATASETS)}:", ""]
         lines += ["| method | " + " | ".join(REGIMES) + " |", "|---" * (len(REGIMES) + 1) + "|"]
-        for method in [*METHODS, *ROBUST_FEDADAM]:
+        for method in METHODS:
             cells = []
             for regime in REGIMES:
                 own = [r for r in rows if (r["method"], r["regime"]) == (method, regime)]
@@ -97,24 +108,3 @@ def table1_block() -> str:
                 lines.append(f"| {method} | {' | '.join(cells)} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def table1_attacked_block() -> str:
-    """At the attacked regime, final test accuracy per method without attack and under
-    each attack (a fifth of the clients), mean over seeds per dataset."""
-    from benchmarks.papers.fedlag_table1 import ATTACKED_REGIME
-
-    rows = [r for r in table1_rows() if r["regime"] == ATTACKED_REGIME]
-    attacks = ["none", *ATTACKED]
-    lines = [f"Final test accuracy at {ATTACKED_REGIME}, mean over seeds, {' / '.join(DATASETS)}:",
-             "", "| method | " + " | ".join(attacks) + " |",
-             "|---" * (len(attacks) + 1) + "|"]  # fmt: skip
-    for method in [*METHODS, *ROBUST_FEDADAM]:
-        cells = []
-        for attack in attacks:
-            own = [r for r in rows if (r["method"], r["attack"]) == (method, attack)]
-            per = [_mean([r["test_acc"] for r in own if r["dataset"] == d]) for d in DATASETS]
-            cells.append(f"{' / '.join(per)} [{len({r['seed'] for r in own})}]" if own else "–")
-        if any(cell != "–" for cell in cells[1:]):
-            lines.append(f"| {method} | {' | '.join(cells)} |")
-    return "\n".join(lines) + "\n"
