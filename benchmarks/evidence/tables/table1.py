@@ -81,8 +81,8 @@ def table1_complete(claim: dict[str, Any]) -> bool:
     return wanted <= ran
 
 
-def _mean(values: list[float]) -> str:
-    return f"{sum(values) / len(values):.3f}" if values else "–"
+def _mean(values: list[float], digits: int = 3) -> str:
+    return f"{sum(values) / len(values):.{digits}f}" if values else "–"
 
 
 def table1_block() -> str:
@@ -94,17 +94,33 @@ def table1_block() -> str:
     targets = ", ".join(f"{d} {t:g}" for d, t in TARGETS.items())
     for measure, (column, label) in MEASURES.items():
         extra = f" (targets: {targets}; never reached: {NEVER})" if measure == "rounds" else ""
-        lines += [f"{label.capitalize()}{extra}, mean over seeds, {' / '.join(DATASETS)}:", ""]
+        digits = 1 if measure == "rounds" else 3
+        lines += [
+            f"{label[0].upper()}{label[1:]}{extra}, mean over seeds, {' / '.join(DATASETS)}:",
+            "",
+        ]
         lines += ["| method | " + " | ".join(REGIMES) + " |", "|---" * (len(REGIMES) + 1) + "|"]
         for method in METHODS:
             cells = []
             for regime in REGIMES:
                 own = [r for r in rows if (r["method"], r["regime"]) == (method, regime)]
                 per = [
-                    _mean([float(r[column]) for r in own if r["dataset"] == d]) for d in DATASETS
+                    _mean([float(r[column]) for r in own if r["dataset"] == d], digits)
+                    for d in DATASETS
                 ]
                 cells.append(f"{' / '.join(per)} [{len({r['seed'] for r in own})}]" if own else "–")
             if any(cell != "–" for cell in cells):
                 lines.append(f"| {method} | {' | '.join(cells)} |")
         lines.append("")
-    return "\n".join(lines)
+    halted: dict[str, list[str]] = {}
+    for r in rows:
+        if r["error"]:
+            where = f"{r['dataset']} at {r['regime']}, seed {r['seed']}"
+            halted.setdefault(r["error"], []).append(where)
+    count = sum(len(where) for where in halted.values())
+    lines.append(
+        f"Runs that halted, scored at chance as the claims count them: {count} of {len(rows)}."
+    )
+    for error, where in halted.items():
+        lines.append(f"- {len(where)} runs: {error} ({'; '.join(sorted(set(where)))})")
+    return "\n".join(lines) + "\n"
