@@ -81,6 +81,12 @@ def table1_complete(claim: dict[str, Any]) -> bool:
     return wanted <= ran
 
 
+def _seeds(rows: list[Row]) -> str:
+    """The runs per dataset in brackets: one count where every dataset has as many."""
+    counts = [sum(1 for r in rows if r["dataset"] == d) for d in DATASETS]
+    return f"[{counts[0]}]" if len(set(counts)) == 1 else f"[{' / '.join(map(str, counts))}]"
+
+
 def _mean(values: list[float], digits: int = 3) -> str:
     return f"{sum(values) / len(values):.{digits}f}" if values else "–"
 
@@ -96,7 +102,7 @@ def table1_block() -> str:
         extra = f" (targets: {targets}; never reached: {NEVER})" if measure == "rounds" else ""
         digits = 1 if measure == "rounds" else 3
         lines += [
-            f"{label[0].upper()}{label[1:]}{extra}, mean over seeds, {' / '.join(DATASETS)}:",
+            f"{label[0].upper()}{label[1:]}{extra}, mean over seeds (runs per dataset in brackets), {' / '.join(DATASETS)}:",
             "",
         ]
         lines += ["| method | " + " | ".join(REGIMES) + " |", "|---" * (len(REGIMES) + 1) + "|"]
@@ -108,7 +114,7 @@ def table1_block() -> str:
                     _mean([float(r[column]) for r in own if r["dataset"] == d], digits)
                     for d in DATASETS
                 ]
-                cells.append(f"{' / '.join(per)} [{len({r['seed'] for r in own})}]" if own else "–")
+                cells.append(f"{' / '.join(per)} {_seeds(own)}" if own else "–")
             if any(cell != "–" for cell in cells):
                 lines.append(f"| {method} | {' | '.join(cells)} |")
         lines.append("")
