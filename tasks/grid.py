@@ -87,7 +87,9 @@ def grid_cells(params: Params, workdir: Path) -> list[Cell]:
         for fraction in grid.fractions if attack.name != "none" else [0.0]:
             for method, spec in grid.methods.items():
                 for seed in grid.seeds:
-                    child = dict(base)
+                    # a cell is one run: it carries no grid (another method's train
+                    # settings are no cell's business)
+                    child = {key: value for key, value in base.items() if key != "compare"}
                     child["train"] = {**base.get("train", {}), **spec.train}
                     child.update(
                         seed=seed,

@@ -43,6 +43,12 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   ``lower`` (true): in benchmarks/papers/fedlag_stability.py's record at that Dirichlet α,
   ``first``'s measure is higher (lower) than ``second``'s, an exact two-sided sign-flip
   test over seeds.
+- ``table1``: ``regime``, ``measure`` (``acc``, ``auc``, ``worst_site``: the worst site's
+  accuracy, ``rounds``: rounds to target, or ``drop``: the accuracy lost from IID to the
+  regime), ``first``, ``second``, optional ``seeds`` and ``lower`` (true): in
+  benchmarks/papers/fedlag_table1.py's record, without attack, ``first``'s measure is higher
+  (lower) than ``second``'s, per seed the mean over the datasets, an exact two-sided
+  sign-flip test over seeds (a halted run scored at chance).
 - ``convergence``: ``table`` (``pid-made-convergence-paired``), ``row`` (the attacker
   share as the table shows it, e.g. ``"0.1"``), ``fraction`` (the same share), ``first``,
   ``second``, ``lower`` or ``higher`` (true): in benchmarks/papers/pid_made_convergence.py's
@@ -50,8 +56,8 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   over the rounds is lower (higher) than ``second``'s, an exact two-sided sign-flip test
   over seeds (the measure of :func:`benchmarks.evidence.tables.pid_made.convergence_by_seed`).
 
-One multiple-testing policy. Every claim of the five test kinds (``better``, ``drop``,
-``ablation``, ``stability``, ``convergence``) declares ``family`` (a name) and ``adjust``
+One multiple-testing policy. Every claim of the six test kinds (``better``, ``drop``,
+``ablation``, ``stability``, ``convergence``, ``table1``) declares ``family`` (a name) and ``adjust``
 (``holm`` or ``none``; ``none`` needs a one-line ``reason``). It holds when its effect
 points the claimed way and its p, adjusted as declared, is below 0.05: for ``holm``,
 Holm's step-down adjustment over every test of the family (statsmodels). A family is the
@@ -109,7 +115,7 @@ from tasks.statistics import exact_mcnemar, seed_difference, share_interval, sma
 
 LEDGER = Path(__file__).resolve().parents[1] / "claims.yaml"
 ALPHA = 0.05
-TEST_KINDS = frozenset({"better", "drop", "ablation", "stability", "convergence"})
+TEST_KINDS = frozenset({"better", "drop", "ablation", "stability", "convergence", "table1"})
 ADJUSTMENTS = ("holm", "none")
 ABLATION_TABLE = "pid-made-ablation-paired"
 CONVERGENCE_TABLE = "pid-made-convergence-paired"
@@ -376,7 +382,12 @@ def at_most_seeds(claim: dict[str, Any]) -> Verdict:
 def pending(claim: dict[str, Any]) -> bool:
     """Whether a claim's records exist but do not yet hold what it counts: a consortium
     claim's defence not yet run at its dataset and size (the recommended one: any
-    defence of the grid), while the record's other rows are committed."""
+    defence of the grid), while the record's other rows are committed; a table1 claim's
+    runs not all in the record yet."""
+    if claim["kind"] == "table1":  # judged on its whole design only: every dataset and seed
+        from benchmarks.evidence.tables.table1 import table1_complete
+
+        return not table1_complete(claim)
     if claim["kind"] != "consortium":
         return False
     from benchmarks.robustness import small_consortium
@@ -502,6 +513,27 @@ def _family_tests(claim: dict[str, Any], p: float) -> tuple[list[float], int]:
     return list(ps), index
 
 
+def table1(claim: dict[str, Any]) -> Tested:
+    """Paired off the Table 1 record (:mod:`benchmarks.evidence.tables.table1`), keyed
+    (dataset, seed): per seed the mean difference over the three datasets."""
+    from benchmarks.evidence.tables.table1 import MEASURES, table1_by_seed, table1_rows
+
+    measure, regime = claim["measure"], claim["regime"]
+    if measure not in (*MEASURES, "drop"):
+        raise ValueError(
+            f"claim {claim['id']}: measure {measure!r}; allowed: {', '.join(MEASURES)}, drop"
+        )
+    rows, seeds = table1_rows(), seeds_of(claim)
+    first, second = (
+        {key: value for key, value in table1_by_seed(rows, regime, method, measure).items()
+         if seeds is None or key[1] in seeds}
+        for method in (claim["first"], claim["second"])
+    )  # fmt: skip
+    differences, p = seed_difference(first, second)
+    names = (claim["first"], claim["second"])
+    return _seed_tested(f"{measure} at {regime}", differences, p, not claim.get("lower"), names)
+
+
 @cache
 def holm(ps: tuple[float, ...]) -> tuple[float, ...]:
     """Holm's step-down adjustment (statsmodels), once per family: statsmodels runs a full
@@ -537,6 +569,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], Verdict | Tested]] = {
     "consortium": consortium,
     "stability": stability,
     "convergence": convergence,
+    "table1": table1,
 }
 
 

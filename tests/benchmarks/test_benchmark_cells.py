@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from benchmarks.papers import pid_made_ablation, pid_made_convergence
+from benchmarks.papers import fedlag_table1, pid_made_ablation, pid_made_convergence
 from benchmarks.robustness import matrix as robustness
 from benchmarks.robustness import small_consortium
 
@@ -397,3 +397,42 @@ def test_the_label_skewed_cnn_regime_is_the_cnn_on_the_logistic_regimes_clients(
     # 4 rules x (no attack, sign flipping and ALIE at a fifth): 12 scenarios, here 2 seeds
     assert len(cells) == 12 * 2
     assert {c.params.attack.fraction for c in cells if c.attack != "none"} == {0.2}
+
+
+def test_table1_runs_every_method_in_every_regime_on_every_dataset_with_one_local_optimizer():
+    cells = fedlag_table1.cells_for("clean", range(2))
+    where = {fedlag_table1.coordinates(c) for c in cells}
+
+    assert where == {
+        (d, r, m)
+        for d in fedlag_table1.DATASETS
+        for r in fedlag_table1.REGIMES
+        for m in fedlag_table1.METHODS
+    }
+    assert len(cells) == len(where) * 2 and {c.attack for c in cells} == {"none"}
+    # plain local SGD for every method, as SCAFFOLD's option II needs
+    assert {c.params.train.momentum for c in cells} == {0.0}
+    by = {fedlag_table1.coordinates(c): c.params for c in cells}
+    assert by["digits", "dirichlet-0.1", "scaffold"].train.scaffold
+    assert by["digits", "dirichlet-0.1", "fedprox"].train.prox_mu == 0.01
+    assert by["digits", "dirichlet-0.1", "fedadam"].train.server_step()[0] == "adam"
+    assert by["digits", "dirichlet-0.1", "fedavg"].partition.alpha == 0.1
+    quantity = by["retinamnist", "quantity", "fednova"]
+    assert quantity.aggregate.name == "fednova" and quantity.train.local_work.epochs == (1, 3)
+    assert by["retinamnist", "iid", "fednova"].train.local_work is None
+    assert {c.params.partition.local_test for c in cells} == {fedlag_table1.LOCAL_TEST}
+
+
+def test_table1s_attacked_part_has_a_fifth_attacking_and_fedadam_on_the_robust_rules():
+    cells = fedlag_table1.cells_for("attacked", range(1), ("digits",))
+    methods = {fedlag_table1.coordinates(c)[2]: c.params for c in cells}
+
+    assert {c.attack for c in cells} == {"none", *fedlag_table1.ATTACKED}
+    assert {c.params.attack.fraction for c in cells if c.attack != "none"} == {0.2}
+    assert {c.params.partition.alpha for c in cells} == {0.5}
+    robust = {m: p for m, p in methods.items() if m in fedlag_table1.ROBUST_FEDADAM}
+    assert {p.train.server_step()[0] for p in robust.values()} == {"adam"}
+    assert methods["pid_made_fedadam"].filters[0].name == "pid_made"
+    assert {c.attack for c in cells if fedlag_table1.coordinates(c)[2] == "fedavg"} == set(
+        fedlag_table1.ATTACKED
+    )

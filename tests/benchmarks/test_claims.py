@@ -259,3 +259,68 @@ def test_a_consortium_claim_counts_the_small_consortiums_runs():
     # a defence the record has not run yet: pending, never judged
     assert claims.pending(claim | {"defence": "not_run"})
     assert not claims.pending(claim)
+
+
+def table1_record(tmp_path: Path) -> Path:
+    """A Table 1 record written by the benchmark's own writer: SCAFFOLD 0.02 above FedAvg
+    on both datasets in every seed and regime, but halted on digits at α = 0.1 in seed 9."""
+    from benchmarks.papers import fedlag_table1
+
+    records = []
+    for seed in range(10):
+        for dataset in ("breastmnist", "digits"):
+            for regime, level in (("dirichlet-0.1", 0.7), ("iid", 0.9)):
+                for method, lift in (("fedavg", 0.0), ("scaffold", 0.02)):
+                    records.append({
+                        "dataset": dataset, "regime": regime, "method": method,
+                        "attack": "none", "fraction": 0.0, "seed": seed,
+                        "test_acc": level + lift + seed / 1000, "test_auc": 0.8,
+                        "site_acc_worst": 0.5, "rounds_to_target": 3, "rounds": 10,
+                        "majority_share": 0.6, "seconds": 1.0,
+                    })  # fmt: skip
+    halted = records[-3]  # seed 9, digits, α = 0.1, scaffold
+    assert (halted["seed"], halted["dataset"], halted["regime"], halted["method"]) == (
+        9, "digits", "dirichlet-0.1", "scaffold"
+    )  # fmt: skip
+    for key in ("test_acc", "test_auc", "site_acc_worst", "rounds_to_target", "majority_share"):
+        del halted[key]
+    halted["error"] = "ModelDiverged: the global model is not finite"
+    path = tmp_path / "fedlag-table1-seeds.csv"
+    fedlag_table1.write_seed_rows(records, path)
+    return path
+
+
+def test_a_table1_claim_pairs_by_seed_over_the_datasets_and_counts_a_halted_run_at_chance(
+    tmp_path, monkeypatch
+):
+    from benchmarks.evidence.tables import table1
+
+    monkeypatch.setattr(table1, "RECORD", table1_record(tmp_path))
+    family = {"family": "table1-test", "adjust": "holm", "regime": "dirichlet-0.1"}
+    higher = {"id": "P98", "text": "SCAFFOLD ends higher", "kind": "table1", "measure": "acc",
+              "first": "scaffold", "second": "fedavg"} | family  # fmt: skip
+    smaller_drop = higher | {"id": "P99", "text": "SCAFFOLD loses less", "measure": "drop",
+                             "lower": True}  # fmt: skip
+
+    found = claims.verdicts(written(tmp_path, [higher, smaller_drop]), declared_lists=True)
+
+    # seeds 0-8: +0.02; seed 9: the halted run at the majority share, 0.6 − 0.709 on digits
+    mean = (9 * 0.02 + (0.02 + 0.6 - 0.709) / 2) / 10
+    assert found[0].statistic == (
+        f"Δ acc at dirichlet-0.1 (scaffold − fedavg) = {mean:+.3f} over 10 seeds"
+    )
+    # the exact two-sided sign-flip p, every one of the 1024 sign patterns counted
+    means = [0.02] * 9 + [(0.02 + 0.6 - 0.709) / 2]
+    sums = [sum(m if (pattern >> i) & 1 else -m for i, m in enumerate(means))
+            for pattern in range(2**10)]  # fmt: skip
+    p = sum(abs(total) >= sum(means) - 1e-9 for total in sums) / 2**10
+    assert f"sign-flip p = {p:.3g}, Holm over 2 tests" in found[0].test and p > 0.05
+    assert found[0].holds is False  # the halted seed's loss outweighs two seeds' gains
+    # ... and that halted run is accuracy lost to label skew: SCAFFOLD loses more there
+    assert found[1].statistic.startswith("Δ drop at dirichlet-0.1 (scaffold − fedavg) = +0.006")
+    assert "the difference points the other way" in found[1].test and not found[1].holds
+    # judged by the pre-registration only on its whole design: RetinaMNIST is missing here
+    assert not table1.table1_complete(higher) and claims.pending(smaller_drop)
+    wobble = higher | {"measure": "wobble"}
+    with pytest.raises(claims.LedgerError, match="measure 'wobble'; allowed: acc, auc"):
+        claims.verdicts(written(tmp_path, [wobble]), declared_lists=True)

@@ -93,3 +93,19 @@ def test_a_cell_gives_the_pipelines_numbers_and_is_tracked_as_a_child(
     assert run.info.status == "FINISHED" and run.info.run_name == cell.name
     assert [m.step for m in client.get_metric_history(run.info.run_id, "test_acc")] == [1, 2]
     assert run.data.metrics["final_test_acc"] == pytest.approx(result["metrics"]["test_acc"])
+
+
+def test_a_cell_is_checked_with_its_own_methods_settings_only(project):
+    """FedProx's prox_mu beside SCAFFOLD in one grid: each cell carries its own train
+    settings and no grid, so SCAFFOLD's cell is not refused for FedProx's μ."""
+    methods = (
+        "compare={methods: {fedprox: {train: {prox_mu: 0.01}}, "
+        "scaffold: {train: {scaffold: true, momentum: 0}}}, attacks: [{name: none}]}"
+    )
+    params = load_params(project / "params.yaml", [*SMALL[:-1], methods])
+
+    cells = {cell.method: cell.params for cell in grid_cells(params, project)}
+
+    assert cells["fedprox"].train.prox_mu == 0.01 and not cells["fedprox"].train.scaffold
+    assert cells["scaffold"].train.scaffold and cells["scaffold"].train.prox_mu == 0
+    assert all("compare" not in cell.model_fields_set for cell in cells.values())
