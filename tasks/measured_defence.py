@@ -57,6 +57,7 @@ class Measured:
     known: list[str] = field(default_factory=list)
     rounds: int | None = None
     model: str | None = None
+    rule: str = "median"
 
 
 def record_path(params: Params) -> Path | None:
@@ -107,16 +108,35 @@ def measured_for(params: Params, record: dict[str, Any] | None) -> Measured:
         return Measured(sites, model=model)
     defences: dict[str, list[dict[str, Any]]] = record["settings"]["defences"]
     known = [name for name in defences if any(r["defence"] == name for r in record["rows"])]
+    rule, rounds = record["settings"].get("rule", "median"), record["settings"].get("rounds")
+    if not in_front_of(params, rule):  # filters measured in front of another rule
+        return Measured(sites, known=known, rounds=rounds, model=model, rule=rule)
     mine = [build_filter(f.name, **f.params()) for f in params.filters]
     defence = next((name for name in known if _built(defences[name]) == mine), None)
     if defence is None:
-        return Measured(sites, known=known, rounds=record["settings"].get("rounds"), model=model)
+        return Measured(sites, known=known, rounds=rounds, model=model, rule=rule)
     rows = [r for r in record["rows"] if r["defence"] == defence]
     nearest = min({r["sites"] for r in rows}, key=lambda s: (abs(s - sites), s))
     return Measured(
         sites, defence, nearest, [r for r in rows if r["sites"] == nearest], known,
         record["settings"].get("rounds"), model,
     )  # fmt: skip
+
+
+def in_front_of(params: Params, rule: str) -> bool:
+    """Whether the run's filters stand where the record measured them: directly in front
+    of ``rule`` (no pre-aggregator between)."""
+    return params.aggregate.name == rule and not params.preaggregators
+
+
+def _other_rule(params: Params, measured: Measured, path: Path) -> str:
+    """A run whose filters stand in front of another rule than the record's."""
+    between = ", ".join(p.name for p in params.preaggregators)
+    used = params.aggregate.name + (f" after {between}" if between else "")
+    return (
+        f"not measured in front of {used} ({shown(path)} measures filters directly in front "
+        f"of {measured.rule} with {measured.model})"
+    )
 
 
 def _where(measured: Measured) -> str:
@@ -167,6 +187,11 @@ def start_line(params: Params, path: Path | None = None) -> str:
     measured = measured_for(params, record)
     if measured.model != params.model.name:
         return f"defence as measured: {_other_model(params)}; what its filters catch is unknown"
+    if not in_front_of(params, measured.rule):
+        return (
+            f"defence as measured: this run's defence was {_other_rule(params, measured, path)};"
+            f" what it catches at {measured.run_sites} sites is unknown"
+        )
     if measured.defence is None:
         names = ", ".join(f.name for f in params.filters)
         return (
@@ -193,6 +218,8 @@ def no_exclusion_sentence(params: Params, path: Path | None = None) -> str:
     measured = measured_for(params, record)
     if path is None or (record is not None and measured.model != params.model.name):
         return f"no site excluded; this defence was {_other_model(params)}"
+    if record is not None and not in_front_of(params, measured.rule):
+        return f"no site excluded; this defence was {_other_rule(params, measured, path)}"
     flippers = [r for r in measured.rows if r["attack"] == "label_flip"]
     if not flippers:
         return (

@@ -134,6 +134,28 @@ def test_a_run_reads_its_own_models_record_never_another_models(tmp_path):
     assert "not measured with this run's model, resnet18" in no_exclusion_sentence(resnet)
 
 
+def test_filters_in_front_of_another_rule_were_not_measured(tmp_path):
+    """The record measured filters directly in front of the median: a FedAvg run, or one
+    with a pre-aggregator between, is told so and given no row."""
+    path = written(tmp_path)
+    fedavg = params(3, []).model_copy(update={"aggregate": params(3, []).aggregate.model_copy(
+        update={"name": "fedavg"})})  # fmt: skip
+    assert measured_for(fedavg, RECORD).rows == []
+    said = (
+        f"not measured in front of fedavg ({measured_defence.SHOWN} measures filters directly "
+        "in front of median with small_cnn)"
+    )
+    assert start_line(fedavg, path) == (
+        f"defence as measured: this run's defence was {said}; what it catches at 3 sites is unknown"
+    )
+    assert no_exclusion_sentence(fedavg, path) == f"no site excluded; this defence was {said}"
+    clipped = Params.model_validate({
+        "data": {"dataset": "breastmnist"}, "partition": {"num_clients": 3},
+        "aggregate": {"name": "median"}, "preaggregators": [{"name": "clip", "c": 1.0}],
+    })  # fmt: skip
+    assert "not measured in front of median after clip" in start_line(clipped, path)
+
+
 @pytest.mark.parametrize("model", ["logreg"])
 def test_the_committed_record_of_the_runs_model_is_read_for_the_distance_cusum(model):
     cusum = [{"name": "distance_cusum", "exclusion": "permanent"}]
