@@ -21,7 +21,7 @@ name; where none holds against the label flipper on any dataset, the median alon
 the docs say that no measured filter protects a consortium of that size.
 
     python -m benchmarks.robustness.small_consortium [--model logreg|small_cnn] [--seeds 10]
-        [--workers 1] [--defences D ...]
+        [--workers 1] [--defences D ...] [--summarise-only]
 
 ``--model small_cnn`` runs the family of its own (:data:`FAMILIES`, pre-registered apart as
 small-consortium-cnn): params.yaml's model, the small CNN, with params.yaml's local
@@ -323,10 +323,29 @@ def read_seed_rows(path: Path = SEEDS_CSV) -> list[dict[str, Any]]:
     return rows
 
 
+def whole_rows(records: list[dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
+    """The runs of the rows that ran all ``seeds`` seeds: a grid stopped at its registered
+    time keeps only whole rows (family small-consortium-cnn's registration)."""
+    counts: dict[tuple[str, int, str, str], int] = {}
+    for r in records:
+        key = (r["dataset"], int(r["sites"]), r["attack"], r["defence"])
+        counts[key] = counts.get(key, 0) + 1
+    return [r for r in records
+            if counts[(r["dataset"], int(r["sites"]), r["attack"], r["defence"])] >= seeds]  # fmt: skip
+
+
+def not_run(rows: list[dict[str, Any]], family: Family) -> list[str]:
+    """The family's rows the record lacks, as ``dataset/sites/attack/defence``."""
+    ran = {(r["dataset"], r["sites"], r["attack"], r["defence"]) for r in rows}
+    return [f"{d}/{n}/{a}/{x}" for d in family.datasets for n in family.sizes
+            for a in family.attacks for x in family.defences if (d, n, a, x) not in ran]  # fmt: skip
+
+
 def summarise(
     records: list[dict[str, Any]], seeds: int, family: Family = FAMILIES["logreg"]
 ) -> dict[str, Any]:
-    """The committed record: settings, the rows and the recommendation per size."""
+    """The committed record: settings, the rows, the recommendation per size and the
+    family's rows not run."""
     rows = rows_of(records)
     sizes = family.sizes
     choice = {str(s): recommended(rows, s) for s in sizes if any(r["sites"] == s for r in rows)}
@@ -340,7 +359,10 @@ def summarise(
         "by_round": BY_ROUND, "caught_at_least": CAUGHT_AT_LEAST,
         "honest_banned_at_most": HONEST_BANNED_AT_MOST,
     }  # fmt: skip
-    return {"settings": settings, "rows": rows, "recommended": choice} | cpu_environment()
+    missing = {"not_run": not_run(rows, family)} if family.model != "logreg" else {}
+    return (
+        {"settings": settings, "rows": rows, "recommended": choice} | missing | (cpu_environment())
+    )
 
 
 def summary_lines(payload: dict[str, Any]) -> list[str]:
@@ -370,6 +392,10 @@ def main() -> None:
         "--defences", nargs="+", choices=list(DEFENCES), default=None,
         help="run these defences' cells (the record keeps every defence already run)",
     )  # fmt: skip
+    parser.add_argument(
+        "--summarise-only", action="store_true",
+        help="write the records from the runs already finished, running none",
+    )  # fmt: skip
     args = parser.parse_args()
     family = FAMILIES[args.model]
     defences = tuple(args.defences or family.defences)
@@ -386,8 +412,11 @@ def main() -> None:
     by_size = len(family.sizes) < len(SIZES)
     cells.sort(key=lambda cell: (cell.params.partition.num_clients if by_size else 0,
                                  ATTACKED.index(cell.attack)))  # fmt: skip
-    run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
+    if not args.summarise_only:
+        run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
     records = list(finished(cells_file).values())
+    if family.model != "logreg":  # its registration: only whole rows enter the record
+        records = whole_rows(records, args.seeds)
     write_seed_rows(records, family.seeds_csv)
     payload = summarise(read_seed_rows(family.seeds_csv), args.seeds, family)
     write_summary(family.stem.with_name(family.stem.name + "-cpu"), payload,

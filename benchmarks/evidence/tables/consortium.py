@@ -96,7 +96,13 @@ def small_consortium_block(name: str = RECORD) -> str:
             else:
                 cells.append(str(value))
         body.append(tuple(cells))
-    return table(header, body)
+    missing = record.get("not_run")
+    if not missing:
+        return table(header, body)
+    return table(header, body) + (
+        f"\nNot run (the grid stopped at its registered time; dataset/sites/attack/defence): "
+        f"{', '.join(missing)}.\n"
+    )
 
 
 def recommendation_block() -> str:
