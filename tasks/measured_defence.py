@@ -58,6 +58,7 @@ class Measured:
     rounds: int | None = None
     model: str | None = None
     rule: str = "median"
+    recommended: dict[str, Any] | None = None  # the record's choice at ``sites``
 
 
 def record_path(params: Params) -> Path | None:
@@ -119,7 +120,7 @@ def measured_for(params: Params, record: dict[str, Any] | None) -> Measured:
     nearest = min({r["sites"] for r in rows}, key=lambda s: (abs(s - sites), s))
     return Measured(
         sites, defence, nearest, [r for r in rows if r["sites"] == nearest], known,
-        record["settings"].get("rounds"), model,
+        rounds, model, rule, record.get("recommended", {}).get(str(nearest)),
     )  # fmt: skip
 
 
@@ -207,6 +208,23 @@ def start_line(params: Params, path: Path | None = None) -> str:
     return (
         f"defence as measured: {_name(measured)} with {measured.model} at {_where(measured)}, "
         f"one attacking site, {measured.rounds} rounds ({shown(path)}): {caught}"
+        f"{_recommendation(measured)}"
+    )
+
+
+def _recommendation(measured: Measured) -> str:
+    """Where the record's choice at the measured size holds (this defence or another)."""
+    choice = measured.recommended
+    if not choice:
+        return ""
+    at = f"for {measured.model} at {measured.sites} sites"
+    if choice["defence"] != measured.defence:
+        return f"; the recommendation {at} is {choice['defence']}"
+    holds = ", ".join(choice.get("holds_on", [])) or "no dataset"
+    fails = ", ".join(choice.get("fails_on", [])) or "none"
+    return (
+        f"; the recommendation {at}: it holds against a label flipper on {holds}, and does "
+        f"not on {fails}"
     )
 
 

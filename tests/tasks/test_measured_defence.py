@@ -86,6 +86,18 @@ def test_the_start_line_says_what_was_caught_or_that_nothing_was_measured(tmp_pa
         f"({measured_defence.SHOWN} measures median, robust, absent with small_cnn); what "
         "they catch at 3 sites is unknown"
     )
+    # the record's choice at the measured size: where it holds, or which it is
+    chosen = RECORD | {"recommended": {"3": {"defence": "robust", "holds_on": ["digits"],
+                                             "fails_on": ["breastmnist"]}}}  # fmt: skip
+    recommended = written(tmp_path, chosen)
+    assert start_line(params(3, [ROBUST]), recommended).endswith(
+        "; the recommendation for small_cnn at 3 sites: it holds against a label flipper on "
+        "digits, and does not on breastmnist"
+    )
+    assert start_line(params(3, []), recommended).endswith(
+        "; the recommendation for small_cnn at 3 sites is robust"
+    )
+    path = written(tmp_path)
     assert start_line(params(3, [ROBUST]), tmp_path / "none.json") == (
         "defence as measured: no record of what filters catch with small_cnn "
         "(benchmarks/results/none.json not found, or written before its rows)"
