@@ -168,7 +168,7 @@ def test_filters_in_front_of_another_rule_were_not_measured(tmp_path):
     assert "not measured in front of median after clip" in start_line(clipped, path)
 
 
-@pytest.mark.parametrize("model", ["logreg"])
+@pytest.mark.parametrize("model", ["logreg", "small_cnn"])
 def test_the_committed_record_of_the_runs_model_is_read_for_the_distance_cusum(model):
     cusum = [{"name": "distance_cusum", "exclusion": "permanent"}]
     line = start_line(params(3, cusum, model=model))
