@@ -221,7 +221,9 @@ def _recommendation(measured: Measured) -> str:
     if choice["defence"] != measured.defence:
         return f"; the recommendation {at} is {choice['defence']}"
     holds = ", ".join(choice.get("holds_on", [])) or "no dataset"
-    fails = ", ".join(choice.get("fails_on", [])) or "none"
+    fails = ", ".join(choice.get("fails_on", []))
+    if not fails:
+        return f"; the recommendation {at}: it holds against a label flipper on every dataset measured ({holds})"
     return (
         f"; the recommendation {at}: it holds against a label flipper on {holds}, and does "
         f"not on {fails}"
