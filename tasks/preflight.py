@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from aggregation import AggregationRule, build_aggregator, build_filter, build_preaggregator
+from aggregation.base import SiteLosses
 from aggregation.defence import Rows, run_rule
 from config.assembly import device_problem
 from config.errors import ConfigError
@@ -119,8 +121,9 @@ def check_rules(params: Params, n: int, *, source: str = "params") -> None:
         warnings.simplefilter("ignore")  # a filter's warning about its threshold, say
         for index, entry in enumerate(params.filters):
             flt = build_filter(entry.name, **entry.params())
+            extra = {"validate": _probe_losses} if flt.requires_validation else {}
             try:
-                flt.step(flt.init_state(), updates, list(range(n)), weights)
+                flt.step(flt.init_state(), updates, list(range(n)), weights, **extra)
             except ValueError as error:
                 where = f"filters.{index} ({entry.name})"
                 raise ConfigError(
@@ -137,6 +140,15 @@ def check_rules(params: Params, n: int, *, source: str = "params") -> None:
         except ValueError as error:
             where = f"aggregate ({params.aggregate.name})"
             raise ConfigError(f"{source}: {where} with {n} clients per round: {error}") from None
+
+
+def _probe_losses(candidates: torch.Tensor, sites: Sequence[int]) -> SiteLosses:
+    """What sites that validate answer the probe: one held-out image each and an equal loss
+    for every candidate (the probe asks whether a filter runs at this count, not what it
+    decides; validation at the sites runs only where the sites are)."""
+    m, k = len(sites), candidates.shape[0]
+    return SiteLosses(tuple(sites), torch.ones(m, dtype=torch.float64),
+                      torch.zeros(m, k, dtype=torch.float64))  # fmt: skip
 
 
 def _probe_rule(

@@ -35,7 +35,8 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
 - ``consortium``: ``dataset``, ``sites``, ``attack``, ``defence`` (a defence of
   benchmarks/small_consortium.py, or ``recommended``: the one its pre-registered rule
   recommends at that size), ``caught_at_least`` or ``caught_at_most`` (k), optional
-  ``honest_banned_at_most`` (m): in the small consortium's per-run record, the seeds in
+  ``honest_banned_at_most`` (m) and ``model`` (the family's model: ``logreg``, the
+  default, or ``small_cnn``): in the small consortium's per-run record of that model, the seeds in
   which the attacker was out by the rule's round are at least (at most) k, and those with
   an honest site banned at most m; a count, no test.
 - ``stability``: ``alpha``, ``first``, ``second``, ``measure`` (``acc``: final test
@@ -392,20 +393,34 @@ def pending(claim: dict[str, Any]) -> bool:
         return False
     from benchmarks.robustness import small_consortium
 
-    rows = small_consortium.rows_of(small_consortium.read_seed_rows())
+    family = consortium_family(claim)
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows(family.seeds_csv))
     ran = {r["defence"] for r in rows if (r["dataset"], r["sites"], r["attack"])
            == (claim["dataset"], int(claim["sites"]), claim["attack"])}  # fmt: skip
-    wanted = (
-        set(small_consortium.DEFENCES) if claim["defence"] == "recommended" else {claim["defence"]}
-    )
+    wanted = set(family.defences) if claim["defence"] == "recommended" else {claim["defence"]}
     return not wanted <= ran
 
 
-def consortium(claim: dict[str, Any]) -> Verdict:
-    """Counted off benchmarks/small_consortium.py's per-run record (its rows and rule)."""
+def consortium_family(claim: dict[str, Any]) -> Any:
+    """The small consortium's family a consortium claim counts in: its ``model``'s."""
     from benchmarks.robustness import small_consortium
 
-    rows = small_consortium.rows_of(small_consortium.read_seed_rows())
+    model = claim.get("model", "logreg")
+    if model not in small_consortium.FAMILIES:
+        raise LedgerError(
+            f"claim {claim['id']}: model {model!r} has no small consortium family; allowed: "
+            f"{', '.join(small_consortium.FAMILIES)}"
+        )
+    return small_consortium.FAMILIES[model]
+
+
+def consortium(claim: dict[str, Any]) -> Verdict:
+    """Counted off benchmarks/small_consortium.py's per-run record of the claim's model
+    (its rows and rule)."""
+    from benchmarks.robustness import small_consortium
+
+    family = consortium_family(claim)
+    rows = small_consortium.rows_of(small_consortium.read_seed_rows(family.seeds_csv))
     sites, defence = int(claim["sites"]), claim["defence"]
     if defence == "recommended":
         defence = small_consortium.recommended(rows, sites)["defence"]

@@ -28,7 +28,12 @@ from pathlib import Path
 
 from benchmarks.evidence import claims, figures, preregistration, share_intervals
 from benchmarks.evidence.claims import LedgerError
-from benchmarks.evidence.tables.consortium import recommendation_block, small_consortium_block
+from benchmarks.evidence.tables.consortium import (
+    CNN_RECORD,
+    pilot_block,
+    recommendation_block,
+    small_consortium_block,
+)
 from benchmarks.evidence.tables.ema import ema_paper_block, ema_pretest_block, noniid_cv_block
 from benchmarks.evidence.tables.faults import faults_block
 from benchmarks.evidence.tables.federation import (
@@ -129,6 +134,8 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-monte-carlo": ema_monte_carlo.table, "share-interval-coverage": share_intervals.block}
     | {"signal-in-write": signal_block, "own-images": own_images_block, "serving": serving_block}
     | {"small-consortium": small_consortium_block}
+    | {"small-consortium-cnn": partial(small_consortium_block, CNN_RECORD)}
+    | {"consortium-pilot": pilot_block}
     | {"small-consortium-recommended": recommendation_block}
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}

@@ -20,12 +20,22 @@ the most (dataset, attack) pairs, then excludes the fewest honest client-rounds,
 name; where none holds against the label flipper on any dataset, the median alone, and
 the docs say that no measured filter protects a consortium of that size.
 
-    python -m benchmarks.robustness.small_consortium [--seeds 10] [--workers 1] [--defences D ...]
+    python -m benchmarks.robustness.small_consortium [--model logreg|small_cnn] [--seeds 10]
+        [--workers 1] [--defences D ...] [--summarise-only]
 
-Records: ``benchmarks/results/small-consortium-cells.jsonl`` (local; a rerun skips
-finished runs), ``small-consortium-seeds.csv`` (committed: one row per run) and
-``small-consortium-cpu.json`` (committed: a row per dataset, size, attack and defence, and
-the recommendation per size with the datasets behind it).
+``--model small_cnn`` runs the family of its own (:data:`FAMILIES`, pre-registered apart as
+small-consortium-cnn): params.yaml's model, the small CNN, with params.yaml's local
+settings (two local epochs of batch 32, ``lr: 0.05``, ``momentum: 0.9``), at 3 and 5 sites,
+against the label and the sign flipper, with the defences a 3-site consortium would
+choose among, 3 sites first. A
+recommendation holds for the model it was measured with: a run reads the record of its
+own model (tasks/measured_defence.py).
+
+Records (``<stem>``: ``small-consortium`` for the logistic model, ``small-consortium-cnn``
+for the small CNN): ``benchmarks/results/<stem>-cells.jsonl`` (local; a rerun skips
+finished runs), ``<stem>-seeds.csv`` (committed: one row per run) and ``<stem>-cpu.json``
+(committed: a row per dataset, size, attack and defence, and the recommendation per size
+with the datasets behind it).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import csv
 import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +89,62 @@ CAUGHT_AT_LEAST = 9  # ... in at least this many of 10 seeds
 HONEST_BANNED_AT_MOST = 1  # and an honest site banned in at most this many
 STEM = RESULTS / "small-consortium"
 SEEDS_CSV = RESULTS / "small-consortium-seeds.csv"
+DEFAULTS = REPO / "params.yaml"  # the pipeline's defaults: what a user runs
+LOCAL_SETTINGS = ("local_epochs", "lr", "momentum", "weight_decay", "batch_size")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One pre-registered grid: the model it trains, where its records go, and its cells.
+    ``local`` names the settings the model trains with: ``robustness`` (the robustness
+    matrix's, batch 16) or ``params`` (params.yaml's model section and local settings)."""
+
+    model: str
+    stem: Path
+    datasets: tuple[str, ...]
+    sizes: tuple[int, ...]
+    attacks: tuple[str, ...]
+    defences: tuple[str, ...]
+    local: str
+
+    @property
+    def seeds_csv(self) -> Path:
+        return self.stem.with_name(self.stem.name + "-seeds.csv")
+
+    @property
+    def record(self) -> Path:
+        return self.stem.with_name(self.stem.name + "-cpu.json")
+
+
+FAMILIES = {
+    # family small-consortium (P5-P7): the logistic model, every size, attack and defence
+    "logreg": Family("logreg", STEM, DATASETS, SIZES, ATTACKED, tuple(DEFENCES), "robustness"),
+    # family small-consortium-cnn (P37-P40): params.yaml's small CNN, 3 and 5 sites (4 and
+    # 10 left out for time), the label and the sign flipper, the median alone and the
+    # three filters a 3-site consortium chooses among
+    "small_cnn": Family(
+        "small_cnn", RESULTS / "small-consortium-cnn", DATASETS, (3, 5), ATTACKED[:2],
+        ("median", "pid_robust_fixed", "distance_cusum", "site_validation"), "params",
+    ),
+}  # fmt: skip
 SEED_COLUMNS = ("dataset", "sites", "attack", "defence", "seed", "attacker_out_round",
                 "honest_client_rounds_excluded", "honest_banned", "test_acc", "seconds",
                 "error")  # fmt: skip
 
 
-def base_params(dataset: str, sites: int) -> dict[str, Any]:
-    """The robustness matrix's settings on ``dataset`` at ``sites`` sites, no root slice."""
+def base_params(dataset: str, sites: int, family: Family = FAMILIES["logreg"]) -> dict[str, Any]:
+    """The robustness matrix's settings on ``dataset`` at ``sites`` sites, no root slice;
+    for a family trained as params.yaml says, its model and local settings."""
     base = yaml.safe_load((PARAMS / "robustness-breastmnist.yaml").read_text())
+    if family.local == "params":
+        defaults = yaml.safe_load(DEFAULTS.read_text())
+        base["model"] = defaults["model"]
+        base["train"] |= {key: defaults["train"][key] for key in LOCAL_SETTINGS}
+    if base["model"]["name"] != family.model:
+        raise ValueError(
+            f"family {family.stem.name} trains {family.model}, its settings give "
+            f"{base['model']['name']}"
+        )
     base["data"]["dataset"] = dataset
     base["partition"] |= {"num_clients": sites, "root_size": 0}
     base["train"]["rounds"] = ROUNDS
@@ -97,9 +156,10 @@ def cells_for(
     defences: tuple[str, ...] = tuple(DEFENCES),
     datasets: tuple[str, ...] = DATASETS,
     sizes: tuple[int, ...] = SIZES,
+    family: Family = FAMILIES["logreg"],
 ) -> list[Any]:
-    """One cell per dataset, size, attack, defence and seed; one attacking site each. A
-    cell's method is ``<dataset>.sites<N>.<defence>``."""
+    """One cell per dataset, size, attack, defence and seed of ``family``; one attacking
+    site each. A cell's method is ``<dataset>.sites<N>.<defence>``."""
     from config.params import Params
     from tasks.grid import grid_cells
 
@@ -115,11 +175,11 @@ def cells_for(
                         for name in defences
                         if HELD_OUT.get(name, 0.0) == held_out
                     },
-                    "attacks": [{"name": a, **ATTACKS[a]} for a in ATTACKED],
+                    "attacks": [{"name": a, **ATTACKS[a]} for a in family.attacks],
                     "fractions": [1 / sites],
                     "seeds": list(seeds),
                 }  # fmt: skip
-                base = base_params(dataset, sites)
+                base = base_params(dataset, sites, family)
                 if held_out:  # the sites' own scores of the model: the last round's only
                     base["partition"]["local_test"] = held_out
                     base["eval"] |= {"every": ROUNDS}
@@ -263,18 +323,46 @@ def read_seed_rows(path: Path = SEEDS_CSV) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(records: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
-    """The committed record: settings, the rows and the recommendation per size."""
+def whole_rows(records: list[dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
+    """The runs of the rows that ran all ``seeds`` seeds: a grid stopped at its registered
+    time keeps only whole rows (family small-consortium-cnn's registration)."""
+    counts: dict[tuple[str, int, str, str], int] = {}
+    for r in records:
+        key = (r["dataset"], int(r["sites"]), r["attack"], r["defence"])
+        counts[key] = counts.get(key, 0) + 1
+    return [r for r in records
+            if counts[(r["dataset"], int(r["sites"]), r["attack"], r["defence"])] >= seeds]  # fmt: skip
+
+
+def not_run(rows: list[dict[str, Any]], family: Family) -> list[str]:
+    """The family's rows the record lacks, as ``dataset/sites/attack/defence``."""
+    ran = {(r["dataset"], r["sites"], r["attack"], r["defence"]) for r in rows}
+    return [f"{d}/{n}/{a}/{x}" for d in family.datasets for n in family.sizes
+            for a in family.attacks for x in family.defences if (d, n, a, x) not in ran]  # fmt: skip
+
+
+def summarise(
+    records: list[dict[str, Any]], seeds: int, family: Family = FAMILIES["logreg"]
+) -> dict[str, Any]:
+    """The committed record: settings, the rows, the recommendation per size and the
+    family's rows not run."""
     rows = rows_of(records)
-    choice = {str(s): recommended(rows, s) for s in SIZES if any(r["sites"] == s for r in rows)}
+    sizes = family.sizes
+    choice = {str(s): recommended(rows, s) for s in sizes if any(r["sites"] == s for r in rows)}
+    local = base_params(family.datasets[0], sizes[0], family)["train"]
     settings = {
-        "datasets": list(DATASETS), "sizes": list(SIZES), "attacks": list(ATTACKED),
-        "attackers": 1, "rule": "median", "model": "logreg", "rounds": ROUNDS, "seeds": seeds,
-        "defences": {name: spec for name, spec in DEFENCES.items()}, "held_out": HELD_OUT,
+        "datasets": list(family.datasets), "sizes": list(sizes), "attacks": list(family.attacks),
+        "attackers": 1, "rule": "median", "model": family.model,
+        "local": {key: local[key] for key in LOCAL_SETTINGS}, "rounds": ROUNDS, "seeds": seeds,
+        "defences": {name: DEFENCES[name] for name in family.defences},
+        "held_out": {k: v for k, v in HELD_OUT.items() if k in family.defences},
         "by_round": BY_ROUND, "caught_at_least": CAUGHT_AT_LEAST,
         "honest_banned_at_most": HONEST_BANNED_AT_MOST,
     }  # fmt: skip
-    return {"settings": settings, "rows": rows, "recommended": choice} | cpu_environment()
+    missing = {"not_run": not_run(rows, family)} if family.model != "logreg" else {}
+    return (
+        {"settings": settings, "rows": rows, "recommended": choice} | missing | (cpu_environment())
+    )
 
 
 def summary_lines(payload: dict[str, Any]) -> list[str]:
@@ -294,22 +382,45 @@ def summary_lines(payload: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", choices=list(FAMILIES), default="logreg",
+        help="the family's model: logreg (P5-P7's grid) or small_cnn (params.yaml's, P37-)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=positive_int, default=10)
     parser.add_argument("--workers", type=positive_int, default=1)
     parser.add_argument(
-        "--defences", nargs="+", choices=list(DEFENCES), default=list(DEFENCES),
+        "--defences", nargs="+", choices=list(DEFENCES), default=None,
         help="run these defences' cells (the record keeps every defence already run)",
     )  # fmt: skip
+    parser.add_argument(
+        "--summarise-only", action="store_true",
+        help="write the records from the runs already finished, running none",
+    )  # fmt: skip
     args = parser.parse_args()
-    cells_file = STEM.with_name(STEM.name + "-cells.jsonl")
-    cells = cells_for(range(args.seeds), tuple(args.defences))
-    # the label flipper's runs first: the recommendation rests on them (then by attack)
-    cells.sort(key=lambda cell: ATTACKED.index(cell.attack))
-    run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
+    family = FAMILIES[args.model]
+    defences = tuple(args.defences or family.defences)
+    outside = [name for name in defences if name not in family.defences]
+    if outside:
+        parser.error(
+            f"--defences {' '.join(outside)}: not in the {args.model} family; allowed: "
+            f"{', '.join(family.defences)}"
+        )
+    cells_file = family.stem.with_name(family.stem.name + "-cells.jsonl")
+    cells = cells_for(range(args.seeds), defences, family.datasets, family.sizes, family)
+    # the label flipper's runs first: the recommendation rests on them (then by attack);
+    # a family of few sizes runs its smallest size whole first
+    by_size = len(family.sizes) < len(SIZES)
+    cells.sort(key=lambda cell: (cell.params.partition.num_clients if by_size else 0,
+                                 ATTACKED.index(cell.attack)))  # fmt: skip
+    if not args.summarise_only:
+        run_matrix(cells, cells_file, args.workers, runner=run_small_cell)
     records = list(finished(cells_file).values())
-    write_seed_rows(records)
-    payload = summarise(read_seed_rows(), args.seeds)
-    write_summary(STEM.with_name(STEM.name + "-cpu"), payload, summary_lines(payload))
+    if family.model != "logreg":  # its registration: only whole rows enter the record
+        records = whole_rows(records, args.seeds)
+    write_seed_rows(records, family.seeds_csv)
+    payload = summarise(read_seed_rows(family.seeds_csv), args.seeds, family)
+    write_summary(family.stem.with_name(family.stem.name + "-cpu"), payload,
+                  summary_lines(payload))  # fmt: skip
     print(payload["recommended"])
 
 

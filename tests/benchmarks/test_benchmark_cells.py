@@ -385,6 +385,41 @@ def test_the_small_consortium_grid_is_every_dataset_size_attack_and_defence():
     assert held_out == {d: small_consortium.HELD_OUT.get(d, 0.0) for d in defences}
 
 
+def test_the_small_cnn_family_trains_params_yamls_model_as_params_yaml_says():
+    """The family a user's runs read (--model small_cnn): params.yaml's model and local
+    training, its registered sizes, attacks and defences; a grid stopped at its time
+    keeps whole rows and names the rest."""
+    import yaml
+
+    family = small_consortium.FAMILIES["small_cnn"]
+    cells = small_consortium.cells_for(
+        range(1), family.defences, family.datasets, family.sizes, family
+    )
+    assert len(cells) == 3 * 2 * 2 * 4  # datasets, sizes, attacks, defences
+    defaults = yaml.safe_load((small_consortium.REPO / "params.yaml").read_text())
+    for cell in cells:
+        assert cell.params.model.name == defaults["model"]["name"] == "small_cnn"
+        train = cell.params.train
+        assert {k: getattr(train, k) for k in small_consortium.LOCAL_SETTINGS} == {
+            k: defaults["train"][k] for k in small_consortium.LOCAL_SETTINGS
+        }
+    assert {c.params.partition.num_clients for c in cells} == {3, 5}
+    assert {c.attack for c in cells} == {"label_flip", "sign_flip"}
+    # the logistic family keeps the robustness matrix's training
+    [logistic] = small_consortium.cells_for(range(1), ("median",), ("digits",), (3,))[:1]
+    assert (logistic.params.model.name, logistic.params.train.batch_size) == ("logreg", 16)
+    runs = _runs("breastmnist", 3, "label_flip", "median", [None] * 10) + _runs(
+        "digits", 3, "label_flip", "median", [None] * 4
+    )
+    kept = small_consortium.whole_rows(runs, 10)
+    assert {r["dataset"] for r in kept} == {"breastmnist"} and len(kept) == 10
+    rows = small_consortium.rows_of(kept)
+    missing = small_consortium.not_run(rows, family)
+    assert "digits/3/label_flip/median" in missing
+    assert "breastmnist/3/label_flip/median" not in missing
+    assert len(missing) == 3 * 2 * 2 * 4 - 1
+
+
 def test_the_label_skewed_cnn_regime_is_the_cnn_on_the_logistic_regimes_clients():
     cells = regime_cells("digits", "dirichlet-0.5-cnn")
     logistic = regime_cells("digits", "dirichlet-0.5")

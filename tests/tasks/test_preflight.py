@@ -46,3 +46,20 @@ def test_cuda_on_a_machine_without_one_is_refused_before_anything_runs(
         "p.yaml: train.device is 'cuda' but no CUDA device is available; use auto or cpu"
     )
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_validation_at_three_sites_passes_the_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The docs' 3-site defence (site_validation in front of the median) runs: the probe
+    answers for the sites that would validate (it refused the filter, which needs their
+    held-out losses, so `fedsieve run` refused the docs' recommendation)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    raw = {
+        "data": {"dataset": "digits"},
+        "noniid": {"every": 0, "final": False},
+        "aggregate": {"name": "median"},
+        "filters": [{"name": "site_validation"}],
+        "federation": {"runtime": "flower", "sites": SITES},
+    }
+    check_params(validate_params(raw, "params"), tmp_path)  # no refusal

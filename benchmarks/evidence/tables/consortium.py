@@ -13,9 +13,16 @@ from typing import Any
 import yaml
 
 from benchmarks.evidence.tables.cells import table
-from benchmarks.evidence.tables.records import results_json
+from benchmarks.evidence.tables.records import RESULTS, results_json
 
 RECORD = "small-consortium-cpu"
+CNN_RECORD = "small-consortium-cnn-cpu"  # params.yaml's model: the family small-consortium-cnn
+# the records, one per model, in the order the recommendation's table shows them, and
+# what each model's training was
+MODELS = {
+    RECORD: "logreg (the robustness matrix's training: batch 16)",
+    CNN_RECORD: "small_cnn (params.yaml's model and training)",
+}
 # A row: dataset, sites, attack, defence, seeds, caught_seeds (seeds with every attacker
 # out), median_round (the round the last was out, median over those seeds),
 # false_exclusions (honest client-rounds excluded, mean over seeds), and where recorded
@@ -54,12 +61,12 @@ def recommendations(record: dict[str, Any]) -> dict[int, dict[str, Any]]:
     }
 
 
-def small_consortium_block() -> str:
-    """Per dataset, size, attack and defence: the seeds with the attacker out, those with
-    it out by the rule's round, the median round, the honest client-rounds excluded and,
-    where recorded, the seeds with an honest site banned and the mean test accuracy; the
-    defence the benchmark's rule recommends per size marked."""
-    record = results_json(RECORD)
+def small_consortium_block(name: str = RECORD) -> str:
+    """Per dataset, size, attack and defence of record ``name``: the seeds with the
+    attacker out, those with it out by the rule's round, the median round, the honest
+    client-rounds excluded and, where recorded, the seeds with an honest site banned and
+    the mean test accuracy; the defence the benchmark's rule recommends per size marked."""
+    record = results_json(name)
     recommended = {s: c["defence"] for s, c in recommendations(record).items()}
     rows = consortium_rows(record)
     by_round = record["settings"].get("by_round")
@@ -89,14 +96,31 @@ def small_consortium_block() -> str:
             else:
                 cells.append(str(value))
         body.append(tuple(cells))
-    return table(header, body)
+    missing = record.get("not_run")
+    if not missing:
+        return table(header, body)
+    return table(header, body) + (
+        f"\nNot run (the grid stopped at its registered time; dataset/sites/attack/defence): "
+        f"{', '.join(missing)}.\n"
+    )
 
 
 def recommendation_block() -> str:
-    """docs/configuration.md's table: per size, the recommended defence, the datasets its
-    rule saw it hold on against the label flipper and those it did not, and what it did
-    there (out by the rule's round, seeds with an honest site banned), from the rows."""
-    record = results_json(RECORD)
+    """docs/configuration.md's table: per model and size, the recommended defence, the
+    datasets its rule saw it hold on against the label flipper and those it did not, and
+    what it did there (out by the rule's round, seeds with an honest site banned), from
+    each model's record (a model's recommendation holds for that model only)."""
+    body = []
+    for name, model in MODELS.items():
+        if (RESULTS / f"{name}.json").exists():
+            body += _recommended_rows(results_json(name), model)
+    header = ("model", "sites", "use (in front of `median`)",
+              "holds against one label flipper on", "does not hold on",
+              "the label flipper, as measured")  # fmt: skip
+    return table(header, body)
+
+
+def _recommended_rows(record: dict[str, Any], model: str) -> list[tuple[Any, ...]]:
     rows = consortium_rows(record)
     by_round = record["settings"].get("by_round")
     body = []
@@ -121,7 +145,32 @@ def recommendation_block() -> str:
         )
         held_out = record["settings"].get("held_out", {}).get(defence)
         use += f", `partition.local_test: {held_out}`" if held_out else ""
-        body.append((sites, use, holds, fails, measured or "–"))
-    header = ("sites", "use (in front of `median`)", "holds against one label flipper on",
-              "does not hold on", "the label flipper, as measured")  # fmt: skip
-    return table(header, body)
+        body.append((model, sites, use, holds, fails, measured or "–"))
+    return body
+
+
+PILOT_RECORD = "consortium-pilot-cpu"
+
+
+def pilot_block() -> str:
+    """benchmarks/sites/consortium_pilot.py's record: per seed, the round the flipping
+    hospital was out at real sites on loopback, the honest sites excluded, the final test
+    AUC pooled at the sites; then the seeds with it out by the rule's round and with an
+    honest site banned."""
+    record = results_json(PILOT_RECORD)
+    settings, summary = record["settings"], record["summary"]
+    flipper, by_round = settings["flipper"], settings["by_round"]
+    body = [
+        (run["seed"], run["flipper_out_round"] or "never",
+         ", ".join(run["honest_banned"]) or "none",
+         "–" if run["test_auc"] is None else f"{run['test_auc']:.3f}")
+        for run in record["runs"]
+    ]  # fmt: skip
+    header = ("seed", f"{flipper} out in round", "honest sites excluded",
+              "final test AUC (pooled at the sites)")  # fmt: skip
+    return table(header, body) + (
+        f"\n{settings['defence']} in front of the median, {settings['model']}, "
+        f"{settings['rounds']} rounds: {flipper} out by round {by_round} in "
+        f"{summary['flipper_out_by_round_3_seeds']} of {summary['seeds']} seeds, an honest site "
+        f"excluded in {summary['honest_banned_seeds']}.\n"
+    )
