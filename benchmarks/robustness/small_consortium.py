@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 
 from benchmarks.common import cpu_environment, write_summary
-from benchmarks.papers.pid_made_ablation import VARIANTS
+from benchmarks.robustness.filters import VARIANTS
 from benchmarks.robustness.matrix import (
     ATTACKS,
     PARAMS,
