@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = load_site_data(args.data, task.dataset_info(), reading)
         data.check_fits(
             channels=task.channels, size=task.size, classes=task.classes,
-            multi_label=task.multi_label,
+            multi_label=task.multi_label, spatial_dims=task.spatial_dims,
         )  # fmt: skip
     except (SiteDataError, PlanError, TaskError) as error:
         if isinstance(error, TaskError):

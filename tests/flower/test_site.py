@@ -260,6 +260,25 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     )
 
 
+def test_volumes_of_another_size_than_the_plans_are_refused_in_one_line(tmp_path: Path) -> None:
+    labels = np.array([[0], [1]])
+    volumes = site_file(
+        tmp_path / "volumes.npz", train_images=np.zeros((2, 8, 8, 8), np.uint8),
+        train_labels=labels, test_images=np.zeros((0, 8, 8, 8), np.uint8),
+        test_labels=labels[:0],
+    )  # fmt: skip
+    data = load_site_data(volumes)
+
+    data.check_fits(channels=1, size=8, classes=2, multi_label=False, spatial_dims=3)
+    with pytest.raises(SiteDataError) as error:
+        data.check_fits(channels=1, size=16, classes=2, multi_label=False, spatial_dims=3)
+    assert str(error.value) == (
+        "volumes.npz: volumes are 8x8x8 with 1 channel(s); the task's model takes 16x16x16 with 1"
+    )
+    with pytest.raises(SiteDataError, match=r"volumes are 8x8x8 .* takes 8x8 with 1$"):
+        data.check_fits(channels=1, size=8, classes=2, multi_label=False)
+
+
 def test_the_intensity_policy_is_pinned_in_the_plan_every_site_approves() -> None:
     params = own_params(8, intensity="percentiles", percentiles=[1, 99])
     task = site_task(params, dataset_info_of(params.data))
