@@ -279,6 +279,36 @@ def test_volumes_of_another_size_than_the_plans_are_refused_in_one_line(tmp_path
         data.check_fits(channels=1, size=8, classes=2, multi_label=False)
 
 
+def test_sites_of_volumes_are_written_each_in_the_next_form_a_hospital_stores(
+    tmp_path: Path, adrenal_root: Path
+) -> None:
+    from dataclasses import replace as changed
+
+    from federated.data import MedMNISTData, Split, load_medmnist
+    from federated.own_data import load_own_images
+    from flowerapp.site_data import write_site_files
+
+    official = load_medmnist("adrenalmnist3d", adrenal_root, 64)
+    small = Split(np.ascontiguousarray(official.train.images[:9, ::8, ::8, ::8]),
+                  official.train.labels[:9])  # fmt: skip
+    data = MedMNISTData(changed(official.info, size=8), small, small, small)
+    parts = [np.arange(k * 3, k * 3 + 2) for k in range(3)]
+    held = [np.arange(k * 3 + 2, k * 3 + 3) for k in range(3)]
+
+    sites = write_site_files(data, parts, held, ["a", "b", "c"], tmp_path, "volumes")
+
+    forms = [sorted(p.name for p in (tmp_path / site / "train").iterdir()) for site in "abc"]
+    assert forms == [
+        ["00000.nii.gz", "00001.nii.gz"],
+        ["00000", "00001"],
+        ["00000.dcm", "00001.dcm"],
+    ]
+    for site, part in zip(sites, parts, strict=True):
+        read = load_own_images(tmp_path / site["name"], data.info)
+        assert site["sha256"] == read.sha256 and site["samples"] == 2
+        assert np.array_equal(read.split("train").images, small.images[part])
+
+
 def test_the_intensity_policy_is_pinned_in_the_plan_every_site_approves() -> None:
     params = own_params(8, intensity="percentiles", percentiles=[1, 99])
     task = site_task(params, dataset_info_of(params.data))
