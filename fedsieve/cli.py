@@ -246,8 +246,9 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     names = [f"site-{k}" for k in range(partition.num_clients)]
     out = workdir / args.out
     sites = write_site_files(data, split.clients, split.local_tests, names, out, args.format)
+    unit = "volumes" if params.volumes else "images"
     for site in sites:
-        print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out images")
+        print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out {unit}")
     print(f"{out / 'sites.json'}: each site's registered sample count and file hash")
     return 0
 

@@ -18,6 +18,7 @@ import contextlib
 import csv
 import gzip
 import io
+import json
 import os
 import subprocess
 import sys
@@ -167,12 +168,13 @@ def start_sites(
         assert site_main([*fed.site_command(key, folder, plan)[1:], "--check"]) == 0
         counted = capsys.readouterr().out
         assert f"volumes resampled to {SIZE}x{SIZE}x{SIZE}" in counted, counted
+        assert f"{2 * PER_CLASS['train']} training, {2 * PER_CLASS['test']} test and 0 " in counted
         samples = int(counted.rsplit("register samples: ", 1)[1])
         sites.append({"name": name, "node_id": fed.register(key.public), "samples": samples})
-        fed.start_site_command(
-            name, fed.site_command(key, folder, plan), site_env(work / name, cache)
-        )
-        assert fed.wait_connected(name, timeout=limit(120)) == sites[-1]["node_id"]
+        command = fed.site_command(key, folder, plan)
+        fed.start_site_command(name, command, site_env(work / name, cache))
+    for site in sites:  # started together, admitted each in its own time
+        assert fed.wait_connected(site["name"], timeout=limit(120)) == site["node_id"]
     return sites
 
 
@@ -251,11 +253,15 @@ def test_three_hospitals_train_on_their_own_volumes_with_a_hub_that_holds_none(
     assert done.returncode == 0, done.stderr[-4000:]
     [final] = [line for line in (done.stdout + done.stderr).splitlines() if "final model:" in line]
     assert "test acc" in final and "nan" not in final, final
+    read = f"read {2 * PER_CLASS['train']} training volumes ({classes[0]}: {PER_CLASS['train']}; "
+    assert all(f"site {name} {read}" in done.stdout + done.stderr for name in folders)
     # the hub held no volume: none read, none cached, none written, none logged
     assert not (tmp_path / "no-data-here").exists() and not hub_cache.exists()
     assert volume_files_in(project) == []
     for name in folders:  # each site read its own volumes into its own cache
         assert list((tmp_path / name / "cache").glob("*.npz")), name
+    pretest = json.loads((project / "reports" / "pretest.json").read_text())
+    assert pretest["sites"] == list(folders) and pretest["n_tests"] > 0, pretest  # 3-D gradients
     params = Params.model_validate(raw)
     ends_as_simulated(project, params, folders)
     # each site's data by the digest of every slice file, as the site read it
