@@ -309,6 +309,42 @@ def test_sites_of_volumes_are_written_each_in_the_next_form_a_hospital_stores(
         assert np.array_equal(read.split("train").images, small.images[part])
 
 
+def test_a_site_reads_its_volumes_in_the_plan_and_names_a_broken_series_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from federated.data import Split
+    from federated.volume_writers import write_volume_folder
+
+    volumes = np.zeros((3, 8, 8, 8), np.uint8)
+    volumes[:, 2:6, 2:6, 2:6] = 255  # a cube in each
+    labels = np.array([[0], [1], [0]])
+    splits = {"train": Split(volumes[:2], labels[:2]), "test": Split(volumes[2:], labels[2:])}
+    write_volume_folder(tmp_path / "ct", splits, ("normal", "mass"), forms=("series",))
+    schema = {"task": "binary-class", "classes": ["normal", "mass"], "spatial_dims": 3}
+    params = Params.model_validate(
+        {"data": {"dataset": "ct", "size": 8, "own": schema}, "model": {"name": "small_cnn3d"},
+         "federation": {"runtime": "flower", "sites": [{"name": "a", "node_id": 1, "samples": 2}]},
+         "noniid": {"every": 0, "final": False}, "eval": {"where": "sites"}}
+    )  # fmt: skip
+    plan = tmp_path / "plan.json"
+    write_plan(plan, site_task(params, dataset_info_of(params.data)))
+    make_tls(tmp_path)
+    make_site_key(tmp_path, "site")
+    monkeypatch.setenv("FEDSIEVE_CACHE", str(tmp_path / "site-cache"))
+    check = ["--data", str(tmp_path / "ct"), "--plan", str(plan), "--superlink", "hub:9092",
+             "--ca", str(tmp_path / "ca.crt"), "--key", str(tmp_path / "site.key"), "--check"]  # fmt: skip
+
+    assert site_main(check) == 0
+    assert "ct: 2 training, 1 test and 0 validation volumes fit the approved plan" in (
+        capsys.readouterr().out
+    )
+    (tmp_path / "ct" / "train" / "00001" / "0004.dcm").unlink()  # a slice lost in the export
+    assert site_main(check) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fedsieve-site: error: ") and error.count("\n") == 1, error
+    assert "train/00001" in error and "slices missing or unevenly spaced" in error, error
+
+
 def test_the_intensity_policy_is_pinned_in_the_plan_every_site_approves() -> None:
     params = own_params(8, intensity="percentiles", percentiles=[1, 99])
     task = site_task(params, dataset_info_of(params.data))

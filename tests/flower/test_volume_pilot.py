@@ -140,11 +140,13 @@ def volume_files_in(folder: Path) -> list[Path]:
 
 
 @pytest.fixture
-def loopback(tmp_path: Path) -> Iterator[Loopback]:
-    """A SuperLink of this test's own (TLS, SuperNode authentication), stopped by PID."""
+def loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loopback]:
+    """A SuperLink of this test's own (TLS, SuperNode authentication), stopped by PID; it
+    and the ServerApps it starts cache images in the hub's cache, ``tmp_path/hub-cache``."""
     if not (FLOWER_BIN / "flwr").exists():
         pytest.fail(f"no Flower environment at {FLOWER_BIN}: run `make setup-flower`")
     with Loopback(tmp_path / "loopback", bin_dir=FLOWER_BIN) as fed:
+        monkeypatch.setenv("FEDSIEVE_CACHE", str(tmp_path / "hub-cache"))
         fed.start_superlink()
         yield fed
 
@@ -233,6 +235,7 @@ def test_three_hospitals_train_on_their_own_volumes_with_a_hub_that_holds_none(
     monkeypatch.chdir(project)
     assert main(["plan", "--params", "pilot.yaml", "--out", "plan.json"]) == 0
     sites = start_sites(loopback, folders, project / "plan.json", tmp_path, monkeypatch, capsys)
+    monkeypatch.setenv("FEDSIEVE_CACHE", str(tmp_path / "test-cache"))  # this process's
     raw = pilot_yaml(classes, sites)
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     tracking = f"sqlite:///{project / 'mlflow.db'}"
@@ -255,7 +258,8 @@ def test_three_hospitals_train_on_their_own_volumes_with_a_hub_that_holds_none(
     assert "test acc" in final and "nan" not in final, final
     read = f"read {2 * PER_CLASS['train']} training volumes ({classes[0]}: {PER_CLASS['train']}; "
     assert all(f"site {name} {read}" in done.stdout + done.stderr for name in folders)
-    # the hub held no volume: none read, none cached, none written, none logged
+    # the hub (its pipeline and its ServerApps) held no volume: none read, none cached,
+    # none written, none logged
     assert not (tmp_path / "no-data-here").exists() and not hub_cache.exists()
     assert volume_files_in(project) == []
     for name in folders:  # each site read its own volumes into its own cache
