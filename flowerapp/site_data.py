@@ -1,5 +1,7 @@
-"""A site's data: a folder of its own images with a label table (:mod:`federated.own_data`,
-read in the schema of the plan the site approved), or a file in MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
+"""A site's data: a folder of its own images, or volumes (NIfTI files, DICOM series
+folders, multi-frame DICOM files), with a label table (:mod:`federated.own_data`, read
+in the schema of the plan the site approved, with the reader training and the served
+model use), or a file in MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
 the site trains on), ``test_images``/``test_labels`` (its held-out split, scored every
 ``eval.every`` rounds; may be empty) and, optionally, ``val_images``/``val_labels`` (its
 validation split, for choosing the final model at the sites; empty when absent). An
