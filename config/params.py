@@ -549,7 +549,7 @@ class Params(_Section):
     @model_validator(mode="after")
     def _model_fits_data(self) -> Params:
         """A model of images on volumes (or the reverse) is refused naming the models that
-        fit; so is what cannot take volumes yet."""
+        fit."""
         from models import list_models, model_spatial_dims
 
         dims = 3 if self.volumes else 2
@@ -559,8 +559,6 @@ class Params(_Section):
                 f"model.name = {self.model.name} does not take {self.data.dataset}, "
                 f"{kind}; allowed: {', '.join(list_models(dims))}"
             )
-        for key, reason in volume_unsupported(self):
-            raise ValueError(f"data.dataset = {self.data.dataset} (volumes): {key} {reason}")
         return self
 
     @property
@@ -814,22 +812,6 @@ def remote_unsupported(params: Params) -> list[tuple[str, str]]:
                 f"= {given} but federation.sites names {sites} sites: the sites are the "
                 "clients; leave partition.num_clients out or make it "
                 f"{sites}",
-            )
-        )
-    return refused
-
-
-def volume_unsupported(params: Params) -> list[tuple[str, str]]:
-    """What cannot take 3-D volumes yet, each as (setting, why); empty for images."""
-    if not params.volumes:
-        return []
-    refused = []
-    if params.federation.runtime == "flower":
-        refused.append(
-            (
-                "federation.runtime",
-                "must be simulation: real sites read 2-D images only (a folder or an .npz of "
-                "images)",
             )
         )
     return refused

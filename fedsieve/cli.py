@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from config.environment import configure_environment
 from config.errors import UsageError, exit_code, quiet_refusals, refusal_types
@@ -35,9 +34,6 @@ from fedsieve.arguments import (
     checked_params_file,
 )
 from fedsieve.local_server import prefect_server
-
-if TYPE_CHECKING:
-    from config.params import Params
 
 __all__ = ["COMMANDS", "console", "main"]
 
@@ -214,31 +210,33 @@ def _add_sites(parser: argparse.ArgumentParser) -> None:
         "--out", default="artifacts/sites", help="folder for each site's data and sites.json"
     )
     parser.add_argument(
-        "--format", choices=("npz", "png", "dcm"), default="npz",
-        help="each site's data as one .npz, or as a folder of PNG or DICOM images with labels.csv",
+        "--format", choices=("npz", "png", "dcm", "nifti", "series", "multiframe", "volumes"),
+        default="npz",
+        help="each site's data as one .npz, or as a folder with labels.csv of PNG or DICOM "
+        "images, or of volumes: NIfTI files, DICOM series folders, multi-frame DICOM files, or "
+        "(volumes) each site the next of those three",
     )  # fmt: skip
-
-
-def refuse_volumes_at_sites(command: str, params: Params) -> None:
-    """Real sites read 2-D images only: a command preparing them refuses a volume set."""
-    if params.volumes:
-        raise UsageError(
-            f"{command}: data.dataset {params.data.dataset} holds volumes; real sites read "
-            "2-D images only (a folder or an .npz of images): choose a 2-D dataset"
-        )
 
 
 def _sites(args: argparse.Namespace, workdir: Path) -> int:
     """The params' partition (the simulated clients' data, local test splits included) as
     one data file per site, for a loopback or pilot federation (docs/federation.md)."""
-    from flowerapp.site_data import write_site_files
+    from flowerapp.site_data import IMAGE_FORMATS, VOLUME_FORMATS, write_site_files
     from tasks.data import read_dataset
     from tasks.partition import split_partition
 
     params = checked_params(args, workdir)
     if params.partition.root_size:
         raise UsageError("fedsieve sites: partition.root_size must be 0 (sites hold all data)")
-    refuse_volumes_at_sites("fedsieve sites", params)
+    wrong = IMAGE_FORMATS if params.volumes else VOLUME_FORMATS
+    if args.format in wrong:
+        kind, allowed = (
+            ("volumes", VOLUME_FORMATS) if params.volumes else ("2-D images", IMAGE_FORMATS)
+        )
+        raise UsageError(
+            f"fedsieve sites: --format {args.format} does not fit data.dataset "
+            f"{params.data.dataset}, which holds {kind}; allowed: npz, {', '.join(allowed)}"
+        )
     data = read_dataset(params.data, workdir)
     partition = params.partition
     split = split_partition(
@@ -248,8 +246,9 @@ def _sites(args: argparse.Namespace, workdir: Path) -> int:
     names = [f"site-{k}" for k in range(partition.num_clients)]
     out = workdir / args.out
     sites = write_site_files(data, split.clients, split.local_tests, names, out, args.format)
+    unit = "volumes" if params.volumes else "images"
     for site in sites:
-        print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out images")
+        print(f"{out / site['file']}: {site['samples']} training, {site['test']} held-out {unit}")
     print(f"{out / 'sites.json'}: each site's registered sample count and file hash")
     return 0
 
@@ -270,7 +269,6 @@ def _plan(args: argparse.Namespace, workdir: Path) -> int:
     # validated, not preflighted: a plan names no site and reads no data (it comes before
     # the sites are registered, at a hub that may hold no images)
     params = load_params(Path(args.params), args.overrides)
-    refuse_volumes_at_sites("fedsieve plan", params)
     out = workdir / args.out
     digest = write_plan(out, site_task(params, dataset_info_of(params.data)))
     print(f"{out}: the sites' training plan, sha256 {digest}")

@@ -146,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--data", type=Path, required=True,
-        help="the site's images: a folder with labels.csv (file, label[, split]) or an .npz",
+        help="the site's images or volumes: a folder with labels.csv (file, label[, split]) "
+        "or an .npz",
     )  # fmt: skip
     parser.add_argument(
         "--plan", type=Path, required=True, help="the training plan this site approved (plan.json)"
@@ -183,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = load_site_data(args.data, task.dataset_info(), reading)
         data.check_fits(
             channels=task.channels, size=task.size, classes=task.classes,
-            multi_label=task.multi_label,
+            multi_label=task.multi_label, spatial_dims=task.spatial_dims,
         )  # fmt: skip
     except (SiteDataError, PlanError, TaskError) as error:
         if isinstance(error, TaskError):
@@ -210,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     counts = (
         f"fedsieve-site: {data.path.name}: {len(data.train)} training, {len(data.test)} test and "
-        f"{len(data.val)} validation images fit the approved plan {plan_digest(plan)[:12]}"
+        f"{len(data.val)} validation {'volumes' if task.spatial_dims == 3 else 'images'} fit "
+        f"the approved plan {plan_digest(plan)[:12]}"
     )
     if data.size_note:
         counts += f"; {data.size_note}"

@@ -1,5 +1,7 @@
-"""A site's data: a folder of its own images with a label table (:mod:`federated.own_data`,
-read in the schema of the plan the site approved), or a file in MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
+"""A site's data: a folder of its own images, or volumes (NIfTI files, DICOM series
+folders, multi-frame DICOM files), with a label table (:mod:`federated.own_data`, read
+in the schema of the plan the site approved, with the reader training and the served
+model use), or a file in MedMNIST's ``.npz`` layout, ``train_images``/``train_labels`` (what
 the site trains on), ``test_images``/``test_labels`` (its held-out split, scored every
 ``eval.every`` rounds; may be empty) and, optionally, ``val_images``/``val_labels`` (its
 validation split, for choosing the final model at the sites; empty when absent). An
@@ -19,10 +21,20 @@ import torch
 
 from federated.data import DataError, DatasetInfo, MedMNISTData, Split, to_tensors
 from federated.own_data import Reading, load_own_images, write_image_folder
+from federated.volume_writers import VOLUME_FORMS, write_volume_folder
 
-__all__ = ["SiteData", "SiteDataError", "load_site_data", "write_site_files"]
+__all__ = [
+    "IMAGE_FORMATS",
+    "VOLUME_FORMATS",
+    "SiteData",
+    "SiteDataError",
+    "load_site_data",
+    "write_site_files",
+]
 
 ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
+IMAGE_FORMATS = ("png", "dcm")  # a site's folder of 2-D images
+VOLUME_FORMATS = (*VOLUME_FORMS, "volumes")  # of volumes; volumes: each site the next form
 OPTIONAL = ("val_images", "val_labels")
 
 
@@ -32,7 +44,8 @@ class SiteDataError(ValueError):
 
 @dataclass(frozen=True)
 class SiteData:
-    """A site's splits, uint8 images ``(N, H, W[, 3])`` and labels ``(N, L)``."""
+    """A site's splits, uint8 images ``(N, H, W[, 3])`` or volumes ``(N, D, H, W)``, and
+    labels ``(N, L)``."""
 
     path: Path
     train: Split
@@ -50,20 +63,17 @@ class SiteData:
             return np.bincount(labels[:, 0], minlength=classes)[:classes].tolist()
         return labels.sum(axis=0).astype(np.int64).tolist()
 
-    @property
-    def channels(self) -> int:
-        return 1 if self.train.images.ndim == 3 else int(self.train.images.shape[3])
-
-    @property
-    def size(self) -> int:
-        return int(self.train.images.shape[1])
-
-    def check_fits(self, *, channels: int, size: int, classes: int, multi_label: bool) -> None:
-        """Refuse (one line) a model whose input or output does not fit this data."""
-        if (self.channels, self.size) != (channels, size):
+    def check_fits(
+        self, *, channels: int, size: int, classes: int, multi_label: bool, spatial_dims: int = 2
+    ) -> None:
+        """Refuse (one line) a model whose input or output does not fit this data: images
+        ``(H, W[, 3])`` or volumes ``(D, H, W)`` at the task's size."""
+        shape = self.train.images.shape[1:]
+        expected = (size,) * spatial_dims + ((3,) if channels == 3 else ())
+        if shape != expected:
+            (kind, held), (_, taken) = _described(shape), _described(expected)
             raise SiteDataError(
-                f"{self.path.name}: images are {self.size}x{self.size} with {self.channels} "
-                f"channel(s); the task's model takes {size}x{size} with {channels}"
+                f"{self.path.name}: {kind} are {held} channel(s); the task's model takes {taken}"
             )
         labels = np.concatenate([s.labels for s in (self.train, self.val, self.test) if len(s)])
         if multi_label and labels.shape[1] != classes:
@@ -83,6 +93,15 @@ class SiteData:
         return to_tensors(self.train, info, device=device), to_tensors(
             self.test, info, device=device
         )
+
+
+def _described(shape: tuple[int, ...]) -> tuple[str, str]:
+    """What a sample's stored shape holds: ``("images", "28x28 with 3")``, ``("volumes",
+    "16x16x16 with 1")`` (its sides, and its channels)."""
+    colour = len(shape) == 3 and shape[2] == 3  # (H, W, 3); a volume (D, H, W) is grey
+    spatial = shape[:2] if colour else shape
+    kind = "volumes" if len(spatial) == 3 else "images"
+    return kind, f"{'x'.join(map(str, spatial))} with {3 if colour else 1}"
 
 
 def load_site_data(
@@ -164,13 +183,14 @@ def write_site_files(
 ) -> list[dict[str, Any]]:
     """One file per client (``<name>.npz``: its training part and local test split of
     ``data.train``), or with ``image_format`` ``png`` or ``dcm`` one folder of images with
-    its ``labels.csv`` (a hospital's own data, for a pilot), and ``sites.json``: each
-    site's name, file, training-sample count (the count to register for it at the hub) and
-    the data's SHA-256."""
+    its ``labels.csv`` (a hospital's own data, for a pilot), or for volumes with ``nifti``,
+    ``series`` or ``multiframe`` one folder of volumes in that form (``volumes``: each
+    site the next form in turn), and ``sites.json``: each site's name, file,
+    training-sample count (the count to register for it at the hub) and the data's SHA-256."""
     out_dir.mkdir(parents=True, exist_ok=True)
     train = data.train
     manifest = []
-    for name, part, held in zip(names, clients, local_tests, strict=True):
+    for index, (name, part, held) in enumerate(zip(names, clients, local_tests, strict=True)):
         splits = {
             "train": Split(images=train.images[part], labels=train.labels[part]),
             "test": Split(images=train.images[held], labels=train.labels[held]),
@@ -183,7 +203,12 @@ def write_site_files(
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
         else:
             path = out_dir / name
-            write_image_folder(path, splits, data.info.labels, image_format=image_format)
+            if image_format in IMAGE_FORMATS:
+                write_image_folder(path, splits, data.info.labels, image_format=image_format)
+            else:
+                forms = VOLUME_FORMS if image_format == "volumes" else (image_format,)
+                form = forms[index % len(forms)]
+                write_volume_folder(path, splits, data.info.labels, forms=(form,))
             digest = load_own_images(path, data.info).sha256
         manifest.append(
             {

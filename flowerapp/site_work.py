@@ -145,7 +145,7 @@ def _task_model(task: SiteTask, data: SiteData, global_vector: Tensor) -> nn.Mod
     try:
         data.check_fits(
             channels=task.channels, size=task.size, classes=task.classes,
-            multi_label=task.multi_label,
+            multi_label=task.multi_label, spatial_dims=task.spatial_dims,
         )  # fmt: skip
         model = build_model(
             task.model, in_channels=task.channels, num_classes=task.classes,

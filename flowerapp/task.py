@@ -26,6 +26,7 @@ from federated.data import DatasetInfo
 __all__ = ["SiteTask", "TaskError", "per_message"]
 
 Scalar = str | int | float | bool
+VOLUME_FIELDS = ("spatial_dims", "spacing", "slice_tolerance")  # not in a plan of images
 Value = Scalar | list[Scalar]
 
 
@@ -50,13 +51,18 @@ class SiteTask:
     class_names: tuple[str, ...]  # a label is a class name or its index
     channels: int  # image channels after the site's preprocessing
     classes: int  # classes, or labels of a multi-label task
-    size: int  # image height and width in pixels
+    size: int  # image height and width in pixels (a volume's depth too)
     multi_label: bool
     resample: str  # Pillow's filter bringing an image to ``size``
     intensity: str  # how grey values become 0-255 (federated/image_files.py)
     percentiles: tuple[float, ...]  # lower, upper (the percentiles intensity policy)
     mean: float  # a tensor's pixels are (x / 255 - mean) / std
     std: float
+    # volumes (federated/volume_files.py): 2 images, 3 volumes; how a volume reaches
+    # ``size`` voxels per axis; the share off the median slice step a series may be
+    spatial_dims: int = 2
+    spacing: str = "isotropic"
+    slice_tolerance: float = 0.1
     epochs: int  # local epochs a round
     lr: float
     momentum: float
@@ -91,6 +97,9 @@ class SiteTask:
         every = self.to_config()
         if not self.scaffold:  # as plans were before SCAFFOLD at the sites: still approved
             del every["scaffold"]
+        if self.spatial_dims == 2:  # as plans of images were before volumes: still approved
+            for key in VOLUME_FIELDS:
+                del every[key]
         return {key: every[key] for key in sorted(every) if key not in self.per_message_fields()}
 
     def to_config(self) -> dict[str, Value]:
@@ -132,6 +141,8 @@ class SiteTask:
             labels=self.class_names, url="", md5="", n_samples={}, size=self.size,
             mean=self.mean, std=self.std, resample=self.resample, intensity=self.intensity,
             percentiles=(self.percentiles[0], self.percentiles[1]),
+            spatial_dims=self.spatial_dims, spacing=self.spacing,
+            slice_tolerance=self.slice_tolerance,
         )  # fmt: skip
 
 

@@ -245,16 +245,17 @@ def _run_at_hub(
 
 def _site_line(params: Params) -> Callable[[str, dict[str, Any]], str]:
     """The run log's line on what a site (by client id) read, from the lineage it
-    answered with: images per class and the data's digest."""
+    answered with: images (or volumes) per class and the data's digest."""
     names = [site.name for site in params.federation.sites]
-    labels = dataset_info_of(params.data).labels
+    info = dataset_info_of(params.data)
+    labels, unit = info.labels, "volumes" if info.is_volume else "images"
 
     def line(client: str, seen: dict[str, Any]) -> str:
         classes = "; ".join(
             f"{label}: {count}" for label, count in zip(labels, seen["train"], strict=False)
         )
         return (
-            f"site {names[int(client)]} read {sum(seen['train'])} training images ({classes}) "
+            f"site {names[int(client)]} read {sum(seen['train'])} training {unit} ({classes}) "
             f"and {sum(seen['test'])} held out; data sha256 {seen['sha256'][:12]}"
         )
 

@@ -335,10 +335,6 @@ VOLUMES = ["data.dataset=adrenalmnist3d", "data.size=64", "model.name=small_cnn3
     ("overrides", "says"),
     [
         (["data.size=128"], "data.size = 128: adrenalmnist3d is a 3-D set; allowed: 28, 64"),
-        (
-            ["tracking.register_model=false", "federation.runtime=flower"],
-            "federation.runtime must be simulation: real sites read 2-D images only",
-        ),
         (["model.name=resnet18"], "model.name = resnet18 does not take adrenalmnist3d"),
     ],
 )

@@ -523,14 +523,16 @@ def test_what_cannot_take_volumes_is_refused_in_one_line_before_anything_runs(
     small_3d = [*volumes, "--set", "model.name=small_cnn3d"]
 
     flat_model = fedsieve(project, medmnist_root, "run", *volumes)
-    plan = fedsieve(
-        project, medmnist_root, "plan", *small_3d, "--set", "tracking.register_model=false"
-    )
+    volumes_as_png = fedsieve(project, medmnist_root, "sites", *small_3d, "--format", "png")
+    images_as_nifti = fedsieve(project, medmnist_root, "sites", "--format", "nifti")
 
     for result, says in [
         (flat_model, "model.name = small_cnn does not take adrenalmnist3d, a 3-D set of "
          "volumes (C, D, H, W); allowed: resnet18_3d, resnet50_3d, small_cnn3d"),
-        (plan, "fedsieve plan: data.dataset adrenalmnist3d holds volumes; real sites read 2-D"),
+        (volumes_as_png, "fedsieve sites: --format png does not fit data.dataset adrenalmnist3d, "
+         "which holds volumes; allowed: npz, nifti, series, multiframe, volumes"),
+        (images_as_nifti, "fedsieve sites: --format nifti does not fit data.dataset breastmnist, "
+         "which holds 2-D images; allowed: npz, png, dcm"),
     ]:  # fmt: skip
         assert result.returncode == 2 and says in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1

@@ -260,6 +260,91 @@ def test_a_site_checks_its_own_folder_against_the_plan_and_prints_what_to_regist
     )
 
 
+def test_volumes_of_another_size_than_the_plans_are_refused_in_one_line(tmp_path: Path) -> None:
+    labels = np.array([[0], [1]])
+    volumes = site_file(
+        tmp_path / "volumes.npz", train_images=np.zeros((2, 8, 8, 8), np.uint8),
+        train_labels=labels, test_images=np.zeros((0, 8, 8, 8), np.uint8),
+        test_labels=labels[:0],
+    )  # fmt: skip
+    data = load_site_data(volumes)
+
+    data.check_fits(channels=1, size=8, classes=2, multi_label=False, spatial_dims=3)
+    with pytest.raises(SiteDataError) as error:
+        data.check_fits(channels=1, size=16, classes=2, multi_label=False, spatial_dims=3)
+    assert str(error.value) == (
+        "volumes.npz: volumes are 8x8x8 with 1 channel(s); the task's model takes 16x16x16 with 1"
+    )
+    with pytest.raises(SiteDataError, match=r"volumes are 8x8x8 .* takes 8x8 with 1$"):
+        data.check_fits(channels=1, size=8, classes=2, multi_label=False)
+
+
+def test_sites_of_volumes_are_written_each_in_the_next_form_a_hospital_stores(
+    tmp_path: Path, adrenal_root: Path
+) -> None:
+    from dataclasses import replace as changed
+
+    from federated.data import MedMNISTData, Split, load_medmnist
+    from federated.own_data import load_own_images
+    from flowerapp.site_data import write_site_files
+
+    official = load_medmnist("adrenalmnist3d", adrenal_root, 64)
+    small = Split(np.ascontiguousarray(official.train.images[:9, ::8, ::8, ::8]),
+                  official.train.labels[:9])  # fmt: skip
+    data = MedMNISTData(changed(official.info, size=8), small, small, small)
+    parts = [np.arange(k * 3, k * 3 + 2) for k in range(3)]
+    held = [np.arange(k * 3 + 2, k * 3 + 3) for k in range(3)]
+
+    sites = write_site_files(data, parts, held, ["a", "b", "c"], tmp_path, "volumes")
+
+    forms = [sorted(p.name for p in (tmp_path / site / "train").iterdir()) for site in "abc"]
+    assert forms == [
+        ["00000.nii.gz", "00001.nii.gz"],
+        ["00000", "00001"],
+        ["00000.dcm", "00001.dcm"],
+    ]
+    for site, part in zip(sites, parts, strict=True):
+        read = load_own_images(tmp_path / site["name"], data.info)
+        assert site["sha256"] == read.sha256 and site["samples"] == 2
+        assert np.array_equal(read.split("train").images, small.images[part])
+
+
+def test_a_site_reads_its_volumes_in_the_plan_and_names_a_broken_series_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from federated.data import Split
+    from federated.volume_writers import write_volume_folder
+
+    volumes = np.zeros((3, 8, 8, 8), np.uint8)
+    volumes[:, 2:6, 2:6, 2:6] = 255  # a cube in each
+    labels = np.array([[0], [1], [0]])
+    splits = {"train": Split(volumes[:2], labels[:2]), "test": Split(volumes[2:], labels[2:])}
+    write_volume_folder(tmp_path / "ct", splits, ("normal", "mass"), forms=("series",))
+    schema = {"task": "binary-class", "classes": ["normal", "mass"], "spatial_dims": 3}
+    params = Params.model_validate(
+        {"data": {"dataset": "ct", "size": 8, "own": schema}, "model": {"name": "small_cnn3d"},
+         "federation": {"runtime": "flower", "sites": [{"name": "a", "node_id": 1, "samples": 2}]},
+         "noniid": {"every": 0, "final": False}, "eval": {"where": "sites"}}
+    )  # fmt: skip
+    plan = tmp_path / "plan.json"
+    write_plan(plan, site_task(params, dataset_info_of(params.data)))
+    make_tls(tmp_path)
+    make_site_key(tmp_path, "site")
+    monkeypatch.setenv("FEDSIEVE_CACHE", str(tmp_path / "site-cache"))
+    check = ["--data", str(tmp_path / "ct"), "--plan", str(plan), "--superlink", "hub:9092",
+             "--ca", str(tmp_path / "ca.crt"), "--key", str(tmp_path / "site.key"), "--check"]  # fmt: skip
+
+    assert site_main(check) == 0
+    assert "ct: 2 training, 1 test and 0 validation volumes fit the approved plan" in (
+        capsys.readouterr().out
+    )
+    (tmp_path / "ct" / "train" / "00001" / "0004.dcm").unlink()  # a slice lost in the export
+    assert site_main(check) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fedsieve-site: error: ") and error.count("\n") == 1, error
+    assert "train/00001" in error and "slices missing or unevenly spaced" in error, error
+
+
 def test_the_intensity_policy_is_pinned_in_the_plan_every_site_approves() -> None:
     params = own_params(8, intensity="percentiles", percentiles=[1, 99])
     task = site_task(params, dataset_info_of(params.data))

@@ -12,7 +12,7 @@ from config.params import Params
 from federated.data import dataset_info
 from flowerapp.hub import site_task
 from flowerapp.plan import plan_differences, training_plan
-from flowerapp.task import SiteTask, TaskError
+from flowerapp.task import VOLUME_FIELDS, SiteTask, TaskError
 
 TASK = site_task(
     Params.model_validate({"data": {"dataset": "digits"}, "model": {"name": "logreg"}}),
@@ -37,8 +37,10 @@ def test_the_plan_is_the_record_without_its_per_message_fields() -> None:
     plan = training_plan(TASK)
 
     per_message = {"round", "client", "shuffle_seed", "run_key"}
-    # scaffold: false is left out, so plans approved before SCAFFOLD at the sites still hold
-    assert set(plan) == {f for f in TASK.to_config() if f not in per_message | {"scaffold"}}
+    # scaffold: false and an image task's volume settings are left out, so plans approved
+    # before SCAFFOLD and volumes at the sites still hold
+    left_out = per_message | {"scaffold", *VOLUME_FIELDS}
+    assert set(plan) == {f for f in TASK.to_config() if f not in left_out}
     assert plan_differences(plan, SiteTask.from_config(sent(run_key="ab12cd34ef56"))) == []
     assert SiteTask.per_message_fields() == per_message
 
@@ -80,3 +82,27 @@ def test_a_task_lacking_a_setting_is_refused() -> None:
 
     with pytest.raises(TaskError, match=r"^the task lacks the setting batch_size$"):
         SiteTask.from_config(record)
+
+
+def test_a_volume_task_carries_how_its_volumes_are_read_in_the_plan() -> None:
+    from config.dataset import dataset_info_of
+
+    own = {"task": "binary-class", "classes": ["normal", "mass"], "spatial_dims": 3,
+           "spacing": "stretch", "slice_tolerance": 0.2, "intensity": "range"}  # fmt: skip
+    params = Params.model_validate(
+        {"data": {"dataset": "adrenal-ct", "size": 16, "own": own},
+         "model": {"name": "small_cnn3d"}, "eval": {"where": "sites"},
+         "noniid": {"every": 0, "final": False},
+         "federation": {"runtime": "flower", "sites": [{"name": "a", "node_id": 1, "samples": 4}]}}
+    )  # fmt: skip
+    volumes = site_task(params, dataset_info_of(params.data))
+
+    plan = training_plan(volumes)
+
+    assert {key: plan[key] for key in VOLUME_FIELDS} == {
+        "spatial_dims": 3, "spacing": "stretch", "slice_tolerance": 0.2,
+    }  # fmt: skip
+    assert SiteTask.from_config(plan).dataset_info() == dataset_info_of(params.data)
+    assert plan_differences(plan, replace(volumes, spacing="isotropic")) == [
+        "spacing=isotropic (approved stretch)"
+    ]
