@@ -810,9 +810,13 @@ def serving(project: Path, env: dict[str, str], prefect_server: str, name: str) 
     command = [sys.executable, "-m", "fedsieve.cli", "serve", "--cron", "0 3 * * *",
                "--name", name]  # fmt: skip
     log = project / "serve.log"
+    # the runner looks for runs to start every 10 s by default: a run the test starts would
+    # wait out half of that on average, and the next run the rest of its last look
+    looks = {"PREFECT_RUNNER_POLL_FREQUENCY": "2"}  # as the scheduling tests' worker
     with log.open("wb") as out:
         serve = subprocess.Popen(
-            command, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=project, env=env | looks, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
 
     def deployment() -> dict[str, Any] | None:
