@@ -401,7 +401,7 @@ def test_dvc_repro_exp_run_and_metrics_diff(tmp_path, medmnist_root, prefect_ser
     tracked = _git_output(repo, "diff", "--cached", "--name-only").split()
     assert {"dvc.lock", "reports/metrics.json", "reports/rounds.csv"} <= set(tracked)
     _git(repo, "-c", "user.email=ci@example.com", "-c", "user.name=ci", "commit", "-qm", "baseline")
-    assert_a_fresh_clone_reproduces_the_committed_baseline(repo, shared_server_env)
+    assert_a_fresh_clone_reproduces_the_committed_baseline(repo, env)
     exp = subprocess.run(
         [*dvc, "exp", "run", "-S", "train.rounds=3"],
         cwd=repo,
@@ -435,7 +435,8 @@ def assert_a_fresh_clone_reproduces_the_committed_baseline(repo: Path, env: dict
     """`make run` in a fresh clone (no artifacts, no DVC cache, its own MLflow store) writes
     the committed dvc.lock and reports bit for bit: `git status` stays clean. Its MLflow
     run is closed with its model registered, though training gave the committed bits (DVC
-    once skipped the evaluate stage then, and left the run RUNNING without a model)."""
+    once skipped the evaluate stage then, and left the run RUNNING without a model). On
+    the session's Prefect server (``env``): the test's first `make run` starts its own."""
     clone = repo.parent / "clone"
     _git(repo.parent, "clone", "-q", str(repo), str(clone))
     store = f"sqlite:///{clone / 'mlflow.db'}"
