@@ -46,10 +46,14 @@ Kinds (the fields each takes beside ``id``, ``text`` and ``kind``):
   test over seeds.
 - ``table1``: ``regime``, ``measure`` (``acc``, ``auc``, ``worst_site``: the worst site's
   accuracy, ``rounds``: rounds to target, or ``drop``: the accuracy lost from IID to the
-  regime), ``first``, ``second``, optional ``seeds`` and ``lower`` (true): in
-  benchmarks/papers/fedlag_table1.py's record, without attack, ``first``'s measure is higher
-  (lower) than ``second``'s, per seed the mean over the datasets, an exact two-sided
-  sign-flip test over seeds (a halted run scored at chance).
+  regime), ``first``, ``second``, optional ``seeds``, ``lower`` (true), ``part``
+  (``clean``, the default, or ``attacked``: the record read) and ``first_attack`` /
+  ``second_attack`` (``none``, the default, an attack of the attacked part, or ``worst``:
+  per dataset and seed the lower of its attacks): in benchmarks/papers/fedlag_table1.py's
+  record of that part, ``first``'s measure under its attack is higher (lower) than
+  ``second``'s under its own, per seed the mean over the datasets, an exact two-sided
+  sign-flip test over seeds (a halted run scored at chance). The same method under two
+  attacks asks whether the one lowers it.
 - ``convergence``: ``table`` (``pid-made-convergence-paired``), ``row`` (the attacker
   share as the table shows it, e.g. ``"0.1"``), ``fraction`` (the same share), ``first``,
   ``second``, ``lower`` or ``higher`` (true): in benchmarks/papers/pid_made_convergence.py's
@@ -531,22 +535,40 @@ def _family_tests(claim: dict[str, Any], p: float) -> tuple[list[float], int]:
 def table1(claim: dict[str, Any]) -> Tested:
     """Paired off the Table 1 record (:mod:`benchmarks.evidence.tables.table1`), keyed
     (dataset, seed): per seed the mean difference over the three datasets."""
-    from benchmarks.evidence.tables.table1 import MEASURES, table1_by_seed, table1_rows
+    from benchmarks.evidence.tables.table1 import (
+        MEASURES,
+        WORST,
+        claim_attacks,
+        table1_by_seed,
+        table1_rows,
+    )
+    from benchmarks.papers.fedlag_table1 import ATTACKED
 
     measure, regime = claim["measure"], claim["regime"]
     if measure not in (*MEASURES, "drop"):
         raise ValueError(
             f"claim {claim['id']}: measure {measure!r}; allowed: {', '.join(MEASURES)}, drop"
         )
-    rows, seeds = table1_rows(), seeds_of(claim)
+    attacks = claim_attacks(claim)
+    unknown = [a for a in attacks if a not in ("none", *ATTACKED, WORST)]
+    if unknown:
+        raise ValueError(
+            f"claim {claim['id']}: attack {unknown[0]!r}; allowed: none, {', '.join(ATTACKED)}, "
+            f"{WORST}"
+        )
+    rows, seeds = table1_rows(claim.get("part", "clean")), seeds_of(claim)
     first, second = (
-        {key: value for key, value in table1_by_seed(rows, regime, method, measure).items()
+        {key: value for key, value in table1_by_seed(rows, regime, method, measure, attack).items()
          if seeds is None or key[1] in seeds}
-        for method in (claim["first"], claim["second"])
+        for method, attack in zip((claim["first"], claim["second"]), attacks, strict=True)
     )  # fmt: skip
     differences, p = seed_difference(first, second)
-    names = (claim["first"], claim["second"])
-    return _seed_tested(f"{measure} at {regime}", differences, p, not claim.get("lower"), names)
+    names = tuple(
+        method if attack == "none" else f"{method} under {attack}"
+        for method, attack in zip((claim["first"], claim["second"]), attacks, strict=True)
+    )
+    where = f"{measure} at {regime}"
+    return _seed_tested(where, differences, p, not claim.get("lower"), (names[0], names[1]))
 
 
 @cache

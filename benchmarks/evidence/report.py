@@ -94,8 +94,9 @@ from benchmarks.evidence.tables.speed import (
     site_validation_cost_block,
     speed_notes_block,
 )
-from benchmarks.evidence.tables.table1 import table1_block
+from benchmarks.evidence.tables.table1 import table1_attacked_block, table1_block
 from benchmarks.papers import ema_monte_carlo
+from benchmarks.papers.fedlag_table1 import ATTACKED_RECORD as TABLE1_ATTACKED_RECORD
 from benchmarks.papers.fedlag_table1 import RECORD as TABLE1_RECORD
 
 DOC = REPO / "docs" / "results.md"
@@ -140,6 +141,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     | {"ema-paper": ema_paper_block, "ema-pretest": ema_pretest_block}
     | {"noniid-cv": noniid_cv_block, "fedlag-stability": fedlag_block}
     | ({"fedlag-table1": table1_block} if TABLE1_RECORD.exists() else {})
+    | ({"fedlag-table1-attacked": table1_attacked_block} if TABLE1_ATTACKED_RECORD.exists() else {})
     | {"privacy-breastmnist": privacy_block, "default-pipeline": default_pipeline_block}
     | {"federation-loopback": loopback_block, "flower-race": flower_race_block}
     | {"federation-loopback-own-data": loopback_own_data_block}

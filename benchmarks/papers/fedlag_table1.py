@@ -9,17 +9,20 @@ heterogeneous local work, IID), 10 clients, the logistic model, plain local SGD 
 0, SCAFFOLD's option II assumes it, so every method trains the same way), seeds 0-9. Then
 the attacked part (:data:`ATTACKED`): at Dirichlet α 0.5, two of the ten clients sign
 flipping or running ALIE, against the same methods and three robust rules with FedAdam on
-top (median, FedLag, PID-MADE in front of the mean), and those three without attack. Per
+top (median, FedLag, PID-MADE in front of the mean), and every one of them without attack
+(the eight methods' runs at α 0.5 are the clean part's, run once and shared). Per
 run: final test accuracy and AUC, the worst site's accuracy on its own held-out fifth, and
 the round the test accuracy first reached the dataset's target (:data:`TARGETS`).
 
-Its claims were written before it ran (benchmarks/preregistered.yaml, family
-``table1-*``); docs/results.md's tables and claims are recomputed from the per-run record.
+Its claims were written before it ran (benchmarks/preregistered.yaml, families
+``table1-*``); docs/results.md's tables and claims are recomputed from the per-run records.
 
     python -m benchmarks.papers.fedlag_table1 [--parts clean attacked] [--seeds 10] [--workers 1]
 
 Records: ``benchmarks/results/fedlag-table1-cells.jsonl`` (local; a rerun skips finished
-runs) and ``fedlag-table1-seeds.csv`` (committed: one row per run).
+runs), and per part one row per run (committed): ``fedlag-table1-seeds.csv`` (clean) and
+``fedlag-table1-attacked-seeds.csv`` (attacked: every run at α 0.5, with or without attack,
+so that its claims rest on a file of their own).
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ SEED_COLUMNS = ("dataset", "regime", "method", "attack", "fraction", "seed", "te
                 "test_auc", "site_acc_worst", "rounds_to_target", "rounds", "majority_share", "seconds",
                 "error")  # fmt: skip
 RECORD = RESULTS / "fedlag-table1-seeds.csv"
+ATTACKED_RECORD = RESULTS / "fedlag-table1-attacked-seeds.csv"
+RECORDS = {"clean": RECORD, "attacked": ATTACKED_RECORD}  # part -> its per-run record
 
 
 def base_params(dataset: str, regime: str) -> dict[str, Any]:
@@ -102,8 +107,8 @@ def base_params(dataset: str, regime: str) -> dict[str, Any]:
 def cells_for(part: str, seeds: range, datasets: tuple[str, ...] = DATASETS) -> list[Any]:
     """The part's cells (``clean``: every method in every regime; ``attacked``: at
     :data:`ATTACKED_REGIME`, every method and the robust rules with FedAdam under each
-    attack, and the latter without attack). A cell's method is
-    ``<dataset>.<regime>.<method>``."""
+    attack and without attack, the methods' runs without attack being the clean part's).
+    A cell's method is ``<dataset>.<regime>.<method>``."""
     from config.params import Params
     from tasks.grid import grid_cells
 
@@ -111,8 +116,7 @@ def cells_for(part: str, seeds: range, datasets: tuple[str, ...] = DATASETS) -> 
         [(regime, METHODS, ["none"]) for regime in REGIMES]
         if part == "clean"
         else [
-            (ATTACKED_REGIME, METHODS | ROBUST_FEDADAM, list(ATTACKED)),
-            (ATTACKED_REGIME, ROBUST_FEDADAM, ["none"]),
+            (ATTACKED_REGIME, METHODS | ROBUST_FEDADAM, ["none", *ATTACKED]),
         ]
     )
     cells = []
@@ -140,12 +144,19 @@ RATED = ("fedavg", "fedprox", "scaffold", "afl", "fednova", "fedlag")  # the pap
 
 
 def priority(cell: Any) -> int:
-    """Run order on a busy machine, each seed whole within a step: what the registered
-    claims pair (the rated methods at α 0.1 and IID; FedNova and FedAvg under quantity
-    skew) first, then the rest of those regimes, then α 0.5 (tables only)."""
+    """Run order on a busy machine, each seed whole within a step: what the clean part's
+    registered claims pair (the rated methods at α 0.1 and IID; FedNova and FedAvg under
+    quantity skew) first, then the rest of those regimes, then α 0.5 with what the
+    attacked part's claims pair (every method without attack and under attack), then
+    the runs only its tables show (the median alone under attack, the robust rules with
+    FedAdam without attack)."""
     _, regime, method = coordinates(cell)
-    if regime == "dirichlet-0.5":
-        return 2
+    if regime == ATTACKED_REGIME:
+        attacked = cell.attack != "none"
+        tables_only = (method == "median" and attacked) or (
+            method in ROBUST_FEDADAM and not attacked
+        )
+        return 3 if tables_only else 2
     paired = method in RATED if regime != "quantity" else method in ("fedavg", "fednova")
     return 0 if paired else 1
 
@@ -174,6 +185,14 @@ def run_table_cell(cell: Any) -> dict[str, Any]:
         record["traceback"] = traceback.format_exc(limit=3)
     record["seconds"] = round(time.perf_counter() - started, 2)
     return record
+
+
+def in_part(record: dict[str, Any], part: str) -> bool:
+    """Whether a run belongs to ``part``'s record: ``clean``, the eight methods without
+    attack in every regime; ``attacked``, every run at :data:`ATTACKED_REGIME`."""
+    if part == "clean":
+        return record["attack"] == "none" and record["method"] in METHODS
+    return record["regime"] == ATTACKED_REGIME
 
 
 def write_seed_rows(records: list[dict[str, Any]], path: Path = RECORD) -> None:
@@ -211,8 +230,10 @@ def main() -> None:
         cells = cells_for(part, range(args.seeds), tuple(args.datasets))
         cells.sort(key=lambda cell: (priority(cell), cell.seed))
         run_matrix(cells, cells_file, args.workers, runner=run_table_cell)
-    write_seed_rows(list(finished(cells_file).values()))
-    print(f"wrote {RECORD}")
+    done = list(finished(cells_file).values())
+    for part in args.parts:
+        write_seed_rows([r for r in done if in_part(r, part)], RECORDS[part])
+        print(f"wrote {RECORDS[part]}")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,33 @@ def test_unequal_work_follows_equations_6_and_7() -> None:
     torch.testing.assert_close(out, reference, rtol=1e-13, atol=1e-13)
     assert diagnostics["columns"]["local_norm"].tolist() == pytest.approx(norms)
     assert not torch.allclose(out, build_aggregator("fedavg")(updates, torch.tensor(sizes, dtype=torch.float64)))  # fmt: skip
+
+
+def test_tiny_clients_beside_a_huge_one_get_their_sample_share_of_every_step() -> None:
+    """Very uneven work, as Dirichlet α = 0.1 on BreastMNIST makes it (a client of 163
+    images doing 22 steps beside clients of 4-12 doing 2): one client of 960 samples, 60
+    steps, moving +0.05 a step; four of 10 samples, one step each, moving −1. Wang et al.'s
+    FedNova (and NIID-Bench's: ``global − coeff · Σ n_i/n · (global − local_i)/a_i``,
+    ``coeff = Σ a_i n_i/n``) takes τ_eff = Σ p_i τ_i = 57.64 steps of the sample-weighted
+    per-step direction 0.96·0.05 − 0.04·1 = 0.008: 0.46112, where FedAvg follows the big
+    client's 60 steps (2.84). So each tiny client's update weighs τ_eff·p_i = 0.5764, its
+    one step stretched to 57.64 steps, and the weights sum to 3.23, not 1: where a tiny
+    client's few steps are steep (the start of its local descent, one class only), FedNova
+    carries that slope τ_eff steps. That is the paper's update, not a defect of this one."""
+    sizes = torch.tensor([960.0, 10.0, 10.0, 10.0, 10.0], dtype=torch.float64)
+    steps = [60, 1, 1, 1, 1]
+    updates = torch.tensor([[3.0], [-1.0], [-1.0], [-1.0], [-1.0]], dtype=torch.float64)
+    norms = torch.tensor([float(local_norm(t)) for t in steps], dtype=torch.float64)
+
+    out, _, diagnostics = build_aggregator("fednova").step({}, updates, sizes, local_norms=norms)
+
+    # NIID-Bench's form, from a global model at 0 (local_i = Δ_i): d_i = (0 − Δ_i)/a_i
+    share = sizes / sizes.sum()
+    coeff = float(share @ norms)
+    niid_bench = 0.0 - coeff * sum(share[i] * (0.0 - updates[i]) / norms[i] for i in range(5))
+    assert coeff == pytest.approx(57.64)
+    torch.testing.assert_close(out, torch.tensor([0.46112], dtype=torch.float64))
+    torch.testing.assert_close(out, niid_bench)
+    assert diagnostics["effective_weight"].tolist() == pytest.approx([0.92224, *[0.5764] * 4])
+    assert float(diagnostics["effective_weight"].sum()) == pytest.approx(3.22784)
+    assert build_aggregator("fedavg")(updates, sizes).tolist() == pytest.approx([2.84])

@@ -324,3 +324,50 @@ def test_a_table1_claim_pairs_by_seed_over_the_datasets_and_counts_a_halted_run_
     wobble = higher | {"measure": "wobble"}
     with pytest.raises(claims.LedgerError, match="measure 'wobble'; allowed: acc, auc"):
         claims.verdicts(written(tmp_path, [wobble]), declared_lists=True)
+
+
+def attacked_record(tmp_path: Path) -> Path:
+    """An attacked-part record by the benchmark's own writer, at α = 0.5 on its datasets:
+    FedAvg 0.8 without attack, 0.6 under sign flipping, 0.7 under ALIE; the median with
+    FedAdam 0.78, 0.77 and 0.75 (each plus seed/1000)."""
+    from benchmarks.papers import fedlag_table1
+
+    levels = {"fedavg": {"none": 0.8, "sign_flip": 0.6, "alie": 0.7},
+              "median_fedadam": {"none": 0.78, "sign_flip": 0.77, "alie": 0.75}}  # fmt: skip
+    records = [
+        {"dataset": dataset, "regime": "dirichlet-0.5", "method": method, "attack": attack,
+         "fraction": 0.0 if attack == "none" else 0.2, "seed": seed,
+         "test_acc": level + seed / 1000, "test_auc": 0.8, "site_acc_worst": 0.5,
+         "rounds_to_target": 3, "rounds": 10, "majority_share": 0.6, "seconds": 1.0}
+        for seed in range(10) for dataset in fedlag_table1.DATASETS
+        for method, by_attack in levels.items() for attack, level in by_attack.items()
+    ]  # fmt: skip
+    path = tmp_path / "fedlag-table1-attacked-seeds.csv"
+    fedlag_table1.write_seed_rows(records, path)
+    return path
+
+
+def test_an_attacked_table1_claim_reads_each_side_under_its_own_attack(tmp_path, monkeypatch):
+    from benchmarks.evidence.tables import table1
+
+    monkeypatch.setattr(table1, "ATTACKED_RECORD", attacked_record(tmp_path))
+    base = {"kind": "table1", "part": "attacked", "regime": "dirichlet-0.5", "measure": "acc",
+            "family": "table1-attacked-test", "adjust": "holm"}  # fmt: skip
+    breaks = base | {"id": "P97", "text": "sign flipping lowers FedAvg", "first": "fedavg",
+                     "second": "fedavg", "second_attack": "sign_flip"}  # fmt: skip
+    holds = base | {"id": "P98", "text": "the median with FedAdam holds", "first_attack": "worst",
+                    "first": "median_fedadam", "second": "fedavg", "second_attack": "worst"}  # fmt: skip
+
+    found = claims.verdicts(written(tmp_path, [breaks, holds]), declared_lists=True)
+
+    assert found[0].statistic == (
+        "Δ acc at dirichlet-0.5 (fedavg − fedavg under sign_flip) = +0.200 over 10 seeds"
+    )
+    # the worst of the two attacks on each side: 0.75 (ALIE) against 0.6 (sign flipping)
+    assert found[1].statistic.endswith("under worst) = +0.150 over 10 seeds")
+    assert all(v.holds for v in found) and "sign-flip p = 0.00195" in found[0].test
+    assert table1.table1_complete(holds) and not claims.pending(breaks)
+    # a method the record never ran under an attack: pending, never judged
+    assert not table1.table1_complete(holds | {"second": "fedadam"})
+    with pytest.raises(claims.LedgerError, match="attack 'label_flip'; allowed: none, sign_flip"):
+        claims.verdicts(written(tmp_path, [breaks | {"second_attack": "label_flip"}]), declared_lists=True)  # fmt: skip
