@@ -2,7 +2,7 @@
 
     nice -n 10 python -m benchmarks.speed.volume_read [--count 500] [--slices 64]
         [--source-size 256] [--workers 2] [--repeats 2] [--workdir DIR] [--keep]
-        [--out benchmarks/results/volume-read-cpu.json]
+        [--data DIR] [--out benchmarks/results/volume-read-cpu.json]
 
 Writes ``count`` CT series (``slices`` slices of ``source_size``² pixels each, unsigned
 16-bit, Rescale Intercept -1024, no window; a CT-like phantom: air, an elliptic body,
@@ -26,7 +26,8 @@ on ``workers`` processes:
 
 Goals: the first read at >= 0.8 of the floor's volumes per second, the cached read in
 <= 5 s. The folder is written under a temporary directory (``--workdir``) and deleted
-after. Writes ``benchmarks/results/volume-read-cpu.json`` and ``.md``.
+after (``--data DIR``: written there, reused by a later run, and kept). Writes
+``benchmarks/results/volume-read-cpu.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -121,15 +122,20 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 
 def _generate(folder: Path, count: int, slices: int, size: int, seed: int, workers: int) -> int:
-    """Write ``count`` series (encodings in turn) and ``labels.csv``; their total bytes."""
+    """Write ``count`` series (encodings in turn) and ``labels.csv``; their total bytes. A
+    series folder already holding its ``slices`` files (a ``--data`` folder written by an
+    interrupted run) is kept as it is."""
     syntaxes = list(ENCODINGS)
     names = [f"series/{index:05d}" for index in range(count)]
+    kept = {name for name in names if len(list((folder / name).glob("*.dcm"))) == slices}
+    total = sum(file.stat().st_size for name in kept for file in (folder / name).iterdir())
     jobs = [
         (str(folder / name), seed, index, slices, size, syntaxes[index % len(syntaxes)])
         for index, name in enumerate(names)
+        if name not in kept
     ]
     with _pool(workers) as pool:
-        total = sum(pool.map(_write_one, jobs))
+        total += sum(pool.map(_write_one, jobs))
     rng = np.random.default_rng([seed, count])
     labels = rng.choice(CLASSES, size=count)
     splits = rng.choice(SPLITS, size=count, p=SPLIT_SHARES)
@@ -223,8 +229,8 @@ def _read(folder: Path, cache: Path, info: DatasetInfo, workers: int) -> tuple[f
 
 def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Write the folder, then time floor and first read interleaved, then the cached read."""
-    folder = root / "ct"
-    folder.mkdir()
+    folder = args.data or root / "ct"
+    folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     file_bytes = _generate(
         folder, args.count, args.slices, args.source_size, args.seed, args.workers
@@ -338,6 +344,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=2, help="floor / first-read pairs")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temp folder goes")
     parser.add_argument("--keep", action="store_true", help="keep the generated folder")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="write the series here instead, reusing complete ones (kept afterwards)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/volume-read-cpu.json"))
     args = parser.parse_args(argv)
