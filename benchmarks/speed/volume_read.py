@@ -20,7 +20,8 @@ on ``workers`` processes:
   a folder with (parallel decoding, the content-keyed cache, the progress bar, the
   geometry checks, the modality LUT and the intensity policy, RAS+ orientation);
 - floor and first read interleaved ``repeats`` times (their order alternating), as the
-  machine is shared: each pair's ratio is reported and the median is the figure;
+  machine is shared: each pair's ratio is reported, and the figure is the least
+  favourable pair's (a load that falls during a pair flatters the pass that ran second);
 - the cached read: the same call again, which must hit the cache and give the first
   read's arrays.
 
@@ -260,7 +261,7 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     assert first.images.shape == (args.count, SIZE, SIZE, SIZE), first.images.shape
     floor_s = statistics.median(p["floor_s"] for p in pairs)
     first_s = statistics.median(p["first_read_s"] for p in pairs)
-    ratio = statistics.median(p["ratio"] for p in pairs)
+    ratio = min(p["ratio"] for p in pairs)  # the least favourable pair: load only drifts
     return {
         "count": args.count,
         "slices": args.slices,
@@ -324,7 +325,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- floor: {report['floor_volumes_per_s']} volumes/s ({report['floor']})",
         f"- first read (`load_own_images`): {report['first_read_volumes_per_s']} volumes/s",
-        f"- ratio (median of the pairs): {report['ratio_first_read_to_floor']} "
+        f"- ratio (the least favourable pair): {report['ratio_first_read_to_floor']} "
         f"(goal >= {GOAL_RATIO})",
         f"- cached read: {report['cached_read_s']} s (goal <= {GOAL_CACHED_S} s), arrays equal: "
         f"{report['cached_equal_first']}",

@@ -86,8 +86,11 @@ def own_images_block() -> str:
 
 def volume_read_block() -> str:
     """Reading a folder of CT series (benchmarks/speed/volume_read.py): the floor and the
-    first read, interleaved pass by pass, their ratio against its goal, the cached read."""
+    first read, interleaved pass by pass, the least favourable pair's ratio (recomputed
+    from the passes' times: the load of a shared machine only flatters) against its goal,
+    the cached read."""
     r = results_json("volume-read-cpu")
+    least = min(pair["floor_s"] / pair["first_read_s"] for pair in r["pairs"])
     rows = [
         (f"floor, pass {i + 1}: read once, SHA-256, decode, stack, resample, to 8 bits",
          f"{r['count'] / p['floor_s']:.2f} volumes/s ({p['floor_s']:.1f} s)", "")
@@ -99,8 +102,8 @@ def volume_read_block() -> str:
          f"{p['ratio']:.2f} of its floor")
         for i, p in enumerate(r["pairs"])
     ] + [
-        ("first read ÷ floor, the passes' median", f"{r['ratio_first_read_to_floor']:.2f}",
-         ratio_check(r["ratio_first_read_to_floor"], r["goal_ratio"], at_most=False)),
+        ("first read ÷ floor, the least favourable pair", f"{least:.2f}",
+         ratio_check(least, r["goal_ratio"], at_most=False)),
         (f"cached read of the same {r['count']} series", f"{r['cached_read_s']:.2f} s",
          ratio_check(r["cached_read_s"], r["goal_cached_read_s"], at_most=True) + " (s)"),
         ("cached arrays equal to the first read's",
