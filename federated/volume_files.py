@@ -614,8 +614,10 @@ def _stack(slices: list[Slice], schema: VolumeSchema, unit: str) -> Stack:
     order = np.argsort(along, kind="stable")
     ordered = [slices[i] for i in order]
     step = _even_step(along[order], ordered, schema.slice_tolerance, unit)
-    values = np.stack([_modality(s.pixels, s.dataset) for s in ordered], axis=-1)  # (R, C, K)
-    values = values.transpose(1, 0, 2)  # (C, R, K): i along the rows' direction, j the columns'
+    values = np.empty((len(ordered), *first.pixels.shape), dtype=np.float32)  # (K, R, C)
+    for index, piece in enumerate(ordered):  # written in place: no stacked copy, no transpose
+        values[index] = _modality(piece.pixels, piece.dataset)
+    values = values.transpose(2, 1, 0)  # (C, R, K), a view: i along the rows, j the columns
     values, bounds = _dicom_policy(values, ordered[0].dataset, schema)
     row_spacing, column_spacing = first.spacing
     lps = np.eye(4)
@@ -623,7 +625,9 @@ def _stack(slices: list[Slice], schema: VolumeSchema, unit: str) -> Stack:
     lps[:3, 1] = first.orientation[3:] * row_spacing
     lps[:3, 2] = normal * step
     lps[:3, 3] = ordered[0].position
-    return Stack(values.astype(np.float32), np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps, bounds)
+    return Stack(
+        values.astype(np.float32, copy=False), np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps, bounds
+    )
 
 
 def _even_step(along: np.ndarray, ordered: list[Slice], tolerance: float, unit: str) -> float:

@@ -37,6 +37,7 @@ CLI (``fedsieve/``).
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,13 @@ PACKAGES = (
     "fedsieve",
     "flowerapp",
 )
-PIPELINES = ("dvc.yaml", "experiments/compare/dvc.yaml", "experiments/fedstnn/dvc.yaml")
+PIPELINES = (
+    "dvc.yaml",
+    "experiments/compare/dvc.yaml",
+    "experiments/fedstnn/dvc.yaml",
+    "experiments/adrenalmnist3d/dvc.yaml",
+)
+FLOWS = {"run": "flows.pipeline:pipeline_flow"}  # a command whose flow is not its namesake
 
 # Whole-Params dumps that are records of the run, not inputs to its outputs: the params
 # hash (the checkpoint's key, run.json's and the MLflow run's tag) and MLflow's logged
@@ -500,25 +507,31 @@ class Stage:
     name: str
     command: str
     params: tuple[str, ...]
-    deps: tuple[str, ...]
+    deps: tuple[str, ...]  # relative to the repository, whatever the stage's wdir
+    params_file: Path = REPO / "params.yaml"
 
     @property
     def flow(self) -> str:  # `fedsieve train --resume` -> flows.train:train_flow
         command = self.command.split()[1]
-        return f"flows.{command}:{command}_flow"
+        return FLOWS.get(command, f"flows.{command}:{command}_flow")
 
 
 def stages() -> Iterator[Stage]:
     for pipeline in PIPELINES:
         for name, stage in yaml.safe_load((REPO / pipeline).read_text())["stages"].items():
             stage = stage.get("do", stage)  # foreach: one template
+            wdir = (REPO / pipeline).parent / stage.get("wdir", ".")
             params = []
             for item in stage.get("params", []):
                 if isinstance(item, str):
                     params.append(item)
                 elif "params.yaml" in item:  # `params.yaml:` alone: every param in it
                     params.extend(item["params.yaml"] or Schema.of().sections)
-            yield Stage(pipeline, name, stage["cmd"], tuple(params), tuple(stage.get("deps", [])))
+            deps = tuple(
+                Path(os.path.relpath(os.path.normpath(wdir / dep), REPO)).as_posix()
+                for dep in stage.get("deps", [])
+            )
+            yield Stage(pipeline, name, stage["cmd"], tuple(params), deps, wdir / "params.yaml")
 
 
 PARAMS_STAGES = [s for s in stages() if s.params and "${" not in s.command]
@@ -589,7 +602,7 @@ def program() -> Program:
 @pytest.mark.parametrize("stage", PARAMS_STAGES, ids=lambda s: f"{s.pipeline}:{s.name}")
 def test_a_stage_lists_the_params_it_reads_and_no_other(program, stage):
     schema = Schema.of()
-    present = present_in(REPO / "params.yaml")
+    present = present_in(stage.params_file)
 
     read = stage_reads(program, stage.flow, schema)
 

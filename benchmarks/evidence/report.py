@@ -80,7 +80,12 @@ from benchmarks.evidence.tables.robustness_regimes import (
     regime_grid_block,
     regimes_block,
 )
-from benchmarks.evidence.tables.service import own_images_block, serving_block, signal_block
+from benchmarks.evidence.tables.service import (
+    own_images_block,
+    serving_block,
+    signal_block,
+    volume_read_block,
+)
 from benchmarks.evidence.tables.speed import (
     aggregation_block,
     cross_device_block,
@@ -134,6 +139,7 @@ BLOCKS: dict[str, Callable[[], str]] = (
     }
     | {"ema-monte-carlo": ema_monte_carlo.table, "share-interval-coverage": share_intervals.block}
     | {"signal-in-write": signal_block, "own-images": own_images_block, "serving": serving_block}
+    | {"volume-read": volume_read_block}
     | {"small-consortium": small_consortium_block}
     | {"small-consortium-cnn": partial(small_consortium_block, CNN_RECORD)}
     | {"consortium-pilot": pilot_block}
