@@ -15,8 +15,10 @@ distance CUSUM, each alone and with the round cut), under every attack at 0.2 an
 and opt-IPM, min-max, min-sum, 10 seeds); ``alie-paper`` ALIE where its authors ran it
 (51 clients, 12 attacking, a CNN, z = 1.5, 10 seeds); ``dirichlet-0.5-cnn`` the small
 CNN on label-skewed clients (four rules, no attack, sign flipping and ALIE, 10 seeds), whose
-claims were pre-registered (benchmarks/preregistered.yaml). ``--seeds`` defaults to the
-regime's count (5 for the matrix).
+claims were pre-registered (benchmarks/preregistered.yaml); ``cnn3d`` (with ``--dataset
+adrenalmnist3d``) the small 3-D CNN on AdrenalMNIST3D-64's volumes (FedAvg, the median,
+PID-MADE, FedLag; label and sign flipping; a seeded 120 of the training volumes, 3
+rounds), pre-registered too. ``--seeds`` defaults to the regime's count (5 for the matrix).
 
 Each cell is a comparison-grid cell (:func:`tasks.grid.grid_cells` builds and validates
 its params; the same engine calls as ``fedsieve compare``, whose cells are tested to give
@@ -205,8 +207,9 @@ REGIMES: dict[str, Regime] = {
     # AdrenalMNIST3D at 64 voxels (issue 80): the small 3-D CNN on 10 IID clients, FedAvg,
     # the median, the paper's PID-MADE in front of FedAvg and FedLag under label and sign
     # flipping by a fifth, 10 seeds (80 cells); sized from two timed cells to fit a shared
-    # CPU (benchmarks/preregistered.yaml, P60-P62): 120 training volumes (12 a client), 3
-    # rounds of one local epoch of batch 12, scored on the whole test split
+    # CPU (benchmarks/preregistered.yaml, P60-P62, and P63-P65 for seeds 0-6, `--seeds 7`):
+    # 120 training volumes (12 a client), 3 rounds of one local epoch of batch 12, scored
+    # on the whole test split
     "cnn3d": Regime(
         {"model": {"name": "small_cnn3d"}},
         ["fedavg", "median", "pid_made_fedavg", "fedlag"],
