@@ -16,6 +16,7 @@ ROBUSTNESS_RECORD = "adrenalmnist3d-cnn3d"
 # benchmark for 2D and 3D biomedical image classification", Scientific Data 10:41
 # (https://doi.org/10.1038/s41597-022-01721-8), Table 4 (MedMNIST3D), the AdrenalMNIST3D
 # columns: centralised training on the 28³ volumes; (method, AUC, ACC) as printed there.
+# Transcribed without a copy of the paper at hand: check against its Table 4 when one is.
 MEDMNIST_V2_TABLE4 = (
     ("ResNet-18 + 2.5D", 0.718, 0.772),
     ("ResNet-18 + 3D", 0.827, 0.721),
