@@ -100,6 +100,13 @@ from benchmarks.evidence.tables.speed import (
     speed_notes_block,
 )
 from benchmarks.evidence.tables.table1 import table1_attacked_block, table1_block
+from benchmarks.evidence.tables.volumes import (
+    ACCURACY_RECORD,
+    ROBUSTNESS_RECORD,
+    accuracy_block,
+    robustness_block,
+    timing_block,
+)
 from benchmarks.papers import ema_monte_carlo
 from benchmarks.papers.fedlag_table1 import ATTACKED_RECORD as TABLE1_ATTACKED_RECORD
 from benchmarks.papers.fedlag_table1 import RECORD as TABLE1_RECORD
@@ -167,6 +174,12 @@ BLOCKS: dict[str, Callable[[], str]] = (
         "speed-notes": speed_notes_block,
         "resnet18-breastmnist": resnet18_block,
     }
+    | (
+        {"adrenalmnist3d": accuracy_block, "adrenalmnist3d-timing": timing_block}
+        if (RESULTS / f"{ACCURACY_RECORD}.json").exists()
+        else {}
+    )
+    | ({f"robustness-{ROBUSTNESS_RECORD}": robustness_block} if recorded(ROBUSTNESS_RECORD) else {})
     | (
         {"cross-device": cross_device_block, "cross-device-profile": cross_device_profile_block}
         if "profile" in results_json("cross-device-cpu")

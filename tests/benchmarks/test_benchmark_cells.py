@@ -477,3 +477,36 @@ def test_table1s_attacked_part_has_a_fifth_attacking_and_fedadam_on_the_robust_r
     unattacked = {c.name for c in cells
                   if c.attack == "none" and fedlag_table1.coordinates(c)[2] in fedlag_table1.METHODS}  # fmt: skip
     assert len(unattacked) == len(fedlag_table1.METHODS) and unattacked <= clean
+
+
+def test_the_volume_row_is_the_small_3d_cnn_at_64_voxels_as_pre_registered():
+    cells = regime_cells("adrenalmnist3d", "cnn3d")
+
+    assert {(c.params.data.dataset, c.params.data.size) for c in cells} == {("adrenalmnist3d", 64)}
+    assert {c.params.model.name for c in cells} == {"small_cnn3d"}
+    assert {(c.params.train.rounds, c.params.train.local_epochs) for c in cells} == {(3, 1)}
+    # 4 methods x label and sign flipping at a fifth of 10 clients, here 2 seeds
+    assert {(c.method, c.attack) for c in cells} == {
+        (m, a)
+        for m in ("fedavg", "median", "pid_made_fedavg", "fedlag")
+        for a in ("label_flip", "sign_flip")
+    }
+    assert len(cells) == 8 * 2 and {c.params.attack.fraction for c in cells} == {0.2}
+    assert robustness.REGIMES["cnn3d"].train_volumes == 120
+
+
+def test_a_training_subset_keeps_each_class_share_and_is_the_same_for_every_cell(adrenal_root):
+    import numpy as np
+
+    from federated.data import load_medmnist
+
+    data = load_medmnist("adrenalmnist3d", adrenal_root, 64)
+
+    first = robustness.stratified_subset(data, 120)
+    again = robustness.stratified_subset(data, 120)
+
+    assert len(first.train) == 120 and np.array_equal(first.train.images, again.train.images)
+    full_share = data.train.targets.mean()
+    assert abs(first.train.targets.mean() - full_share) < 1 / 120
+    assert len(first.test) == len(data.test) and len(first.val) == len(data.val)
+    assert robustness.stratified_subset(data, 5000) is data  # more than there are: all of them
